@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up for a fresh Debian 12 machine (run as root or with sudo):
+#   * Debian packages: PostgreSQL server (with pg_recvlogical), Redis server, JDK 17 and Maven;
+#   * a Python virtual env in .venv with the exact versions from requirements.lock;
+#   * JVM jars from Maven Central, resolved once into .jars/ (Spark never downloads at job start).
+# Re-running is cheap: each step is skipped when its inputs did not change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# --- Debian packages ---------------------------------------------------------
+need_pkgs=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql postgresql-contrib)
+command -v pg_recvlogical >/dev/null 2>&1 || need_pkgs+=(postgresql-client)
+command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
+command -v make >/dev/null 2>&1 || need_pkgs+=(make)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+  # The Debian package starts its own cluster/server; we run our own throwaway ones instead.
+  if command -v systemctl >/dev/null 2>&1; then
+    $SUDO systemctl disable --now postgresql redis-server >/dev/null 2>&1 || true
+  fi
+fi
+
+# --- Python virtual env -------------------------------------------------------
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  $PY -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(cat requirements.lock setup.cfg | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing Python packages (requirements.lock)"
+  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip==25.3
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.lock
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+
+# --- JVM jars from Maven Central ---------------------------------------------
+resolve_jars() {  # resolve_jars <name> : jars/<name>/pom.xml -> .jars/<name>
+  local name=$1 pom="jars/$1/pom.xml" out=".jars/$1"
+  local want; want=$(sha256sum "$pom" | cut -d' ' -f1)
+  if [ "$(cat "$out/.pom.sha" 2>/dev/null)" = "$want" ]; then return; fi
+  say "resolving $name jars from Maven Central"
+  rm -rf "$out"; mkdir -p "$out"
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$ROOT/$out"
+  echo "$want" > "$out/.pom.sha"
+}
+resolve_jars spark
+# Spark already ships scala, hadoop, jackson, parquet...: keep only what it lacks, so versions never clash.
+pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+for jar in .jars/spark/*.jar; do
+  artifact=$(basename "$jar" .jar | sed -E 's/-[0-9][0-9A-Za-z.]*(-[0-9]+)?$//')
+  if compgen -G "$pyspark_jars/${artifact}-[0-9]*" >/dev/null; then rm -f "$jar"; fi
+done
+for extra in jars/*/; do
+  name=$(basename "$extra")
+  [ "$name" = spark ] || resolve_jars "$name"
+done
+say "ready: .venv ($(.venv/bin/python --version)), jars in .jars/"
