@@ -48,7 +48,7 @@ def service_user(name: str) -> str | None:
     except KeyError as exc:
         raise ServiceError(
             f"running as root but the system user {name!r} does not exist",
-            f"install the server package (scripts/setup.sh) or run as a normal user",
+            "install the server package (scripts/setup.sh) or run as a normal user",
         ) from exc
     return name
 

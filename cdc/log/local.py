@@ -1,0 +1,445 @@
+"""The embedded log backend: one SQLite database (WAL mode) plus snapshot segment files.
+
+Layout of <path>/:
+  log.db                       SQLite: tables, schemas, snapshots, segments, cuts, meta, and one
+                               event table ev_<id> per source table (offset = INTEGER PRIMARY KEY)
+  segments/t<id>/s<snap>/c<chunk>.copy
+                               snapshot rows exactly as COPY TO STDOUT (text format) printed them
+
+Events hold what the source sent, undecoded: pgoutput TupleData bytes for stream events and
+COPY text for snapshot rows. Decoding happens when the log is read (here, in `cdc log read`,
+and in Spark executors), which keeps capture as fast as PostgreSQL can send.
+
+A snapshot becomes part of a table's history through marker rows (op 'S', one per segment
+file) appended when the snapshot finishes; the first marker is the table's new `base`.
+Events the stream appended for the table while it was snapshotting and that are newer than
+the snapshot are copied forward behind the markers in the same transaction, so offsets stay
+in position order (see DESIGN notes in README "Guarantees").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import orjson
+
+from cdc.keys import key_from_copy_fields
+from cdc.log.base import ChangeRow, Cut, LogReader, LogRecord, LogWriter, TableRange, TableSchema, TableState
+from cdc.pgoutput import UNCHANGED, decode_tuple
+from cdc.tables import TableName
+from pipelines.errors import LogError
+
+FORMAT_VERSION = "1"
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tables(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    schema_name TEXT NOT NULL, table_name TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    base INTEGER, snapshot_lsn INTEGER,
+    purged_below INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(schema_name, table_name));
+CREATE TABLE IF NOT EXISTS schemas(
+    table_id INTEGER NOT NULL, version INTEGER NOT NULL, body TEXT NOT NULL, since_lsn INTEGER NOT NULL,
+    PRIMARY KEY(table_id, version));
+CREATE TABLE IF NOT EXISTS snapshots(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, table_id INTEGER NOT NULL, lsn INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, state TEXT NOT NULL, started_ms INTEGER NOT NULL,
+    finished_ms INTEGER, rows INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS segments(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, snapshot_id INTEGER NOT NULL, chunk INTEGER NOT NULL,
+    path TEXT NOT NULL, rows INTEGER NOT NULL, bytes INTEGER NOT NULL, UNIQUE(snapshot_id, chunk));
+CREATE TABLE IF NOT EXISTS cuts(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, lsn INTEGER NOT NULL, ts_ms INTEGER NOT NULL, tables TEXT NOT NULL);
+"""
+
+_EV_DDL = (
+    "CREATE TABLE IF NOT EXISTS ev_{id}("
+    "off INTEGER PRIMARY KEY AUTOINCREMENT, lsn INTEGER NOT NULL, seq INTEGER NOT NULL, op TEXT NOT NULL,"
+    " key BLOB, payload BLOB, before BLOB, before_kind TEXT, sv INTEGER NOT NULL,"
+    " xid INTEGER, ts INTEGER, elsn INTEGER)"
+)
+_EV_INSERT = (
+    "INSERT INTO ev_{id}(lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_EV_COLUMNS = "off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn"
+KEEP_CUTS = 200
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def open_db(path: Path, synchronous: str = "full", readonly: bool = False) -> sqlite3.Connection:
+    """A connection to <path>/log.db; autocommit mode, explicit BEGIN IMMEDIATE for writes."""
+    db_file = path / "log.db"
+    if readonly:
+        if not db_file.exists():
+            raise LogError(f"no log at {path}", "run `cdc snapshot PIPELINE` first")
+        conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False)
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(db_file, isolation_level=None, timeout=60, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA busy_timeout=60000")
+    return conn
+
+
+# ---- decoding, usable without a LocalLog (Spark executors open the file themselves) -------------
+def decode_text_tuple(payload: bytes | None) -> list | None:
+    """pgoutput TupleData -> [str | None | UNCHANGED, ...]."""
+    if payload is None:
+        return None
+    values, _ = decode_tuple(payload, 0)
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+def iter_segment(path: Path) -> Iterator[list[bytes]]:
+    """Fields (still COPY-escaped) of each line of a segment file."""
+    with open(path, "rb") as f:
+        for line in f:
+            yield line.rstrip(b"\n").split(b"\t")
+
+
+def copy_fields_to_values(fields: list[bytes]) -> list[str | None]:
+    from cdc.keys import unescape
+
+    return [None if f == b"\\N" else unescape(f).decode() for f in fields]
+
+
+class LocalLog(LogWriter, LogReader):
+    def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False):
+        self.path = Path(path)
+        self.readonly = readonly
+        self.db = open_db(self.path, synchronous, readonly)
+        if not readonly:
+            self.db.executescript(_DDL)
+            if self._meta("format") is None:
+                self._set_meta("format", FORMAT_VERSION)
+        self._in_batch = False
+        self._schemas: dict[tuple[int, int], TableSchema] = {}
+        self._latest_version: dict[int, tuple[int, TableSchema]] = {}
+
+    def close(self) -> None:
+        if self._in_batch:
+            self.rollback()
+        self.db.close()
+
+    # ---- meta ------------------------------------------------------------------------------------
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value))
+
+    def meta(self, key: str) -> str | None:
+        return self._meta(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.write():
+            self._set_meta(key, value)
+
+    # ---- transactions ----------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self._in_batch:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._in_batch = True
+
+    class _Write:
+        def __init__(self, log: LocalLog):
+            self.log = log
+            self.owned = False
+
+        def __enter__(self) -> LocalLog:
+            self.owned = not self.log._in_batch
+            self.log._begin()
+            return self.log
+
+        def __exit__(self, exc_type, exc, tb) -> None:
+            if not self.owned:
+                return
+            self.log._in_batch = False
+            self.log.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def write(self) -> LocalLog._Write:
+        """`with log.write():` one SQLite write transaction (joins an open batch if any)."""
+        return LocalLog._Write(self)
+
+    def rollback(self) -> None:
+        if self._in_batch:
+            self.db.execute("ROLLBACK")
+            self._in_batch = False
+        self._latest_version.clear()
+
+    # ---- tables and schemas ----------------------------------------------------------------------
+    def table_id(self, table: TableName) -> int | None:
+        row = self.db.execute(
+            "SELECT id FROM tables WHERE schema_name = ? AND table_name = ?", (table.schema, table.name)
+        ).fetchone()
+        return row[0] if row else None
+
+    def ensure_table(self, table: TableName) -> int:
+        tid = self.table_id(table)
+        if tid is not None:
+            return tid
+        with self.write():
+            cur = self.db.execute("INSERT INTO tables(schema_name, table_name) VALUES (?, ?)", (table.schema, table.name))
+            tid = int(cur.lastrowid)
+            self.db.execute(_EV_DDL.format(id=tid))
+        return tid
+
+    def schema_version(self, table_id: int, schema: TableSchema, since_lsn: int) -> int:
+        latest = self._latest_version.get(table_id) or self._load_latest_version(table_id)
+        if latest is not None and latest[1] == schema:
+            return latest[0]
+        # An equal older version (e.g. a column dropped then re-added the same way) is not reused:
+        # versions only grow, which keeps "which layout does this row have" a simple lookup.
+        version = (latest[0] + 1) if latest else 1
+        with self.write():
+            self.db.execute(
+                "INSERT INTO schemas(table_id, version, body, since_lsn) VALUES (?, ?, ?, ?)",
+                (table_id, version, orjson.dumps(schema.to_json()).decode(), since_lsn),
+            )
+        self._latest_version[table_id] = (version, schema)
+        self._schemas[(table_id, version)] = schema
+        return version
+
+    def _load_latest_version(self, table_id: int) -> tuple[int, TableSchema] | None:
+        row = self.db.execute(
+            "SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version DESC LIMIT 1", (table_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        result = (row[0], TableSchema.from_json(orjson.loads(row[1])))
+        self._latest_version[table_id] = result
+        return result
+
+    def schema_by_version(self, table_id: int, version: int) -> TableSchema:
+        cached = self._schemas.get((table_id, version))
+        if cached is None:
+            row = self.db.execute("SELECT body FROM schemas WHERE table_id = ? AND version = ?", (table_id, version)).fetchone()
+            if row is None:
+                raise LogError(f"log is missing schema version {version} of table id {table_id}")
+            cached = self._schemas[(table_id, version)] = TableSchema.from_json(orjson.loads(row[0]))
+        return cached
+
+    def schema(self, table: TableName, version: int | None = None) -> TableSchema:
+        tid = self._require_table(table)
+        if version is None:
+            latest = self._load_latest_version(tid)
+            if latest is None:
+                raise LogError(f"the log has no schema for {table} yet")
+            return latest[1]
+        return self.schema_by_version(tid, version)
+
+    def schema_versions(self, table: TableName) -> dict[int, TableSchema]:
+        tid = self._require_table(table)
+        rows = self.db.execute("SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
+        return {v: TableSchema.from_json(orjson.loads(b)) for v, b in rows}
+
+    def _require_table(self, table: TableName) -> int:
+        tid = self.table_id(table)
+        if tid is None:
+            raise LogError(f"table {table} is not in the log", "add it to the pipeline and run `cdc snapshot --tables`")
+        return tid
+
+    def tables(self) -> list[TableState]:
+        rows = self.db.execute(
+            "SELECT t.id, t.schema_name, t.table_name, t.state, t.base, t.snapshot_lsn, t.purged_below,"
+            " (SELECT max(version) FROM schemas s WHERE s.table_id = t.id) FROM tables t ORDER BY t.id"
+        ).fetchall()
+        return [TableState(TableName(s, n), i, st, b, sl, p, v) for i, s, n, st, b, sl, p, v in rows]
+
+    def table_state(self, table: TableName) -> TableState | None:
+        return next((t for t in self.tables() if t.table == table), None)
+
+    # ---- stream writes ---------------------------------------------------------------------------
+    def append(self, table_id: int, rows: Sequence[ChangeRow]) -> None:
+        if rows:
+            self._begin()
+            self.db.executemany(_EV_INSERT.format(id=table_id), rows)
+
+    def stream_position(self) -> tuple[int, int] | None:
+        value = self._meta("stream_position")
+        if value is None:
+            return None
+        commit_lsn, end_lsn = value.split(",")
+        return int(commit_lsn), int(end_lsn)
+
+    def commit(self, lsn: int, stream_position: tuple[int, int] | None = None) -> Cut:
+        self._begin()
+        try:
+            if stream_position is not None:
+                self._set_meta("stream_position", f"{stream_position[0]},{stream_position[1]}")
+            cut = self._write_cut(lsn)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        finally:
+            self._in_batch = False
+        return cut
+
+    def _write_cut(self, lsn: int) -> Cut:
+        """Record the current end of every live table (inside the open write transaction)."""
+        previous = self.db.execute("SELECT lsn FROM cuts ORDER BY id DESC LIMIT 1").fetchone()
+        lsn = max(lsn, previous[0]) if previous else lsn  # a cut never moves back
+        ranges: dict[TableName, TableRange] = {}
+        body: dict[str, list[int]] = {}
+        for tid, schema_name, table_name, base in self.db.execute(
+            "SELECT id, schema_name, table_name, base FROM tables WHERE state = 'live'"
+        ).fetchall():
+            end = self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
+            ranges[TableName(schema_name, table_name)] = TableRange(base, end)
+            body[str(tid)] = [base, end]
+        ts = _now_ms()
+        cur = self.db.execute("INSERT INTO cuts(lsn, ts_ms, tables) VALUES (?, ?, ?)", (lsn, ts, orjson.dumps(body).decode()))
+        cut_id = int(cur.lastrowid)
+        if cut_id % 50 == 0:
+            self.db.execute("DELETE FROM cuts WHERE id <= ?", (cut_id - KEEP_CUTS,))
+        return Cut(cut_id, lsn, ts, ranges)
+
+    def latest_cut(self) -> Cut | None:
+        row = self.db.execute("SELECT id, lsn, ts_ms, tables FROM cuts ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        names = {t.id: t.table for t in self.tables()}
+        ranges = {names[int(k)]: TableRange(b, e) for k, (b, e) in orjson.loads(row[3]).items()}
+        return Cut(row[0], row[1], row[2], ranges)
+
+    # ---- snapshots -------------------------------------------------------------------------------
+    def begin_snapshot(self, table_id: int, lsn: int, schema_version: int) -> int:
+        """Start a snapshot of a table at consistent point `lsn`; the table stays as it is for
+        readers (invisible if new, its previous snapshot if live) until finish_snapshot()."""
+        with self.write():
+            self.db.execute(
+                "UPDATE tables SET state = CASE WHEN state = 'live' THEN 'live' ELSE 'snapshotting' END WHERE id = ?",
+                (table_id,),
+            )
+            cur = self.db.execute(
+                "INSERT INTO snapshots(table_id, lsn, schema_version, state, started_ms) VALUES (?, ?, ?, 'running', ?)",
+                (table_id, lsn, schema_version, _now_ms()),
+            )
+        return int(cur.lastrowid)
+
+    def segment_path(self, table_id: int, snapshot_id: int, chunk: int) -> Path:
+        return self.path / "segments" / f"t{table_id}" / f"s{snapshot_id}" / f"c{chunk:05d}.copy"
+
+    def add_segment(self, snapshot_id: int, chunk: int, path: Path, rows: int, nbytes: int) -> None:
+        rel = os.path.relpath(path, self.path)
+        with self.write():
+            self.db.execute(
+                "INSERT INTO segments(snapshot_id, chunk, path, rows, bytes) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(snapshot_id, chunk) DO UPDATE SET path = excluded.path, rows = excluded.rows, bytes = excluded.bytes",
+                (snapshot_id, chunk, rel, rows, nbytes),
+            )
+
+    def done_chunks(self, snapshot_id: int) -> set[int]:
+        return {r[0] for r in self.db.execute("SELECT chunk FROM segments WHERE snapshot_id = ?", (snapshot_id,))}
+
+    def running_snapshots(self) -> list[tuple[int, int, int, int]]:
+        """(snapshot_id, table_id, lsn, schema_version) of snapshots not finished."""
+        return list(self.db.execute("SELECT id, table_id, lsn, schema_version FROM snapshots WHERE state = 'running'"))
+
+    def abandon_snapshot(self, snapshot_id: int) -> None:
+        """Forget a snapshot that cannot be finished (its exported snapshot is gone)."""
+        row = self.db.execute("SELECT table_id FROM snapshots WHERE id = ?", (snapshot_id,)).fetchone()
+        with self.write():
+            self.db.execute("UPDATE snapshots SET state = 'abandoned', finished_ms = ? WHERE id = ?", (_now_ms(), snapshot_id))
+            self.db.execute("DELETE FROM segments WHERE snapshot_id = ?", (snapshot_id,))
+        if row:
+            shutil.rmtree(self.path / "segments" / f"t{row[0]}" / f"s{snapshot_id}", ignore_errors=True)
+
+    def finish_snapshot(self, snapshot_id: int) -> Cut:
+        """Make a finished snapshot the table's new base, atomically (see module docstring)."""
+        with self.write():
+            table_id, lsn, version = self.db.execute(
+                "SELECT table_id, lsn, schema_version FROM snapshots WHERE id = ?", (snapshot_id,)
+            ).fetchone()
+            first_new = self.db.execute(f"SELECT coalesce(max(off), 0) + 1 FROM ev_{table_id}").fetchone()[0]
+            segments = self.db.execute(
+                "SELECT id, rows FROM segments WHERE snapshot_id = ? ORDER BY chunk", (snapshot_id,)
+            ).fetchall()
+            markers = [(lsn, 0, "S", None, str(seg_id).encode(), None, None, version, None, None, lsn) for seg_id, _ in segments]
+            if not markers:  # an empty table still needs a base: an empty marker
+                markers = [(lsn, 0, "S", None, b"", None, None, version, None, None, lsn)]
+            self.db.executemany(_EV_INSERT.format(id=table_id), markers)
+            base = self.db.execute(f"SELECT min(off) FROM ev_{table_id} WHERE off >= ?", (first_new,)).fetchone()[0]
+            # Stream events newer than the snapshot, written while it ran, move behind the markers.
+            self.db.execute(
+                f"INSERT INTO ev_{table_id}(lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn)"
+                f" SELECT lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn FROM ev_{table_id}"
+                " WHERE off < ? AND op != 'S' AND (lsn > ? OR (lsn = ? AND seq > 0)) ORDER BY off",
+                (first_new, lsn, lsn),
+            )
+            total = sum(r for _, r in segments)
+            self.db.execute(
+                "UPDATE tables SET state = 'live', base = ?, snapshot_lsn = ?, purged_below = 0 WHERE id = ?",
+                (base, lsn, table_id),
+            )
+            self.db.execute(
+                "UPDATE snapshots SET state = 'done', finished_ms = ?, rows = ? WHERE id = ?", (_now_ms(), total, snapshot_id)
+            )
+            stream = self._meta("stream_position")
+            cut_lsn = max(lsn, int(stream.split(",")[1])) if stream else lsn
+            return self._write_cut(cut_lsn)
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def read(self, table: TableName, after: int, upto: int) -> Iterator[LogRecord]:
+        tid = self._require_table(table)
+        for row in self.db.execute(
+            f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? ORDER BY off", (after, upto)
+        ):
+            yield from self._records(table, tid, row)
+
+    def _records(self, table: TableName, tid: int, row: tuple) -> Iterator[LogRecord]:
+        off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn = row
+        schema = self.schema_by_version(tid, sv)
+        if op == "S":
+            if not payload:
+                return
+            seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
+            if seg is None:
+                raise LogError(f"snapshot segment {int(payload)} of {table} is missing from the log")
+            key_idx = schema.key_indexes
+            for fields in iter_segment(self.path / seg[0]):
+                yield LogRecord(
+                    table, off, lsn, 0, "r", key_from_copy_fields(fields, key_idx), copy_fields_to_values(fields),
+                    None, None, schema, None, None, lsn,
+                )
+            return
+        yield LogRecord(
+            table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
+            schema, xid, ts, elsn,
+        )
+
+    def end_offset(self, table: TableName) -> int:
+        tid = self._require_table(table)
+        return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
+
+    def counts(self, table: TableName) -> dict[str, int]:
+        """Events per op (snapshot rows counted from segment metadata) from the table's base on."""
+        tid = self._require_table(table)
+        state = self.table_state(table)
+        base = state.base if state and state.base is not None else 0
+        counts = dict(self.db.execute(f"SELECT op, count(*) FROM ev_{tid} WHERE off >= ? AND op != 'S' GROUP BY op", (base,)).fetchall())
+        snap = self.db.execute(
+            f"SELECT coalesce(sum(s.rows), 0) FROM ev_{tid} e JOIN segments s ON e.op = 'S' AND e.payload != x'' AND s.id = CAST(e.payload AS INTEGER)"
+            " WHERE e.off >= ?",
+            (base,),
+        ).fetchone()[0]
+        if snap:
+            counts["r"] = snap
+        return counts
+
+
+__all__ = ["UNCHANGED", "LocalLog", "copy_fields_to_values", "decode_text_tuple", "iter_segment", "open_db"]

@@ -1,0 +1,395 @@
+"""`cdc stream`: the WAL change stream (pgoutput) into the log, in commit order.
+
+Per change the hot loop does only what the log needs: find the table, number the event
+inside its transaction, cut out the key and keep the raw tuple bytes. Decoding values is
+left to readers of the log, which keeps this loop as fast as the walsender.
+
+Durability and acknowledgement:
+  * events go into the log inside an open batch; a batch only ends at a transaction boundary
+    (every `batch_max_events` events or `batch_max_seconds`), with one durable commit that
+    also records a cut and the (commit LSN, end LSN) of the last transaction;
+  * the flush LSN acknowledged to PostgreSQL is that end LSN, so the slot never moves past
+    anything not durable in the log;
+  * after a crash PostgreSQL resends from the acknowledged position; transactions whose commit
+    LSN the log already recorded are skipped, so the log holds each position exactly once;
+  * with nothing in flight, the slot follows the server's keepalives, so WAL is released on
+    idle or filtered traffic too.
+"""
+
+from __future__ import annotations
+
+import select
+import signal
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg2
+
+from cdc.keys import key_from_values
+from cdc.log.base import ChangeRow, LogWriter
+from cdc.lsn import format_lsn
+from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, tuple_end, tuple_prefix
+from cdc.schema import TypeCache, build_schema
+from cdc.source import _slot, check_source, connect, current_wal_lsn, table_info
+from cdc.tables import TableName, TableSelector
+from pipelines.errors import CdcError, SourceError, UsageError
+
+PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">BQQq")
+_RELID = struct.Struct(">I")
+_FLUSH_ROWS = 5000  # rows buffered per table before they go to the (still open) log batch
+
+
+@dataclass
+class _Rel:
+    table: TableName
+    table_id: int
+    schema_version: int
+    key_idx: tuple[int, ...]
+    key_len: int  # columns to decode to reach every key column
+
+
+@dataclass
+class StreamStats:
+    events: int = 0
+    transactions: int = 0
+    skipped_transactions: int = 0
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+    start_lsn: int = 0
+    flushed_lsn: int = 0
+    target_lsn: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+class StopRequested(Exception):
+    pass
+
+
+class StreamReader:
+    def __init__(
+        self,
+        pipeline,
+        log: LogWriter,
+        *,
+        until: str | int | None = None,
+        say: Callable[[str], None] = print,
+        progress_every_s: float = 10.0,
+        install_signal_handlers: bool = True,
+    ):
+        self.pipeline = pipeline
+        self.log = log
+        self.until = until
+        self.say = say
+        self.progress_every_s = progress_every_s
+        self.cfg = pipeline.stream
+        self.selectors = [TableSelector.parse(t) for t in pipeline.source.postgres.tables]
+        self.stats = StreamStats()
+        self._stop = False
+        self._install = install_signal_handlers
+        self._types = TypeCache()
+        self._rels: dict[int, _Rel | None] = {}
+        self._keys: dict[TableName, tuple[str, ...]] = {}
+
+    def request_stop(self, *_args) -> None:
+        self._stop = True
+
+    # ---- set-up ----------------------------------------------------------------------------------
+    def _prepare(self):
+        pg = self.pipeline.source.postgres
+        conn = connect(pg.dsn, application_name="cdc stream catalog")
+        report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication)
+        report.raise_if_problems()
+        slot = _slot(conn, self.pipeline.slot)
+        if slot is None:
+            raise UsageError(
+                f"replication slot {self.pipeline.slot} does not exist yet",
+                "run `cdc snapshot` for this pipeline first (it creates the slot at a consistent point)",
+            )
+        if slot[2] is not None:
+            raise SourceError(
+                f"replication slot {self.pipeline.slot} is in use by process {slot[2]}",
+                "another `cdc stream`/`cdc run` of this pipeline is running; stop it first",
+            )
+        for t in report.tables:
+            self._keys[t.table] = t.key_columns
+        if self.until == "current":
+            self.stats.target_lsn = current_wal_lsn(conn)
+        elif isinstance(self.until, int):
+            self.stats.target_lsn = self.until
+        return conn
+
+    def _relation(self, conn, msg: Relation, lsn: int) -> None:
+        table = TableName(msg.namespace, msg.name)
+        if not any(s.matches(table) for s in self.selectors):
+            self._rels[msg.relation_id] = None  # published but not part of this pipeline
+            return
+        key = self._keys.get(table)
+        names = [c.name for c in msg.columns]
+        if key is None or any(k not in names for k in key):
+            key = self._keys[table] = table_info(conn, table).key_columns  # new table or key changed
+        missing = [k for k in key if k not in names]
+        if not key or missing:
+            raise SourceError(
+                f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
+                "give the table a primary key again, then `cdc snapshot --tables` it",
+            )
+        schema = build_schema(conn, [(c.name, c.type_oid, c.typmod) for c in msg.columns], key, self._types)
+        table_id = self.log.ensure_table(table)
+        version = self.log.schema_version(table_id, schema, lsn)
+        idx = schema.key_indexes
+        self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx) + 1)
+
+    # ---- main loop -------------------------------------------------------------------------------
+    def run(self) -> StreamStats:
+        conn = self._prepare()
+        old_handlers = {}
+        if self._install:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old_handlers[sig] = signal.signal(sig, self.request_stop)
+        rconn = None
+        try:
+            rconn = connect(self.pipeline.source.postgres.dsn, replication=True, application_name=f"cdc stream {self.pipeline.name}")
+            cur = rconn.cursor()
+            position = self.log.stream_position()
+            skip_upto = position[0] if position else -1
+            cur.start_replication(
+                slot_name=self.pipeline.slot,
+                decode=False,
+                options={"proto_version": "1", "publication_names": self.pipeline.publication, "messages": "true"},
+                status_interval=self.cfg.status_interval_s,
+            )
+            self._loop(conn, cur, skip_upto)
+        except psycopg2.Error as exc:
+            raise SourceError(f"the change stream failed: {(exc.pgerror or str(exc)).strip()}") from None
+        finally:
+            self.log.rollback()  # nothing half-written survives (no-op after a clean commit)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            if rconn is not None:
+                rconn.close()
+            conn.close()
+        return self.stats
+
+    def _loop(self, conn, cur, skip_upto: int) -> None:  # one flat loop on purpose: it is the hot path
+        stats = self.stats
+        log = self.log
+        rels = self._rels
+        read = cur.read_message
+        unpack_relid = _RELID.unpack_from
+        unpack_begin = _BEGIN.unpack_from
+        unpack_commit = _COMMIT.unpack_from
+        buffers: dict[int, list[ChangeRow]] = {}
+        max_events, max_seconds = self.cfg.batch_max_events, self.cfg.batch_max_seconds
+        target = stats.target_lsn
+
+        in_txn = skip = False
+        commit_lsn = xid = ts = seq = 0
+        batch_events = 0
+        batch_started = 0.0
+        last_txn: tuple[int, int] | None = None  # (commit_lsn, end_lsn) written but not yet durable
+        flushed = 0
+        last_cut_time = 0.0
+        next_report = time.monotonic() + self.progress_every_s
+
+        def flush_buffers() -> None:
+            for table_id, rows in buffers.items():
+                if rows:
+                    log.append(table_id, rows)
+            buffers.clear()
+
+        def commit_batch() -> None:
+            nonlocal batch_events, last_txn, flushed
+            flush_buffers()
+            log.commit(last_txn[1], last_txn)
+            flushed = last_txn[1]
+            cur.send_feedback(write_lsn=flushed, flush_lsn=flushed, force=True)
+            stats.flushed_lsn = flushed
+            stats.batches += 1
+            batch_events = 0
+            last_txn = None
+
+        while True:
+            msg = read()
+            if msg is None:
+                if not in_txn and last_txn is not None:
+                    commit_batch()
+                if self._stop and not in_txn:
+                    break
+                if self._stop and in_txn:
+                    break  # abandon the open transaction; it is resent after restart
+                if not in_txn and last_txn is None:
+                    wal_end = cur.wal_end
+                    if wal_end > flushed:
+                        # Nothing in flight: everything before the server's position is in the log.
+                        flushed = wal_end
+                        cur.send_feedback(write_lsn=flushed, flush_lsn=flushed, force=True)
+                        stats.flushed_lsn = flushed
+                        now = time.monotonic()
+                        if now - last_cut_time >= 1.0:
+                            log.commit(flushed, None)
+                            last_cut_time = now
+                    if target is not None:
+                        if flushed >= target:
+                            break
+                        cur.send_feedback(reply=True)  # ask for a keepalive carrying the server's position
+                now = time.monotonic()
+                if now >= next_report:
+                    next_report = now + self.progress_every_s
+                    self._report()
+                select.select([cur], [], [], 0.2 if target is not None else 1.0)
+                continue
+
+            p = msg.payload
+            kind = p[0]
+            if kind == 73:  # 'I' insert
+                if skip:
+                    continue
+                rel = rels.get(unpack_relid(p, 1)[0])
+                if rel is None:
+                    continue
+                seq += 1
+                vals = tuple_prefix(p, 6, rel.key_len)
+                rows = buffers.get(rel.table_id)
+                if rows is None:
+                    rows = buffers[rel.table_id] = []
+                rows.append((commit_lsn, seq, "c", key_from_values(vals, rel.key_idx), p[6:], None, None, rel.schema_version, xid, ts, msg.data_start))
+                if len(rows) >= _FLUSH_ROWS:
+                    log.append(rel.table_id, rows)
+                    buffers[rel.table_id] = []
+                batch_events += 1
+            elif kind == 85 or kind == 68:  # 'U' update, 'D' delete
+                if skip:
+                    continue
+                rel = rels.get(unpack_relid(p, 1)[0])
+                if rel is None:
+                    continue
+                rows = buffers.get(rel.table_id)
+                if rows is None:
+                    rows = buffers[rel.table_id] = []
+                seq, n = self._update_or_delete(p, kind, rel, rows, commit_lsn, seq, xid, ts, msg.data_start)
+                batch_events += n
+                if len(rows) >= _FLUSH_ROWS:
+                    log.append(rel.table_id, rows)
+                    buffers[rel.table_id] = []
+            elif kind == 66:  # 'B' begin
+                commit_lsn, ts, xid = unpack_begin(p, 1)
+                ts += PG_EPOCH_US
+                seq = 0
+                in_txn = True
+                skip = commit_lsn <= skip_upto
+                if not skip and last_txn is None and batch_events == 0:
+                    batch_started = time.monotonic()
+            elif kind == 67:  # 'C' commit
+                _flags, c_lsn, end_lsn, _ts = unpack_commit(p, 1)
+                in_txn = False
+                if skip:
+                    stats.skipped_transactions += 1
+                    skip = False
+                    continue
+                stats.transactions += 1
+                stats.events += seq
+                last_txn = (c_lsn, end_lsn)
+                reached = target is not None and end_lsn >= target
+                if reached or batch_events >= max_events or time.monotonic() - batch_started >= max_seconds:
+                    commit_batch()
+                    batch_started = time.monotonic()
+                if reached:
+                    break
+                if self._stop:
+                    if last_txn is not None:
+                        commit_batch()
+                    break
+            elif kind == 82:  # 'R' relation
+                msg_rel = decode(p)
+                assert isinstance(msg_rel, Relation)
+                flush_buffers()  # rows already buffered keep their old schema version
+                self._relation(conn, msg_rel, commit_lsn)
+            elif kind == 84:  # 'T' truncate
+                if skip:
+                    continue
+                trunc = decode(p)
+                assert isinstance(trunc, Truncate)
+                for relid in trunc.relation_ids:
+                    rel = rels.get(relid)
+                    if rel is None:
+                        continue
+                    seq += 1
+                    buffers.setdefault(rel.table_id, []).append(
+                        (commit_lsn, seq, "t", None, None, None, None, rel.schema_version, xid, ts, msg.data_start)
+                    )
+                    batch_events += 1
+            # 'Y' type, 'O' origin, 'M' logical message: nothing to log (types are resolved from the catalog).
+            # Memory stays flat in huge transactions: per-table buffers go to the open batch every _FLUSH_ROWS.
+
+        if last_txn is not None and not in_txn:
+            commit_batch()
+        self._report(final=True)
+
+    def _update_or_delete(self, p, kind, rel: _Rel, rows: list, commit_lsn, seq, xid, ts, elsn) -> tuple[int, int]:
+        """Append the log rows for an Update or Delete; returns (new seq, rows added)."""
+        marker = p[5]
+        old = old_key = None
+        old_kind = None
+        offset = 6
+        if marker in (75, 79):  # 'K' key-only old tuple / 'O' full old row
+            old_kind = "K" if marker == 75 else "O"
+            end = tuple_end(p, 6)
+            old = p[6:end]
+            old_key = key_from_values(tuple_prefix(old, 0, rel.key_len), rel.key_idx)
+            offset = end + 1  # skip the 'N' of the new tuple
+        if kind == 68:  # delete
+            seq += 1
+            rows.append((commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn))
+            return seq, 1
+        new = p[offset:]
+        key_vals = tuple_prefix(new, 0, rel.key_len)
+        if any(key_vals[i] is UNCHANGED or key_vals[i] is None for i in rel.key_idx):
+            if old_key is None:
+                raise SourceError(
+                    f"an update of {rel.table} arrived without its key (a key column is an unchanged TOAST value)",
+                    f"run ALTER TABLE {rel.table} REPLICA IDENTITY FULL; then `cdc snapshot --tables {rel.table}`",
+                )
+            new_key = old_key
+        else:
+            new_key = key_from_values(key_vals, rel.key_idx)
+        if old_key is not None and old_key != new_key:
+            # The key changed: the old row goes away and a new one appears (as Debezium does it).
+            seq += 1
+            rows.append((commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn))
+            seq += 1
+            rows.append((commit_lsn, seq, "c", new_key, new, None, None, rel.schema_version, xid, ts, elsn))
+            return seq, 2
+        seq += 1
+        rows.append((commit_lsn, seq, "u", new_key, new, old, old_kind, rel.schema_version, xid, ts, elsn))
+        return seq, 1
+
+    def _report(self, final: bool = False) -> None:
+        s = self.stats
+        rate = s.events / max(s.seconds, 1e-6)
+        target = f" of {format_lsn(s.target_lsn)}" if s.target_lsn else ""
+        prefix = "streamed" if final else "streaming:"
+        self.say(
+            f"{prefix} {s.events:,} events in {s.transactions:,} transactions ({rate:,.0f} events/s), "
+            f"log durable at {format_lsn(s.flushed_lsn)}{target}"
+        )
+
+
+def run_stream(pipeline, *, until: str | int | None = None, say: Callable[[str], None] = print) -> StreamStats:
+    from cdc.log import open_log
+
+    log = open_log(pipeline)
+    try:
+        reader = StreamReader(pipeline, log, until=until, say=say)
+        return reader.run()
+    finally:
+        log.close()
+
+
+__all__ = ["CdcError", "StreamReader", "StreamStats", "run_stream"]

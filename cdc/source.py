@@ -1,0 +1,379 @@
+"""Connecting to the source PostgreSQL and checking that it can be captured.
+
+Every check that fails produces a SourceError naming the problem and the exact statement
+that fixes it. Nothing here changes the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+
+from cdc.session import libpq_options
+from cdc.tables import TableName, TableSelector, quote_ident
+from pipelines.errors import PipelineFileError, SourceError
+from pipelines.secrets import redact_with
+
+MIN_SERVER_VERSION = 140000  # pgoutput streaming of truncates, logical messages, TID range scans
+
+
+def _password_of(dsn: str) -> list[str]:
+    try:
+        return [psycopg2.extensions.parse_dsn(dsn).get("password", "")]
+    except psycopg2.ProgrammingError:
+        return []
+
+
+def connect(dsn: str, *, replication: bool = False, application_name: str = "cdc", autocommit: bool = True):
+    """Open a connection with our canonical session settings; turn failures into readable errors."""
+    try:
+        psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError as exc:
+        raise PipelineFileError(
+            f"source.postgres.dsn is not a valid connection string: {redact_with(str(exc).strip(), _password_of(dsn))}",
+            "use a URI like postgresql://user:password@host:5432/dbname or key=value pairs",
+        ) from None
+    kwargs = {"options": libpq_options(), "connect_timeout": 10, "application_name": application_name}
+    if replication:
+        kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
+    try:
+        conn = psycopg2.connect(dsn, **kwargs)
+    except psycopg2.OperationalError as exc:
+        message = redact_with(" ".join(str(exc).split()), _password_of(dsn))
+        fix = "check host, port, user and password in source.postgres.dsn and that the server accepts connections"
+        if "replication" in message and "pg_hba" in message:
+            fix = "allow replication connections for this user in pg_hba.conf (host replication ... or host all ...)"
+        raise SourceError(f"cannot connect to the source database: {message}", fix) from None
+    if not replication:
+        conn.autocommit = autocommit
+    return conn
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    attnum: int
+    type_oid: int
+    typmod: int
+    not_null: bool
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    table: TableName
+    oid: int
+    relkind: str
+    replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
+    columns: tuple[ColumnInfo, ...]
+    key_columns: tuple[str, ...]  # empty when the table has no usable key
+    key_source: str  # 'primary key' | 'replica identity index' | 'unique index' | ''
+    can_select: bool
+    owned: bool
+
+
+@dataclass
+class ServerInfo:
+    version: int
+    version_text: str
+    wal_level: str
+    encoding: str
+    max_replication_slots: int
+    used_slots: int
+    max_wal_senders: int
+    used_wal_senders: int
+    system_id: str
+    database: str
+    user: str
+    superuser: bool
+    replication_role: bool
+    can_create_in_db: bool
+
+
+@dataclass
+class Problem:
+    what: str
+    fix: str
+
+
+@dataclass
+class CheckReport:
+    server: ServerInfo | None = None
+    tables: list[TableInfo] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def raise_if_problems(self) -> None:
+        if self.problems:
+            raise SourceError(
+                "the source database cannot be captured as configured:\n  - "
+                + "\n  - ".join(p.what for p in self.problems),
+                "\n       ".join(p.fix for p in self.problems),
+            )
+
+
+def server_info(conn) -> ServerInfo:
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT current_setting('server_version_num')::int, version(), current_setting('wal_level'),
+                   current_setting('server_encoding'), current_setting('max_replication_slots')::int,
+                   (SELECT count(*) FROM pg_replication_slots)::int,
+                   current_setting('max_wal_senders')::int,
+                   (SELECT count(*) FROM pg_stat_replication)::int,
+                   (SELECT system_identifier::text FROM pg_control_system()),
+                   current_database(), current_user, r.rolsuper, r.rolreplication,
+                   has_database_privilege(current_database(), 'CREATE')
+            FROM pg_roles r WHERE r.rolname = current_user
+            """
+        )
+        row = cur.fetchone()
+    return ServerInfo(*row)
+
+
+def resolve_tables(conn, selectors: Iterable[TableSelector]) -> tuple[list[TableName], list[str]]:
+    """Expand `schema.*`; return (tables found, selectors that matched nothing) in config order."""
+    found: list[TableName] = []
+    missing: list[str] = []
+    with conn.cursor() as cur:
+        for sel in selectors:
+            if sel.name is None:
+                cur.execute(
+                    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relkind IN ('r','p') AND NOT c.relispartition ORDER BY c.relname",
+                    (sel.schema,),
+                )
+            else:
+                cur.execute(
+                    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r','p','v','m','f')",
+                    (sel.schema, sel.name),
+                )
+            rows = [TableName(s, n) for s, n in cur.fetchall()]
+            if not rows:
+                missing.append(str(sel))
+            for t in rows:
+                if t not in found:
+                    found.append(t)
+    return found, missing
+
+
+def table_info(conn, table: TableName) -> TableInfo:
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT c.oid, c.relkind, c.relreplident, has_table_privilege(c.oid, 'SELECT'),
+                   pg_has_role(c.relowner, 'USAGE')
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relname = %s
+            """,
+            (table.schema, table.name),
+        )
+        row = cur.fetchone()
+        if row is None:
+            raise SourceError(f"table {table} does not exist in the source database", "create it or remove it from source.postgres.tables")
+        oid, relkind, replident, can_select, owned = row
+        cur.execute(
+            """
+            SELECT attname, attnum, atttypid, atttypmod, attnotnull FROM pg_attribute
+            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+            ORDER BY attnum
+            """,
+            (oid,),
+        )
+        columns = tuple(ColumnInfo(*r) for r in cur.fetchall())
+        key_columns, key_source = _key_of(cur, oid, replident, columns)
+    return TableInfo(table, oid, relkind, replident, columns, key_columns, key_source, can_select, owned)
+
+
+def _index_columns(cur, where: str, oid: int) -> list[tuple[str, list[str]]]:
+    cur.execute(
+        f"""
+        SELECT i.indexrelid::regclass::text,
+               array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.ord),
+               bool_and(a2.attnotnull)
+        FROM pg_index i JOIN pg_attribute a2 ON a2.attrelid = i.indrelid AND a2.attnum = ANY(i.indkey)
+        WHERE i.indrelid = %s AND {where} AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indisvalid
+        GROUP BY i.indexrelid, i.indkey ORDER BY i.indexrelid::regclass::text
+        """,
+        (oid,),
+    )
+    return [(name, cols) for name, cols, not_null in cur.fetchall() if not_null]
+
+
+def _key_of(cur, oid: int, replident: str, columns: tuple[ColumnInfo, ...]) -> tuple[tuple[str, ...], str]:
+    """The columns that identify a row: primary key, else the replica identity index, else (with
+    REPLICA IDENTITY FULL) a unique index on NOT NULL columns. No key -> ((), '')."""
+    pk = _index_columns(cur, "i.indisprimary", oid)
+    if pk:
+        return tuple(pk[0][1]), "primary key"
+    if replident == "i":
+        ri = _index_columns(cur, "i.indisreplident", oid)
+        if ri:
+            return tuple(ri[0][1]), "replica identity index"
+    if replident == "f":
+        unique = _index_columns(cur, "i.indisunique", oid)
+        if unique:
+            return tuple(unique[0][1]), "unique index"
+    return (), ""
+
+
+def check_source(conn, selectors: list[TableSelector], slot: str, publication: str) -> CheckReport:
+    """Run every check `cdc validate` reports; collect all problems rather than stopping at the first."""
+    report = CheckReport()
+    info = report.server = server_info(conn)
+    who = quote_ident(info.user)
+    if info.version < MIN_SERVER_VERSION:
+        report.problems.append(Problem(f"PostgreSQL {info.version_text.split(',')[0]} is too old", "use PostgreSQL 14 or newer"))
+    if info.wal_level != "logical":
+        report.problems.append(
+            Problem(
+                f"wal_level is '{info.wal_level}', logical decoding needs 'logical'",
+                "run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL",
+            )
+        )
+    if info.encoding != "UTF8":
+        report.problems.append(
+            Problem(f"the database encoding is {info.encoding}; the change stream is read as UTF-8", "capture a UTF8 database")
+        )
+    if not (info.superuser or info.replication_role):
+        report.problems.append(
+            Problem(f"role {info.user} lacks the REPLICATION attribute", f"run ALTER ROLE {who} WITH REPLICATION;")
+        )
+    slot_row = _slot(conn, slot)
+    if slot_row is None and info.used_slots >= info.max_replication_slots:
+        report.problems.append(
+            Problem(
+                f"all {info.max_replication_slots} replication slots are in use (max_replication_slots)",
+                f"drop an unused slot with SELECT pg_drop_replication_slot('name'); or run "
+                f"ALTER SYSTEM SET max_replication_slots = {info.max_replication_slots + 4}; and restart PostgreSQL",
+            )
+        )
+    if slot_row is not None:
+        plugin, database, active_pid = slot_row
+        if plugin != "pgoutput" or database != info.database:
+            report.problems.append(
+                Problem(
+                    f"replication slot {slot} exists but belongs to plugin {plugin!r} in database {database!r}",
+                    "choose another source.postgres.slot, or drop that slot if it is unused",
+                )
+            )
+        elif active_pid is not None:
+            report.notes.append(f"slot {slot} is in use by process {active_pid} (is `cdc stream` running?)")
+    if info.used_wal_senders >= info.max_wal_senders:
+        report.problems.append(
+            Problem(
+                f"all {info.max_wal_senders} WAL senders are busy (max_wal_senders)",
+                f"run ALTER SYSTEM SET max_wal_senders = {info.max_wal_senders + 4}; and restart PostgreSQL",
+            )
+        )
+
+    tables, missing = resolve_tables(conn, selectors)
+    for sel in missing:
+        report.problems.append(
+            Problem(f"table {sel} does not exist in database {info.database}", "create it, or fix source.postgres.tables")
+        )
+    pub_tables = _publication_tables(conn, publication)
+    for table in tables:
+        ti = table_info(conn, table)
+        report.tables.append(ti)
+        name = str(table)
+        if ti.relkind not in ("r", "p"):
+            report.problems.append(Problem(f"{name} is not a table (relkind {ti.relkind!r})", "capture the underlying tables"))
+            continue
+        if not ti.can_select:
+            report.problems.append(Problem(f"role {info.user} cannot SELECT from {name}", f"run GRANT SELECT ON {name} TO {who};"))
+        if not ti.key_columns:
+            report.problems.append(
+                Problem(
+                    f"table {name} has no primary key"
+                    + (" (REPLICA IDENTITY FULL but no unique index on NOT NULL columns)" if ti.replica_identity == "f" else ""),
+                    f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or give it a unique index on NOT NULL columns "
+                    f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; "
+                    "(rows that cannot be told apart cannot be followed exactly)",
+                )
+            )
+        in_pub = pub_tables is not None and table in pub_tables
+        if not in_pub and not (info.superuser or ti.owned):
+            verb = "ALTER PUBLICATION {p} ADD TABLE {t}" if pub_tables is not None else "CREATE PUBLICATION {p} FOR TABLE {t}"
+            report.problems.append(
+                Problem(
+                    f"role {info.user} does not own {name}, so it cannot add it to publication {publication}",
+                    "ask the owner to run " + verb.format(p=quote_ident(publication), t=name) + ";",
+                )
+            )
+    if pub_tables is None and not (info.superuser or info.can_create_in_db):
+        report.problems.append(
+            Problem(
+                f"role {info.user} cannot create publication {publication} (no CREATE on database {info.database})",
+                f"run GRANT CREATE ON DATABASE {quote_ident(info.database)} TO {who}; or create the publication as its owner",
+            )
+        )
+    return report
+
+
+def _slot(conn, slot: str) -> tuple[str, str, int | None] | None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT plugin, database, active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        return cur.fetchone()
+
+
+def _publication_tables(conn, publication: str) -> set[TableName] | None:
+    """Tables in the publication, or None when it does not exist."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
+        if cur.fetchone() is None:
+            return None
+        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+        return {TableName(s, t) for s, t in cur.fetchall()}
+
+
+def ensure_publication(conn, publication: str, tables: list[TableInfo]) -> list[TableName]:
+    """Create the publication, or add missing tables to it. Returns the tables added."""
+    existing = _publication_tables(conn, publication)
+    idents = [sql.Identifier(t.table.schema, t.table.name) for t in tables]
+    with conn.cursor() as cur:
+        if existing is None:
+            cur.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)").format(
+                    sql.Identifier(publication), sql.SQL(", ").join(idents)
+                )
+            )
+            return [t.table for t in tables]
+        added = [t for t in tables if t.table not in existing]
+        if added:
+            cur.execute(
+                sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                    sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(t.table.schema, t.table.name) for t in added)
+                )
+            )
+        return [t.table for t in added]
+
+
+def current_wal_lsn(conn) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+        return int(cur.fetchone()[0])
+
+
+def slot_state(conn, slot: str) -> dict | None:
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT (confirmed_flush_lsn - '0/0')::bigint, (restart_lsn - '0/0')::bigint, active_pid,
+                   (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, (pg_current_wal_lsn() - restart_lsn)::bigint,
+                   wal_status
+            FROM pg_replication_slots WHERE slot_name = %s
+            """,
+            (slot,),
+        )
+        row = cur.fetchone()
+    if row is None:
+        return None
+    keys = ("confirmed_flush_lsn", "restart_lsn", "active_pid", "lag_bytes", "retained_wal_bytes", "wal_status")
+    return dict(zip(keys, row, strict=True))

@@ -1,0 +1,289 @@
+"""The pipeline file (README "Pipeline file reference"): YAML -> validated, defaulted model.
+
+Strict on purpose: unknown keys, wrong types and missing required keys are errors naming
+the file, the key path and what was expected. `${VAR}` and `${VAR:-default}` in string
+values are taken from the environment (`$$` is a literal `$`). Relative paths are relative
+to the directory holding the pipeline file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cdc.tables import TableName, TableSelector
+from pipelines.errors import PipelineFileError
+
+NAME_RE = r"^[a-z][a-z0-9_]*$"
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _check_tables(values: list[str] | None) -> list[str] | None:
+    for value in values or []:
+        TableSelector.parse(value)  # raises ValueError with a readable message
+    return values
+
+
+TableList = Annotated[list[str], Field(min_length=1)]
+
+
+# --- source ---------------------------------------------------------------------------------------
+class PostgresSource(_Strict):
+    dsn: str = Field(description="libpq connection string or postgresql:// URI")
+    tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
+    slot: str | None = Field(default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)")
+    publication: str | None = Field(default=None, pattern=NAME_RE, description="publication (default cdc_<name>)")
+
+    _tables = field_validator("tables")(_check_tables)
+
+
+class Source(_Strict):
+    postgres: PostgresSource
+
+
+# --- log ------------------------------------------------------------------------------------------
+class LocalLog(_Strict):
+    path: str | None = Field(default=None, description="directory of the SQLite log (default <state_dir>/log)")
+    synchronous: Literal["full", "normal"] = Field(
+        default="full", description="SQLite fsync policy: full survives power loss, normal survives process crashes"
+    )
+
+
+class KafkaLog(_Strict):
+    bootstrap_servers: str | list[str]
+    topic_prefix: str | None = Field(default=None, description="topic prefix (default: the pipeline name)")
+    format: Literal["cdc", "debezium"] = Field(
+        default="cdc", description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics"
+    )
+
+
+class LogConfig(_Strict):
+    local: LocalLog | None = None
+    kafka: KafkaLog | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> LogConfig:
+        if (self.local is None) == (self.kafka is None):
+            raise ValueError("give exactly one of `local` or `kafka`")
+        return self
+
+
+# --- sinks ----------------------------------------------------------------------------------------
+class DeltaSink(_Strict):
+    path: str
+    mode: Literal["scd1", "scd2"] = "scd1"
+    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
+
+    _tables = field_validator("tables")(_check_tables)
+
+
+class SearchSink(_Strict):
+    engine: Literal["tantivy", "opensearch"] = "tantivy"
+    tables: TableList
+    path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
+    hosts: list[str] | None = Field(default=None, description="opensearch: node URLs")
+    index_prefix: str | None = Field(default=None, description="opensearch: index name prefix (default: pipeline name)")
+
+    _tables = field_validator("tables")(_check_tables)
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> SearchSink:
+        if self.engine == "opensearch" and not self.hosts:
+            raise ValueError("engine opensearch needs `hosts`")
+        return self
+
+
+class RedisSink(_Strict):
+    url: str
+    tables: TableList
+    key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
+    ttl: int | None = Field(default=None, gt=0, description="seconds a cached row lives (default: forever)")
+
+    _tables = field_validator("tables")(_check_tables)
+
+
+class SinkConfig(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    delta: DeltaSink | None = None
+    search: SearchSink | None = None
+    redis: RedisSink | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SinkConfig:
+        kinds = [k for k in ("delta", "search", "redis") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one sink kind: `delta`, `search` or `redis`")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("delta", "search", "redis") if getattr(self, k) is not None)
+
+    @property
+    def settings(self) -> DeltaSink | SearchSink | RedisSink:
+        return getattr(self, self.kind)
+
+
+# --- runtime knobs --------------------------------------------------------------------------------
+class SparkConfig(_Strict):
+    master: str = Field(default="local[2]", description="Spark master URL")
+    conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
+    trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+
+
+class StreamConfig(_Strict):
+    batch_max_events: int = Field(default=20000, gt=0, description="commit to the log after this many events...")
+    batch_max_seconds: float = Field(default=0.5, gt=0, description="...or this many seconds, at a transaction boundary")
+    status_interval_s: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
+
+
+class Pipeline(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    source: Source
+    log: LogConfig | None = None
+    state_dir: str | None = None
+    sinks: list[SinkConfig] = Field(default_factory=list)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+
+    # Where the file was loaded from; relative paths resolve against its directory.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_sinks(self) -> Pipeline:
+        seen: set[str] = set()
+        for sink in self.sinks:
+            if sink.name in seen:
+                raise ValueError(f"two sinks are named {sink.name!r}")
+            seen.add(sink.name)
+        return self
+
+    # -- resolved values -------------------------------------------------------------------------
+    def path(self, value: str | os.PathLike[str]) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    @property
+    def state_path(self) -> Path:
+        return self.path(self.state_dir or f".cdc/{self.name}")
+
+    @property
+    def slot(self) -> str:
+        return self.source.postgres.slot or f"cdc_{self.name}"
+
+    @property
+    def publication(self) -> str:
+        return self.source.postgres.publication or f"cdc_{self.name}"
+
+    @property
+    def log_config(self) -> LogConfig:
+        return self.log or LogConfig(local=LocalLog())
+
+    @property
+    def local_log_path(self) -> Path:
+        local = self.log_config.local
+        assert local is not None
+        return self.path(local.path) if local.path else self.state_path / "log"
+
+    @property
+    def table_selectors(self) -> list[TableSelector]:
+        return [TableSelector.parse(t) for t in self.source.postgres.tables]
+
+    def sink(self, name: str) -> SinkConfig:
+        for sink in self.sinks:
+            if sink.name == name:
+                return sink
+        known = ", ".join(s.name for s in self.sinks) or "none"
+        raise PipelineFileError(f"no sink named {name!r} in pipeline {self.name!r} (sinks: {known})")
+
+
+def sink_tables(sink: SinkConfig, all_tables: list[TableName]) -> list[TableName]:
+    """The source tables a sink follows: its own `tables` selection, or all of them."""
+    chosen = getattr(sink.settings, "tables", None)
+    if not chosen:
+        return list(all_tables)
+    selectors = [TableSelector.parse(t) for t in chosen]
+    return [t for t in all_tables if any(s.matches(t) for s in selectors)]
+
+
+# --- loading --------------------------------------------------------------------------------------
+def interpolate(value: Any, where: str = "") -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, f"{where}.{i}") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        var, default = match.group(1), match.group(2)
+        if var in os.environ:
+            return os.environ[var]
+        if default is not None:
+            return default
+        raise PipelineFileError(
+            f"{where}: environment variable {var} is not set",
+            f"export {var}=... or write ${{{var}:-default}} in the pipeline file",
+        )
+
+    return _VAR.sub(sub, value)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    kind, msg = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        parent, key = loc.rpartition(".")[0], error["loc"][-1]
+        return f"{parent or '(top level)'}: unknown key {key!r}"
+    if kind == "missing":
+        return f"{loc}: required key is missing"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    got = error.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    return f"{loc}: {msg}{shown}"
+
+
+def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None = None) -> Pipeline:
+    if not isinstance(data, dict):
+        raise PipelineFileError(f"{source}: the pipeline file must be a YAML mapping (name:, source:, ...)")
+    data = interpolate(data)
+    try:
+        pipeline = Pipeline.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors()]
+        raise PipelineFileError(
+            f"{source}: invalid pipeline file:\n  " + "\n  ".join(lines),
+            "see the README section 'Pipeline file reference'",
+        ) from None
+    return pipeline.model_copy(update={"base_dir": base_dir or Path(".")})
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PipelineFileError(f"pipeline file {file} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineFileError(f"cannot read pipeline file {file}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PipelineFileError(f"{file}: not valid YAML{at}: {problem}") from None
+    return parse_pipeline(data, str(file), file.resolve().parent)

@@ -1,0 +1,156 @@
+"""Workers that COPY table chunks, inside one exported snapshot, into segment files.
+
+Each worker is a thread with its own connection and one REPEATABLE READ transaction that
+imports the exported snapshot, so every chunk of every table sees the same database state.
+COPY output goes to the file as PostgreSQL sends it; psycopg2 releases the GIL while it
+waits on the socket, so threads overlap their copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+from psycopg2 import sql
+
+from cdc.source import connect
+from cdc.tables import TableName
+from snapshot.chunks import Chunk
+
+
+@dataclass(frozen=True)
+class CopyJob:
+    table: TableName
+    columns: tuple[str, ...]
+    snapshot_id: int
+    chunk: Chunk
+    path: Path
+
+
+@dataclass(frozen=True)
+class CopyDone:
+    job: CopyJob
+    rows: int
+    nbytes: int
+
+
+class _CountingFile:
+    """File sink for copy_expert that counts rows (newlines) as they stream by."""
+
+    def __init__(self, path: Path, on_rows: Callable[[int], None]):
+        self.f = open(path, "wb")  # noqa: SIM115 - closed in finish()
+        self.rows = 0
+        self.nbytes = 0
+        self.on_rows = on_rows
+
+    def write(self, data: bytes | memoryview) -> int:
+        data = bytes(data)
+        n = data.count(b"\n")
+        self.rows += n
+        self.nbytes += len(data)
+        self.f.write(data)
+        if n:
+            self.on_rows(n)
+        return len(data)
+
+    def finish(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+def copy_statement(job: CopyJob) -> sql.Composed:
+    table = sql.Identifier(job.table.schema, job.table.name)
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in job.columns)
+    chunk = job.chunk
+    if chunk.whole_table:
+        return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
+    conds = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))]
+    if chunk.end_page is not None:
+        conds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
+    return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(cols, table, sql.SQL(" AND ").join(conds))
+
+
+class CopyPool:
+    """Runs CopyJobs on N worker threads; results and errors come back on `results`."""
+
+    def __init__(self, dsn: str, snapshot_name: str, workers: int, on_rows: Callable[[int], None]):
+        self.dsn = dsn
+        self.snapshot_name = snapshot_name
+        self.jobs: queue.Queue[CopyJob | None] = queue.Queue()
+        self.results: queue.Queue[CopyDone | BaseException] = queue.Queue()
+        self.on_rows = on_rows
+        self.stop = threading.Event()
+        self.ready = threading.Barrier(workers + 1)
+        self._conns: list = []
+        self._threads = [threading.Thread(target=self._work, name=f"copy-{i}", daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def wait_imported(self, timeout: float = 120) -> None:
+        """Block until every worker has imported the snapshot (then the exporter may go away)."""
+        self.ready.wait(timeout)
+
+    def submit(self, job: CopyJob) -> None:
+        self.jobs.put(job)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self.jobs.put(None)
+
+    def cancel(self) -> None:
+        self.stop.set()
+        for conn in list(self._conns):
+            with contextlib.suppress(psycopg2.Error):
+                conn.cancel()
+        self.close()
+
+    def join(self, timeout: float = 30) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+    def _work(self) -> None:
+        conn = None
+        try:
+            conn = connect(self.dsn, autocommit=False, application_name="cdc snapshot copy")
+            self._conns.append(conn)
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (self.snapshot_name,))
+        except BaseException as exc:
+            self.results.put(exc)
+            self.ready.abort()
+            return
+        try:
+            self.ready.wait()
+            while not self.stop.is_set():
+                job = self.jobs.get()
+                if job is None:
+                    break
+                self.results.put(self._copy(conn, job))
+        except BaseException as exc:  # surfaced to the coordinating thread
+            self.results.put(exc)
+        finally:
+            try:
+                conn.rollback()
+                conn.close()
+            except psycopg2.Error:
+                pass
+
+    def _copy(self, conn, job: CopyJob) -> CopyDone:
+        job.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = job.path.with_suffix(".part")
+        sink = _CountingFile(tmp, self.on_rows)
+        try:
+            with conn.cursor() as cur:
+                cur.copy_expert(copy_statement(job).as_string(conn), sink, size=1 << 20)
+        finally:
+            sink.finish()
+        os.replace(tmp, job.path)
+        return CopyDone(job, sink.rows, sink.nbytes)

@@ -1,0 +1,242 @@
+"""`cdc snapshot`: a consistent snapshot of the pipeline's tables into the log.
+
+First run (no slot yet): create the publication and the slot with an exported snapshot;
+every table is copied at the slot's consistent point, where streaming will start.
+
+Later runs (slot exists, e.g. `--tables` for a table added to the pipeline, or tables whose
+snapshot was interrupted): the tables are added to the publication first, so the stream
+captures their changes from then on; then a *temporary* slot exports a fresh snapshot whose
+consistent point separates "in the snapshot" from "in the stream" exactly. The log makes the
+snapshot the table's new base and keeps only stream events newer than it (LocalLog.finish_snapshot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg2
+from psycopg2 import sql
+
+from cdc.log import open_log
+from cdc.lsn import format_lsn
+from cdc.schema import TypeCache, build_schema
+from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
+from cdc.tables import TableName, TableSelector
+from pipelines.config import Pipeline
+from pipelines.errors import CdcError, LogError, SourceError, UsageError
+from snapshot.chunks import plan_chunks
+from snapshot.copier import CopyDone, CopyJob, CopyPool
+from snapshot.progress import RowProgress
+from snapshot.slots import slot_with_snapshot
+
+
+@dataclass
+class TablePlan:
+    table: TableName
+    columns: tuple[tuple[str, int, int], ...]
+    key: tuple[str, ...]
+    relpages: int
+    reltuples: int
+    relkind: str
+
+
+@dataclass
+class SnapshotResult:
+    consistent_point: int = 0
+    created_slot: bool = False
+    rows: dict[TableName, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: bool = False
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+
+def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
+    """A log belongs to one database and slot; refuse to mix histories."""
+    for key, value in (("source_system_id", system_id), ("source_database", database), ("slot", slot)):
+        known = log.meta(key)
+        if known is None:
+            log.set_meta(key, value)
+        elif known != value:
+            raise LogError(
+                f"the log at {log.path} was written for {key.replace('_', ' ')} {known!r}, not {value!r}",
+                "point the pipeline at the right source, or `cdc teardown` it and snapshot again",
+            )
+
+
+def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: dict[TableName, tuple[str, ...]]) -> list[TablePlan]:
+    """Columns and sizes as of the exported snapshot (so they match what COPY will see)."""
+    conn = connect(dsn, autocommit=False, application_name="cdc snapshot plan")
+    try:
+        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        plans = []
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            for table in tables:
+                cur.execute(
+                    "SELECT c.oid, c.relpages, c.reltuples::bigint, c.relkind FROM pg_class c"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                    (table.schema, table.name),
+                )
+                oid, relpages, reltuples, relkind = cur.fetchone()
+                cur.execute(
+                    "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+                    " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                    (oid,),
+                )
+                plans.append(TablePlan(table, tuple(cur.fetchall()), keys[table], relpages, max(reltuples, 0), relkind))
+        conn.rollback()
+        return plans
+    finally:
+        conn.close()
+
+
+def run_snapshot(
+    pipeline: Pipeline,
+    only: list[str] | None = None,
+    parallel: int | None = None,
+    *,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> SnapshotResult:
+    started = time.monotonic()
+    pg = pipeline.source.postgres
+    conn = connect(pg.dsn, application_name="cdc snapshot")
+    try:
+        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
+        report.raise_if_problems()
+        info = {t.table: t for t in report.tables}
+        all_tables = [t.table for t in report.tables]
+        log = open_log(pipeline)
+        try:
+            bind_log_to_source(log, report.server.system_id, report.server.database, pipeline.slot)
+            slot_exists = _slot(conn, pipeline.slot) is not None
+            targets = _targets(conn, pipeline, log, all_tables, only, slot_exists, say)
+            result = SnapshotResult()
+            if not targets:
+                say("nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)")
+                result.skipped = True
+                return result
+            added = ensure_publication(conn, pipeline.publication, [info[t] for t in all_tables])
+            if added:
+                say(f"publication {pipeline.publication}: added {', '.join(map(str, added))}")
+            for snapshot_id, table_id, _lsn, _v in log.running_snapshots():
+                if any(log.table_id(t) == table_id for t in targets):
+                    log.abandon_snapshot(snapshot_id)  # its exported snapshot died with its process
+            result = _copy_tables(pipeline, log, conn, report.server.version, targets, info, slot_exists, parallel, progress, say)
+            result.seconds = time.monotonic() - started
+            return result
+        finally:
+            log.close()
+    finally:
+        conn.close()
+
+
+def _targets(conn, pipeline: Pipeline, log, all_tables: list[TableName], only: list[str] | None, slot_exists: bool, say) -> list[TableName]:
+    if only:
+        try:
+            selectors = [TableSelector.parse(t) for t in only]
+        except ValueError as exc:
+            raise UsageError(f"--tables: {exc}") from None
+        wanted, missing = resolve_tables(conn, selectors)
+        if missing:
+            raise SourceError(f"--tables: {', '.join(missing)} not found in the source database")
+        outside = [t for t in wanted if t not in all_tables]
+        if outside:
+            raise UsageError(
+                f"--tables: {', '.join(map(str, outside))} not in source.postgres.tables of {pipeline.name}",
+                "add the table to the pipeline file first, then run `cdc snapshot --tables` for it",
+            )
+    else:
+        wanted = list(all_tables)
+    if not slot_exists:
+        live = [t.table for t in log.tables() if t.state == "live"]
+        if live:
+            say(f"replication slot {pipeline.slot} does not exist: the log's history has a gap; snapshotting every table again")
+        return list(all_tables)
+    if only:
+        return wanted
+    states = {t.table: t.state for t in log.tables()}
+    return [t for t in wanted if states.get(t) != "live"]
+
+
+def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say) -> SnapshotResult:
+    dsn = pipeline.source.postgres.dsn
+    slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
+    workers = max(1, parallel or min(4, os.cpu_count() or 2))
+    types = TypeCache()
+    say(
+        f"creating {'temporary ' if slot_exists else ''}replication slot {slot} with an exported snapshot "
+        "(waits for transactions open right now to finish)"
+    )
+    with slot_with_snapshot(dsn, slot, temporary=slot_exists, server_version=server_version) as snap:
+        plans = _plan_tables(dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets})
+        jobs_by_table: dict[TableName, list[CopyJob]] = {}
+        snapshot_ids: dict[TableName, int] = {}
+        for plan in plans:
+            table_id = log.ensure_table(plan.table)
+            version = log.schema_version(table_id, build_schema(conn, plan.columns, plan.key, types), snap.consistent_point)
+            snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(table_id, snap.consistent_point, version)
+            columns = tuple(c[0] for c in plan.columns)
+            jobs_by_table[plan.table] = [
+                CopyJob(plan.table, columns, snapshot_id, chunk, log.segment_path(table_id, snapshot_id, chunk.number))
+                for chunk in plan_chunks(plan.relpages, plan.relkind)
+            ]
+        n_jobs = sum(len(j) for j in jobs_by_table.values())
+        estimate = sum(p.reltuples for p in plans)
+        bar = RowProgress(f"snapshot {pipeline.name}", estimate or None, enabled=progress)
+        pool = CopyPool(dsn, snap.snapshot_name, min(workers, n_jobs), bar.advance)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            pool.wait_imported()  # if a worker failed to import, its error is waiting on pool.results
+    # The exported snapshot is now held by the workers' transactions; a temporary slot is gone.
+    result = SnapshotResult(consistent_point=snap.consistent_point, created_slot=not slot_exists)
+    say(f"consistent point {format_lsn(snap.consistent_point)}: copying {len(plans)} table(s) in {n_jobs} chunk(s) with {pool.ready.parties - 1} worker(s)")
+    # Biggest tables first so workers finish together.
+    order = sorted(plans, key=lambda p: -p.relpages)
+    for plan in order:
+        for job in jobs_by_table[plan.table]:
+            pool.submit(job)
+    pool.close()
+    remaining = {t: len(j) for t, j in jobs_by_table.items()}
+    rows = {t: 0 for t in jobs_by_table}
+    try:
+        while any(remaining.values()):
+            item = pool.results.get()
+            if isinstance(item, BaseException):
+                raise _copy_error(item)
+            assert isinstance(item, CopyDone)
+            log.add_segment(item.job.snapshot_id, item.job.chunk.number, item.job.path, item.rows, item.nbytes)
+            rows[item.job.table] += item.rows
+            remaining[item.job.table] -= 1
+            if remaining[item.job.table] == 0:
+                log.finish_snapshot(snapshot_ids[item.job.table])
+    except BaseException:
+        pool.cancel()
+        raise
+    finally:
+        bar.close()
+        pool.join()
+    result.rows = rows
+    return result
+
+
+def _copy_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, CdcError):
+        return exc
+    if isinstance(exc, psycopg2.Error):
+        message = (exc.pgerror or str(exc)).strip()
+        if "permission denied" in message:
+            return SourceError(f"snapshot copy failed: {message}", "GRANT SELECT on the table to the pipeline's role")
+        return SourceError(f"snapshot copy failed: {message}")
+    return exc
+
+
+__all__ = ["SnapshotResult", "bind_log_to_source", "run_snapshot", "sql"]

@@ -1,0 +1,53 @@
+"""Replication slots created together with an exported snapshot.
+
+The exported snapshot is exactly the database state at the slot's consistent point: every
+transaction that committed before it is visible, none after. It stays importable only while
+the creating replication connection stays open and idle, so this is a context manager that
+holds the connection until the copy workers have imported it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg2
+
+from cdc.lsn import parse_lsn
+from cdc.source import connect
+from pipelines.errors import SourceError
+
+
+@dataclass(frozen=True)
+class ExportedSnapshot:
+    slot: str
+    consistent_point: int
+    snapshot_name: str
+
+
+@contextmanager
+def slot_with_snapshot(dsn: str, slot: str, *, temporary: bool, server_version: int) -> Iterator[ExportedSnapshot]:
+    """Create a pgoutput slot and export its snapshot. A temporary slot disappears with the connection."""
+    conn = connect(dsn, replication=True, application_name=f"cdc snapshot {slot}")
+    try:
+        temp = " TEMPORARY" if temporary else ""
+        if server_version >= 150000:
+            command = f"CREATE_REPLICATION_SLOT \"{slot}\"{temp} LOGICAL pgoutput (SNAPSHOT 'export')"
+        else:
+            command = f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL pgoutput EXPORT_SNAPSHOT'
+        try:
+            with conn.cursor() as cur:
+                cur.execute(command)
+                name, consistent_point, snapshot_name, _plugin = cur.fetchone()
+        except psycopg2.Error as exc:
+            message = (exc.pgerror or str(exc)).strip()
+            if "all replication slots are in use" in message:
+                raise SourceError(
+                    f"cannot create replication slot {slot}: all replication slots are in use",
+                    "drop an unused slot or raise max_replication_slots (ALTER SYSTEM ...; restart)",
+                ) from None
+            raise SourceError(f"cannot create replication slot {slot}: {message}") from None
+        yield ExportedSnapshot(name, parse_lsn(consistent_point), snapshot_name)
+    finally:
+        conn.close()
