@@ -1,0 +1,261 @@
+"""The `cdc` command line (README "CLI reference").
+
+Thin on purpose: parse arguments, call the module that does the work, and turn expected
+failures (CdcError) into a two-line message and a documented exit code. A Python traceback
+means a bug; set CDC_DEBUG=1 to see one for expected failures too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipelines.errors import CdcError, ExitCode
+from pipelines.secrets import redact
+
+PIPELINE = click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+
+
+def err(message: str) -> None:
+    click.echo(redact(message), err=True)
+
+
+def say(message: str) -> None:
+    click.echo(redact(message))
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = fn(*args, **kwargs)
+        except CdcError as exc:
+            if os.environ.get("CDC_DEBUG"):
+                raise
+            err(f"error: {exc.problem}")
+            if exc.fix:
+                err(f"  fix: {exc.fix}")
+            sys.exit(int(exc.exit_code))
+        except KeyboardInterrupt:
+            err("interrupted")
+            sys.exit(int(ExitCode.INTERRUPTED))
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException:
+            raise
+        except Exception as exc:  # a bug or an unforeseen failure: say so, keep secrets out
+            if os.environ.get("CDC_DEBUG"):
+                raise
+            err(f"internal error: {type(exc).__name__}: {exc}")
+            err("  fix: rerun with CDC_DEBUG=1 for a traceback and report it")
+            sys.exit(int(ExitCode.RUNTIME))
+        if isinstance(result, int):
+            sys.exit(result)
+        return result
+
+    return wrapper
+
+
+def load(path: Path):
+    from pipelines.config import load_pipeline
+
+    return load_pipeline(path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="pgcdc", prog_name="cdc")
+def cli() -> None:
+    """Change-data-capture from PostgreSQL into a compacted log, applied by Spark to followers.
+
+    Exit codes: 0 ok, 1 follower differs from source (verify), 2 bad usage or pipeline file,
+    3 source not usable (wal_level, rights, keys...), 4 runtime failure, 130 interrupted.
+    """
+
+
+@cli.command()
+@PIPELINE
+@handle_errors
+def validate(pipeline: Path) -> int:
+    """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
+    from pipelines.validate import run_validate
+
+    return run_validate(load(pipeline), say)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--tables", help="comma-separated schema.table list to (re)snapshot; default: tables not in the log yet")
+@click.option("--parallel", type=click.IntRange(1, 64), help="copy workers (default: min(4, CPUs))")
+@click.option("--no-progress", is_flag=True, help="no progress bar, only summary lines")
+@handle_errors
+def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progress: bool) -> None:
+    """Create publication and slot if missing, then copy a consistent snapshot into the log."""
+    from snapshot.runner import run_snapshot
+
+    only = [t.strip() for t in _split_tables(tables)] if tables else None
+    result = run_snapshot(load(pipeline), only, parallel, progress=not no_progress, say=say)
+    if not result.skipped:
+        rate = result.total_rows / max(result.seconds, 1e-6)
+        say(f"snapshot done: {result.total_rows:,} rows from {len(result.rows)} table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s)")
+        for table, rows in sorted(result.rows.items()):
+            say(f"  {table}: {rows:,} rows")
+
+
+def _split_tables(text: str) -> list[str]:
+    """Split on commas outside double quotes (identifiers may contain commas)."""
+    parts, buf, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append("".join(buf))
+            buf = []
+        else:
+            buf.append(ch)
+    parts.append("".join(buf))
+    return [p for p in (x.strip() for x in parts) if p]
+
+
+@cli.command()
+@PIPELINE
+@click.option("--until", "until", metavar="current|LSN", help="stop once this WAL position is durable in the log")
+@handle_errors
+def stream(pipeline: Path, until: str | None) -> None:
+    """Stream WAL changes into the log until Ctrl-C (or --until)."""
+    from cdc.lsn import parse_lsn
+    from cdc.reader import run_stream
+    from pipelines.errors import UsageError
+
+    target: str | int | None = None
+    if until is not None:
+        if until == "current":
+            target = "current"
+        else:
+            try:
+                target = parse_lsn(until)
+            except ValueError as exc:
+                raise UsageError(f"--until: {exc}", "use --until current or an LSN like 0/16B3748") from None
+    run_stream(load(pipeline), until=target, say=say)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@handle_errors
+def status(pipeline: Path, as_json: bool) -> None:
+    """Slot lag, log end and each follower's position."""
+    from pipelines.status import collect_status, print_status
+
+    data = collect_status(load(pipeline))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        print_status(data, say)
+
+
+@cli.group()
+def log() -> None:
+    """Inspect and maintain the log."""
+
+
+@log.command("read")
+@PIPELINE
+@click.option("--table", help="only this schema.table")
+@click.option("--limit", type=click.IntRange(0), help="at most N events")
+@click.option("--keys", is_flag=True, help='print {"table","offset","key","value"} records, tombstones included')
+@handle_errors
+def log_read(pipeline: Path, table: str | None, limit: int | None, keys: bool) -> None:
+    """Print log events as JSON lines (the change event envelope), oldest first."""
+    from pipelines.logread import read_log
+
+    for line in read_log(load(pipeline), table, limit, keys):
+        click.echo(line)
+
+
+@log.command("compact")
+@PIPELINE
+@click.option("--tombstone-retention", default="24h", show_default=True, help="keep deletes at least this long (e.g. 0s, 30m, 24h, 7d)")
+@handle_errors
+def log_compact(pipeline: Path, tombstone_retention: str) -> None:
+    """Keep only the newest event per key (deletes kept for the retention period)."""
+    from cdc.log.compact import compact_log, parse_duration
+
+    report = compact_log(load(pipeline), parse_duration(tombstone_retention))
+    say(report)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@handle_errors
+def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
+    """Delete the pipeline's log and checkpoints (followers' data is left alone)."""
+    from pipelines.teardown import run_teardown
+
+    p = load(pipeline)
+    if not yes and sys.stdin.isatty():
+        what = f"the log and checkpoints under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
+        click.confirm(f"delete {what}?", abort=True)
+    run_teardown(p, drop_slot, say)
+
+
+@cli.group()
+def dev() -> None:
+    """Local services without Docker (PostgreSQL, Kafka, Redis, OpenSearch) for trying things out."""
+
+
+DEV_SERVICES = click.argument("services", nargs=-1)
+DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_type=Path), default=Path(".cdc/dev"), show_default=True)
+
+
+@dev.command("up")
+@DEV_SERVICES
+@DEV_DIR
+@handle_errors
+def dev_up(services: tuple[str, ...], base: Path) -> None:
+    """Start services (default: all available) and print NAME=VALUE lines for them."""
+    from pipelines.devservices import registry
+
+    for key, value in registry.up(base, services).items():
+        click.echo(f"{key}={value}")
+
+
+@dev.command("down")
+@DEV_SERVICES
+@DEV_DIR
+@handle_errors
+def dev_down(services: tuple[str, ...], base: Path) -> None:
+    """Stop services started by `cdc dev up`."""
+    from pipelines.devservices import registry
+
+    for line in registry.down(base, services):
+        say(line)
+
+
+@dev.command("status")
+@DEV_SERVICES
+@DEV_DIR
+@handle_errors
+def dev_status(services: tuple[str, ...], base: Path) -> None:
+    """Show which services run, with their addresses."""
+    from pipelines.devservices import registry
+
+    for line in registry.status(base, services):
+        say(line)
+
+
+def main() -> None:
+    cli(prog_name="cdc")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""`cdc dev up|down|status`: the local services, each in <dir>/<name>, started from packages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+from pipelines.errors import UsageError
+
+
+class DevService(Protocol):
+    def start(self) -> dict[str, str]: ...
+    def stop(self) -> None: ...
+    def running(self) -> bool: ...
+    def env(self) -> dict[str, str]: ...
+
+
+def _postgres(base: Path) -> DevService:
+    from pipelines.devservices.postgres import LocalPostgres
+
+    return LocalPostgres(base / "postgres")
+
+
+FACTORIES = {"postgres": _postgres}
+
+
+def _chosen(services: Iterable[str]) -> list[str]:
+    names = list(services) or list(FACTORIES)
+    unknown = [n for n in names if n not in FACTORIES]
+    if unknown:
+        raise UsageError(f"unknown service(s): {', '.join(unknown)}", f"choose from: {', '.join(FACTORIES)}")
+    return names
+
+
+def up(base: Path, services: Iterable[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name in _chosen(services):
+        env |= FACTORIES[name](base.resolve()).start()
+    return env
+
+
+def down(base: Path, services: Iterable[str]) -> list[str]:
+    lines = []
+    for name in _chosen(services):
+        svc = FACTORIES[name](base.resolve())
+        if svc.running():
+            svc.stop()
+            lines.append(f"{name}: stopped")
+        else:
+            lines.append(f"{name}: not running")
+    return lines
+
+
+def status(base: Path, services: Iterable[str]) -> list[str]:
+    lines = []
+    for name in _chosen(services):
+        svc = FACTORIES[name](base.resolve())
+        if svc.running():
+            lines.append(f"{name}: running " + " ".join(f"{k}={v}" for k, v in svc.env().items()))
+        else:
+            lines.append(f"{name}: stopped")
+    return lines

@@ -1,0 +1,40 @@
+"""`cdc validate`: every check on the pipeline file and the source, reported at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cdc.source import check_source, connect
+from pipelines.config import Pipeline
+from pipelines.errors import ExitCode
+
+OK, BAD = "ok  ", "FAIL"
+
+
+def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+    sinks = ", ".join(f"{s.name} ({s.kind})" for s in pipeline.sinks) or "none"
+    log = "kafka" if pipeline.log_config.kafka else f"local at {pipeline.local_log_path}"
+    say(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
+    conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
+    try:
+        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
+    finally:
+        conn.close()
+    info = report.server
+    assert info is not None
+    say(f"{OK} connected to {info.database} as {info.user}: {info.version_text.split(',')[0]}")
+    say(f"{OK if info.wal_level == 'logical' else BAD} wal_level = {info.wal_level}")
+    say(f"{OK} replication slots {info.used_slots}/{info.max_replication_slots} used, WAL senders {info.used_wal_senders}/{info.max_wal_senders}")
+    for t in report.tables:
+        key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
+        mark = OK if t.key_columns and t.can_select else BAD
+        say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
+    for note in report.notes:
+        say(f"note: {note}")
+    for p in report.problems:
+        say(f"{BAD} {p.what}\n       fix: {p.fix}")
+    if report.problems:
+        say(f"{len(report.problems)} problem(s) found; nothing was changed")
+        return int(ExitCode.SOURCE)
+    say("all checks passed; nothing was changed")
+    return int(ExitCode.OK)
