@@ -31,7 +31,7 @@ from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter
 from cdc.lsn import format_lsn
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, tuple_end, tuple_prefix
-from cdc.schema import TypeCache, build_schema
+from cdc.schema import TypeCache, array_dims, build_schema
 from cdc.source import _slot, check_source, connect, current_wal_lsn, table_info
 from cdc.tables import TableName, TableSelector
 from pipelines.errors import CdcError, SourceError, UsageError
@@ -140,7 +140,8 @@ class StreamReader:
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
                 "give the table a primary key again, then `cdc snapshot --tables` it",
             )
-        schema = build_schema(conn, [(c.name, c.type_oid, c.typmod) for c in msg.columns], key, self._types)
+        columns = [(c.name, c.type_oid, c.typmod) for c in msg.columns]
+        schema = build_schema(conn, columns, key, self._types, array_dims(conn, table))
         table_id = self.log.ensure_table(table)
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes

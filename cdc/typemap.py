@@ -461,12 +461,12 @@ def _array_converter(element_conv: Converter, delimiter: str) -> Callable[[str],
                 and " " not in inner
             ):
                 return [None if item == "NULL" else element_conv(item) for item in inner.split(delimiter)]
-        return _parse_array(text, delimiter, element_conv)
+        return parse_array(text, delimiter, element_conv)
 
     return convert
 
 
-def _parse_array(text: str, delimiter: str, element_conv: Converter) -> list:
+def parse_array(text: str, delimiter: str, element_conv: Converter) -> list:
     """The general array literal parser (quotes, backslash escapes, nesting, whitespace)."""
     n = len(text)
     i = 0

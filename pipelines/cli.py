@@ -146,6 +146,29 @@ def stream(pipeline: Path, until: str | None) -> None:
 
 @cli.command()
 @PIPELINE
+@click.option("--once", is_flag=True, help="drain the log to its latest consistent cut and exit (for schedulers)")
+@click.option("--sink", "sink_name", help="only this sink (default: every sink)")
+@handle_errors
+def apply(pipeline: Path, once: bool, sink_name: str | None) -> int:
+    """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
+    from pipelines.apply.job import ApplyJob
+    from pipelines.spark import spark_session
+
+    p = load(pipeline)
+    if sink_name:
+        p.sink(sink_name)  # unknown sink: exit 2 before Spark starts
+    job = ApplyJob(p, spark_session(p), say)
+    if not once:
+        job.run_forever(sink_name)
+        return 0
+    runs = job.run_once(sink_name)
+    job.report(runs)
+    failed = [r.error for r in runs if r.error is not None]
+    return max((int(e.exit_code) for e in failed), default=0)
+
+
+@cli.command()
+@PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @handle_errors
 def status(pipeline: Path, as_json: bool) -> None:

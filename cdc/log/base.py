@@ -29,6 +29,7 @@ class Column:
     name: str
     type_oid: int
     typmod: int
+    ndims: int = 0  # declared array dimensions (pg_attribute.attndims), 0 for non-arrays
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class TableSchema:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "columns": [[c.name, c.type_oid, c.typmod] for c in self.columns],
+            "columns": [[c.name, c.type_oid, c.typmod, c.ndims] for c in self.columns],
             "key": list(self.key),
             "types": {str(k): v for k, v in self.types.items()},
         }
@@ -59,7 +60,7 @@ class TableSchema:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableSchema:
         return cls(
-            columns=tuple(Column(n, o, m) for n, o, m in data["columns"]),
+            columns=tuple(Column(*c) for c in data["columns"]),
             key=tuple(data["key"]),
             types={int(k): v for k, v in data.get("types", {}).items()},
         )

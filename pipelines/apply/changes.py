@@ -1,0 +1,182 @@
+"""One table's slice of a batch, read from the log, and the net change per key it amounts to.
+
+Net change (DESIGN.md §7): per key the last event by position (commit LSN, index in the
+transaction) wins; a delete beats earlier writes; a truncate drops everything before it
+(the sink empties the table at that position); an unchanged-TOAST value takes the last value
+the batch knows for that column, and when the batch knows none the sink keeps the value it
+already has (flag column `__cdc_u_<i>`). Everything stays in Spark: the driver only ever
+sees tiny aggregates (the truncate position, cast-failure counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc.log.base import TableSchema
+from cdc.schema import schema_types
+from cdc.tables import TableName
+from pipelines.apply.sparktypes import cast_failures, from_text, spark_type, toastable
+from pipelines.errors import SinkError
+
+META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
+META_TYPES = {"_cdc_lsn": T.LongType(), "_cdc_seq": T.LongType(), "_cdc_op": T.StringType(), "_cdc_commit_ts": T.TimestampType()}
+
+
+def unchanged_flag(index: int) -> str:
+    return f"__cdc_u_{index}"
+
+
+def typed_columns(schema: TableSchema, texts: list) -> list[tuple[str, object, object]]:
+    """(name, typed value, cast-failed?) per column, from PostgreSQL text expressions `texts`."""
+    types = schema_types(schema)
+    out = []
+    for col, text in zip(schema.columns, texts, strict=True):
+        t = types[col.type_oid]
+        typed = from_text(text, t, col)
+        out.append((col.name, typed, cast_failures(text, typed, t, col)))
+    return out
+
+
+@dataclass
+class NetChanges:
+    df: DataFrame  # typed source columns + META_COLUMNS + unchanged flags; one row per key
+    unchanged: dict[str, str] = field(default_factory=dict)  # column -> flag column (True = keep target value)
+    cached: DataFrame | None = None
+
+    def release(self) -> None:
+        if self.cached is not None:
+            self.cached.unpersist()
+
+
+@dataclass
+class TableBatch:
+    table: TableName
+    schema: TableSchema  # newest schema: the follower's columns
+    raw: DataFrame  # off, lsn, seq, op, key, vals, unch, ts
+    bootstrap: bool  # the follower starts this table over from the log's base
+    snapshot_lsn: int | None  # consistent point of the base snapshot
+    first_offset: int
+    last_offset: int
+
+    @cached_property
+    def types(self):
+        return schema_types(self.schema)
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return self.schema.key
+
+    @cached_property
+    def spark_schema(self) -> T.StructType:
+        return T.StructType(
+            [T.StructField(c.name, spark_type(self.types[c.type_oid], c), True) for c in self.schema.columns]
+        )
+
+    @property
+    def empty(self) -> bool:
+        return self.last_offset <= self.first_offset
+
+    @cached_property
+    def events(self) -> DataFrame:
+        """The batch's rows, read from the log once and kept for the passes below."""
+        return self.raw.persist()
+
+    @cached_property
+    def _summary(self) -> dict:
+        """One pass for what the plan needs: last truncate position, any unchanged markers, row count."""
+        row = self.events.agg(
+            F.max(F.when(F.col("op") == "t", F.struct("lsn", "seq"))).alias("truncate"),
+            F.max(F.size("unch")).alias("unchanged"),
+            F.count(F.lit(1)).alias("rows"),
+        ).first()
+        return {
+            "truncate": None if row["truncate"] is None else (row["truncate"]["lsn"], row["truncate"]["seq"]),
+            "unchanged": (row["unchanged"] or 0) > 0,
+            "rows": row["rows"],
+        }
+
+    @property
+    def truncate_position(self) -> tuple[int, int] | None:
+        return self._summary["truncate"]
+
+    @property
+    def rows(self) -> int:
+        return self._summary["rows"]
+
+    def release(self) -> None:
+        if "events" in self.__dict__:
+            self.events.unpersist()
+
+    def _after_truncate(self) -> DataFrame:
+        df = self.events.filter(F.col("op") != "t")
+        if self.truncate_position is not None:
+            lsn, seq = self.truncate_position
+            df = df.filter((F.col("lsn") > lsn) | ((F.col("lsn") == lsn) & (F.col("seq") > seq)))
+        return df
+
+    def _resolved_texts(self, df: DataFrame) -> tuple[DataFrame, dict[int, str]]:
+        """Add, per toastable column, the last value known before each row (for unchanged markers)."""
+        resolved: dict[int, str] = {}
+        if not self._summary["unchanged"]:
+            return df, resolved
+        running = Window.partitionBy("key").orderBy("lsn", "seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        for i, col in enumerate(self.schema.columns):
+            if toastable(self.types[col.type_oid]):
+                name = f"__cdc_r_{i}"
+                known = F.when(~F.array_contains("unch", i), F.struct(F.col("vals")[i].alias("v")))
+                df = df.withColumn(name, F.last(known, ignorenulls=True).over(running))
+                resolved[i] = name
+        return df, resolved
+
+    def _typed(self, df: DataFrame, resolved: dict[int, str]) -> tuple[DataFrame, dict[str, str], list[str]]:
+        """Cast texts to the follower's types; keep, per column, the key where a cast lost a value."""
+        selects, checks = [], []
+        unchanged: dict[str, str] = {}
+        texts = [F.col(resolved[i])["v"] if i in resolved else F.col("vals")[i] for i in range(len(self.schema.columns))]
+        for i, (name, typed, failed) in enumerate(typed_columns(self.schema, texts)):
+            selects.append(typed.alias(name))
+            checks.append(F.when(failed, F.col("key")).alias(f"__cdc_c_{i}"))
+            if i in resolved:
+                flag = unchanged_flag(i)
+                selects.append(F.col(resolved[i]).isNull().alias(flag))
+                unchanged[name] = flag
+        meta = [
+            F.col("lsn").alias("_cdc_lsn"),
+            F.col("seq").alias("_cdc_seq"),
+            F.col("op").alias("_cdc_op"),
+            F.timestamp_micros("ts").alias("_cdc_commit_ts"),
+        ]
+        return df.select(*selects, *meta, *checks), unchanged, [c.name for c in self.schema.columns]
+
+    def net(self) -> NetChanges:
+        df = self._after_truncate()
+        df, resolved = self._resolved_texts(df)
+        latest = Window.partitionBy("key").orderBy(F.col("lsn").desc(), F.col("seq").desc())
+        df = df.withColumn("__cdc_rn", F.row_number().over(latest)).filter(F.col("__cdc_rn") == 1)
+        typed, unchanged, checks = self._typed(df, resolved)
+        typed = typed.persist()
+        self._check_casts(typed, checks)
+        keep = [c for c in typed.columns if not c.startswith("__cdc_c_")]
+        return NetChanges(typed.select(*keep), unchanged, typed)
+
+    def _check_casts(self, typed: DataFrame, names: list[str]) -> None:
+        deletes = F.col("_cdc_op") == "d"  # a delete only needs its key
+        aggs = [F.first(F.when(~deletes, F.col(f"__cdc_c_{i}")), ignorenulls=True).alias(f"f{i}") for i in range(len(names))]
+        row = typed.agg(*aggs).first()
+        bad = [(name, row[f"f{i}"]) for i, name in enumerate(names) if row[f"f{i}"] is not None]
+        if bad:
+            column, key = bad[0]
+            shown = bytes(key).decode(errors="replace").replace("\t", ", ")
+            col = next(c for c in self.schema.columns if c.name == column)
+            raise SinkError(
+                f"{self.table}: a value of column {column!r} ({self.types[col.type_oid].name}) cannot be stored as "
+                f"{self.spark_schema[column].dataType.simpleString()} (first at key {shown}); "
+                f"{len(bad)} column(s) affected: {', '.join(n for n, _ in bad)}",
+                "values Spark has no type for (BC or infinite dates, NaN in numeric(p,s), arrays with more "
+                "dimensions than declared) cannot be followed into this sink; change the column or exclude the table",
+            )

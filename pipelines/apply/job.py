@@ -1,0 +1,190 @@
+"""`cdc apply`: the log, up to its latest consistent cut, applied to each follower.
+
+Per sink and per run:
+  1. take the cut to apply: the sink's `pending` cut if a previous run died mid-way (the same
+     cut again, so idempotent writes line up), else the log's latest cut;
+  2. per table, read the log from the sink's checkpoint (or from the table's base when the
+     follower starts it over) to the cut's end — in Spark, never through the driver;
+  3. record the cut as pending, let the sink check/evolve all schemas, then apply each table;
+  4. record the cut as applied.
+Each sink has its own checkpoint; a failing sink is reported and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from cdc.log import open_log
+from cdc.log.base import Cut, TableRange
+from cdc.lsn import format_lsn
+from cdc.tables import TableName
+from pipelines.apply.changes import TableBatch
+from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
+from pipelines.config import Pipeline, SinkConfig, sink_tables
+from pipelines.errors import CdcError, LogError, UsageError
+from sinks.base import ApplyStats, make_sink
+
+
+@dataclass
+class SinkRun:
+    sink: str
+    cut_id: int | None = None
+    lsn: int | None = None
+    tables: list[ApplyStats] = field(default_factory=list)
+    error: CdcError | None = None
+    up_to_date: bool = False
+    seconds: float = 0.0
+
+
+def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:
+    return pending["cut_id"], pending["lsn"], pending["tables"]
+
+
+def plan_ranges(
+    ckpt: Checkpoint, cut_tables: dict[str, TableRange], purged: dict[str, int], wanted: list[str]
+) -> dict[str, tuple[int, int, bool]]:
+    """Per table: (after, upto, bootstrap) to read for this sink."""
+    plans = {}
+    for name in wanted:
+        rng = cut_tables.get(name)
+        if rng is None:
+            continue
+        prev = ckpt.tables.get(name)
+        if prev is None or prev[0] != rng.base:
+            plans[name] = (rng.base - 1, rng.end, True)
+            continue
+        after = prev[1]
+        if after < purged.get(name, 0):
+            raise LogError(
+                f"the log no longer holds {name} from offset {after + 1} (deletes up to offset {purged[name]} were "
+                "compacted away), so this follower would miss them",
+                f"run `cdc snapshot --tables {name}` to give the table a new base; the follower then rebuilds it",
+            )
+        plans[name] = (after, max(after, rng.end), False)
+    return plans
+
+
+class ApplyJob:
+    def __init__(self, pipeline: Pipeline, spark: SparkSession, say: Callable[[str], None] = print):
+        self.pipeline = pipeline
+        self.spark = spark
+        self.say = say
+        self._stop = False
+
+    def request_stop(self, *_args) -> None:
+        self._stop = True
+
+    def _sinks(self, only: str | None) -> list[SinkConfig]:
+        if not self.pipeline.sinks:
+            raise UsageError(f"pipeline {self.pipeline.name} has no sinks", "add one under `sinks:` in the pipeline file")
+        return [self.pipeline.sink(only)] if only else list(self.pipeline.sinks)
+
+    def run_once(self, only: str | None = None) -> list[SinkRun]:
+        runs = []
+        log = open_log(self.pipeline, readonly=True)
+        try:
+            cut = log.latest_cut()
+            if cut is None:
+                raise LogError("the log is empty", "run `cdc snapshot` for this pipeline first")
+            for sink_cfg in self._sinks(only):
+                started = time.monotonic()
+                run = SinkRun(sink_cfg.name)
+                try:
+                    self._apply_sink(log, cut, sink_cfg, run)
+                except CdcError as exc:
+                    run.error = exc
+                run.seconds = time.monotonic() - started
+                runs.append(run)
+        finally:
+            log.close()
+        return runs
+
+    def _apply_sink(self, log, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
+        state = self.pipeline.state_path
+        ckpt = load_checkpoint(state, sink_cfg.name)
+        names = {t.table: t for t in log.tables()}
+        by_name = {str(t): t for t in names}
+        if ckpt.pending:
+            cut_id, cut_lsn, tables = _cut_from_pending(ckpt.pending)
+            cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
+        else:
+            cut_id, cut_lsn = latest.id, latest.lsn
+            cut_tables = {str(t): r for t, r in latest.tables.items()}
+        run.cut_id, run.lsn = cut_id, cut_lsn
+        if cut_id == ckpt.cut_id and not ckpt.pending:
+            run.up_to_date = True
+            return
+        wanted = [str(t) for t in sink_tables(sink_cfg, list(latest.tables))]
+        purged = {str(t): s.purged_below for t, s in names.items()}
+        plans = plan_ranges(ckpt, cut_tables, purged, wanted)
+        batches = []
+        for name, (after, upto, bootstrap) in plans.items():
+            if upto <= after and not bootstrap:
+                continue
+            table = by_name[name]
+            st = names[table]
+            schema = log.schema(table)
+            raw = (
+                self.spark.read.format("cdclog")
+                .option("path", str(log.path))
+                .option("table_id", str(st.id))
+                .option("after", str(after))
+                .option("upto", str(upto))
+                .option("columns", json.dumps(schema.column_names))
+                .load()
+            )
+            batches.append(TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto))
+        ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
+        save_checkpoint(state, ckpt)
+        if batches:
+            sink = make_sink(sink_cfg, self.pipeline, self.spark)
+            sink.prepare(batches)
+            for batch in batches:
+                try:
+                    changes = batch.net()
+                    try:
+                        run.tables.append(sink.apply(batch, changes, cut_id))
+                    finally:
+                        changes.release()
+                finally:
+                    batch.release()
+        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
+        for name in wanted:
+            if name in cut_tables:
+                ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
+        ckpt.pending = None
+        save_checkpoint(state, ckpt)
+
+    def report(self, runs: list[SinkRun]) -> None:
+        for run in runs:
+            if run.error is not None:
+                self.say(f"sink {run.sink}: FAILED: {run.error.problem}" + (f"\n  fix: {run.error.fix}" if run.error.fix else ""))
+            elif run.up_to_date:
+                self.say(f"sink {run.sink}: up to date at {format_lsn(run.lsn or 0)}")
+            else:
+                detail = "; ".join(s.line() for s in run.tables) or "no changes"
+                self.say(f"sink {run.sink}: applied cut {run.cut_id} ({format_lsn(run.lsn or 0)}) in {run.seconds:.1f}s: {detail}")
+
+    def run_forever(self, only: str | None = None, interval: float | None = None) -> None:
+        interval = interval or self.pipeline.spark.trigger_interval_s
+        old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not self._stop:
+                started = time.monotonic()
+                runs = self.run_once(only)
+                self.report([r for r in runs if not r.up_to_date])
+                while not self._stop and time.monotonic() - started < interval:
+                    time.sleep(min(0.2, interval))
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def table_name(text: str) -> TableName:
+    return TableName.parse(text)

@@ -1,0 +1,137 @@
+"""Spark reads the local log through this Python data source, in executors.
+
+Partitions are offset ranges of a table's event rows plus one per snapshot segment file, so
+the read spreads over executors. Each row comes out as PostgreSQL text values aligned with
+the *target* columns (the table's newest schema): a row written under an older schema
+version gets None for columns it did not have. Typing happens in the JVM afterwards
+(pipelines.apply.sparktypes).
+
+Output columns: off, lsn, seq, op, key, vals (array<string>), unch (indexes of
+unchanged-TOAST values), ts (commit time, µs since the epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
+EVENTS_PER_PARTITION = 200_000
+
+
+class EventRange(InputPartition):
+    def __init__(self, first: int, last: int):
+        self.first, self.last = first, last
+
+
+class Segment(InputPartition):
+    def __init__(self, off: int, lsn: int, version: int, path: str):
+        self.off, self.lsn, self.version, self.path = off, lsn, version, path
+
+
+class LocalLogSource(DataSource):
+    """spark.read.format("cdclog").option("path", ...).option("table_id", ...).option("after", ...)
+    .option("upto", ...).option("columns", json list).load()"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "cdclog"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema) -> LocalLogReader:
+        return LocalLogReader(dict(self.options))
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"file:{Path(path) / 'log.db'}?mode=ro", uri=True, timeout=60)
+    conn.execute("PRAGMA busy_timeout=60000")
+    return conn
+
+
+class LocalLogReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]):
+        self.path = options["path"]
+        self.table_id = int(options["table_id"])
+        self.after = int(options["after"])
+        self.upto = int(options["upto"])
+        self.columns: list[str] = json.loads(options["columns"])
+
+    def partitions(self) -> list[InputPartition]:
+        conn = _connect(self.path)
+        try:
+            t = f"ev_{self.table_id}"
+            parts: list[InputPartition] = []
+            for off, lsn, sv, payload in conn.execute(
+                f"SELECT off, lsn, sv, payload FROM {t} WHERE op = 'S' AND off > ? AND off <= ? ORDER BY off",
+                (self.after, self.upto),
+            ):
+                if payload:
+                    (path,) = conn.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
+                    parts.append(Segment(off, lsn, sv, str(Path(self.path) / path)))
+            first = self.after
+            while first < self.upto:
+                last = min(first + EVENTS_PER_PARTITION, self.upto)
+                parts.append(EventRange(first, last))
+                first = last
+            return parts or [EventRange(self.after, self.after)]
+        finally:
+            conn.close()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        # Imports here: this runs in executor Python workers.
+        from cdc.keys import key_from_copy_fields, unescape
+        from cdc.log.base import TableSchema
+        from cdc.pgoutput import UNCHANGED, decode_tuple
+
+        conn = _connect(self.path)
+        layouts: dict[int, tuple[list[int], tuple[int, ...]]] = {}
+
+        def layout(version: int) -> tuple[list[int], tuple[int, ...]]:
+            """For a schema version: source index of each target column (-1 = absent), key indexes."""
+            if version not in layouts:
+                (body,) = conn.execute(
+                    "SELECT body FROM schemas WHERE table_id = ? AND version = ?", (self.table_id, version)
+                ).fetchone()
+                schema = TableSchema.from_json(json.loads(body))
+                names = schema.column_names
+                layouts[version] = ([names.index(c) if c in names else -1 for c in self.columns], schema.key_indexes)
+            return layouts[version]
+
+        try:
+            if isinstance(partition, Segment):
+                index, key_idx = layout(partition.version)
+                with open(partition.path, "rb") as f:
+                    for line in f:
+                        fields = line.rstrip(b"\n").split(b"\t")
+                        vals = [None if i < 0 or fields[i] == b"\\N" else unescape(fields[i]).decode() for i in index]
+                        yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], None)
+                return
+            assert isinstance(partition, EventRange)
+            for off, lsn, seq, op, key, payload, before, sv, ts in conn.execute(
+                f"SELECT off, lsn, seq, op, key, payload, before, sv, ts FROM ev_{self.table_id}"
+                " WHERE off > ? AND off <= ? AND op != 'S' ORDER BY off",
+                (partition.first, partition.last),
+            ):
+                if op == "t":
+                    yield (off, lsn, seq, op, None, None, [], ts)
+                    continue
+                index, _ = layout(sv)
+                raw = decode_tuple(payload if op != "d" else before, 0)[0]
+                vals: list[str | None] = []
+                unch: list[int] = []
+                for j, i in enumerate(index):
+                    v = raw[i] if i >= 0 else None
+                    if v is UNCHANGED:
+                        unch.append(j)
+                        vals.append(None)
+                    else:
+                        vals.append(v.decode() if v is not None else None)
+                yield (off, lsn, seq, op, key, vals, unch, ts)
+        finally:
+            conn.close()

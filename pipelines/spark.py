@@ -1,0 +1,94 @@
+"""The one place that builds a SparkSession: master and confs from the pipeline file, the
+Delta (and later Kafka) jars from the folder set-up resolved them into, nothing downloaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.errors import CdcError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipelines.config import Pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get("CDC_JARS_DIR", REPO / ".jars"))
+
+
+def spark_jars(groups: tuple[str, ...] = ("spark",)) -> list[str]:
+    jars: list[str] = []
+    for group in groups:
+        folder = jars_dir() / group
+        found = sorted(str(p) for p in folder.glob("*.jar"))
+        if not found:
+            raise CdcError(f"no jars in {folder}", "run scripts/setup.sh (it resolves them from Maven Central once)")
+        jars += found
+    return jars
+
+
+def base_conf(master: str) -> dict[str, str]:
+    return {
+        "spark.master": master,
+        "spark.app.name": "cdc-apply",
+        "spark.jars": ",".join(spark_jars()),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        "spark.databricks.delta.merge.repartitionBeforeWrite.enabled": "true",
+        # Loopback only: the driver and executors never listen on the machine's other interfaces.
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONF}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONF}",
+    }
+
+
+def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -> SparkSession:
+    """Get (or create) the process's SparkSession. A session that already exists is reused as
+    is: one JVM per process, so tests and `cdc run` pay start-up once."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise CdcError("Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)")
+    # Python workers (executors and the data source planner) must use this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    conf = base_conf(master or (pipeline.spark.master if pipeline else "local[2]"))
+    if pipeline is not None:
+        conf |= {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in pipeline.spark.conf.items()}
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # JVM failed to start: one line, not a Java stack
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CdcError(f"Spark could not start: {first}", "check Java 17 is installed and spark.master/spark.conf in the pipeline file") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    _register_sources(spark)
+    return spark
+
+
+def _register_sources(spark: SparkSession) -> None:
+    from pipelines.apply.logsource import LocalLogSource
+
+    spark.dataSource.register(LocalLogSource)

@@ -1,0 +1,77 @@
+"""The one interface every follower kind implements (one folder per kind, like dlt's destinations).
+
+The apply job hands a sink, per batch: `prepare` with every table's batch first (check and
+evolve schemas before anything is written, so a batch is never half-applied because of a
+schema problem), then `apply` per table with the net changes and the batch's cut id. A sink
+must be idempotent per cut id and must never let an older position overwrite a newer one.
+`current` returns the follower's current rows (typed source columns) for `cdc verify`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdc.tables import TableName
+    from pipelines.apply.changes import NetChanges, TableBatch
+    from pipelines.config import Pipeline, SinkConfig
+
+
+@dataclass
+class ApplyStats:
+    table: str
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: bool = False  # the sink had already applied this cut (replay)
+
+    def line(self) -> str:
+        if self.skipped:
+            return f"{self.table}: already applied"
+        return f"{self.table}: +{self.inserted:,} ~{self.updated:,} -{self.deleted:,}"
+
+
+class Sink(ABC):
+    kind: str = ""
+
+    def __init__(self, config: SinkConfig, pipeline: Pipeline, spark: SparkSession):
+        self.config = config
+        self.name = config.name
+        self.pipeline = pipeline
+        self.spark = spark
+
+    @property
+    def app_id(self) -> str:
+        """Identifies this follower's writes (idempotence per cut id)."""
+        return f"cdc:{self.pipeline.name}:{self.name}"
+
+    @property
+    def settings(self) -> Any:
+        return self.config.settings
+
+    @abstractmethod
+    def prepare(self, batches: list[TableBatch]) -> None: ...
+
+    @abstractmethod
+    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats: ...
+
+    @abstractmethod
+    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+        """The follower's rows for a table (None when it has none yet)."""
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+def make_sink(config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> Sink:
+    if config.kind == "delta":
+        from sinks.delta import DeltaSink
+
+        return DeltaSink(config, pipeline, spark)
+    from pipelines.errors import UsageError
+
+    raise UsageError(f"sink {config.name}: the {config.kind} follower is not available yet")

@@ -1,0 +1,188 @@
+"""MERGE of net changes into Delta tables (DESIGN.md §7).
+
+* Columns: the source columns + _cdc_lsn (commit LSN), _cdc_seq (index in the transaction),
+  _cdc_op, _cdc_commit_ts. A row is only replaced by a newer (lsn, seq); replays change nothing.
+* Exactly once per batch: the MERGE commits with Delta's idempotent-write confs
+  (txnAppId = this follower, txnVersion = the cut id), so a cut applied again after a crash
+  between MERGE and checkpoint is skipped by Delta itself.
+* Truncate: rows older than the truncate's position are deleted, then the batch's later
+  events merge in. A follower starting a table over (new snapshot base) deletes the rows older
+  than the snapshot first.
+* Schema: new source columns are added; widenable type changes (int -> bigint, float -> double,
+  larger decimals, date -> timestamp_ntz) are applied with Delta type widening; any other
+  difference stops the batch before anything is written. Dropped source columns stay in the
+  Delta table and are no longer filled (NULL in rows written afterwards).
+* Tables use column mapping (`delta.columnMapping.mode = name`), so any PostgreSQL column
+  name works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc.tables import TableName
+from pipelines.apply.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from pipelines.errors import SinkError
+from sinks.base import ApplyStats, Sink
+from sinks.delta.paths import table_path
+
+TABLE_PROPERTIES = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+    "delta.enableTypeWidening": "true",
+}
+
+
+def q(name: str) -> str:
+    """Backtick-quote an identifier for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _widenable(old: T.DataType, new: T.DataType) -> bool:
+    order = [T.ByteType, T.ShortType, T.IntegerType, T.LongType]
+    kinds = [type(old), type(new)]
+    if all(k in order for k in kinds):
+        return order.index(kinds[0]) <= order.index(kinds[1])
+    if isinstance(old, T.FloatType) and isinstance(new, T.DoubleType):
+        return True
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return isinstance(old, T.DateType) and isinstance(new, T.TimestampNTZType)
+
+
+@dataclass
+class _Evolution:
+    path: str
+    create: T.StructType | None = None
+    add: list[T.StructField] = field(default_factory=list)
+    widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+
+
+class DeltaSink(Sink):
+    kind = "delta"
+
+    @property
+    def base(self) -> Path:
+        return self.pipeline.path(self.settings.path)
+
+    def path_of(self, table: TableName) -> str:
+        return str(table_path(self.base, table))
+
+    def _exists(self, path: str) -> bool:
+        return DeltaTable.isDeltaTable(self.spark, path)
+
+    # ---- schema --------------------------------------------------------------------------------
+    def _plan(self, batch: TableBatch) -> _Evolution:
+        path = self.path_of(batch.table)
+        wanted = T.StructType(list(batch.spark_schema.fields) + [T.StructField(m, META_TYPES[m]) for m in META_COLUMNS])
+        if not self._exists(path):
+            return _Evolution(path, create=wanted)
+        current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
+        plan = _Evolution(path)
+        for f in wanted.fields:
+            have = current.get(f.name)
+            if have is None:
+                if f.name in batch.key_columns or f.name in META_COLUMNS:
+                    raise SinkError(
+                        f"Delta table {path} ({batch.table}) has no column {f.name!r}, which the follower needs",
+                        "the table was changed by hand: restore the column, or move the table away so it is rebuilt",
+                    )
+                plan.add.append(f)
+            elif have != f.dataType:
+                if f.name not in META_COLUMNS and _widenable(have, f.dataType):
+                    plan.widen.append((f.name, f.dataType))
+                elif not (isinstance(have, T.DecimalType | T.StringType) and have == f.dataType):
+                    raise SinkError(
+                        f"Delta table {path} ({batch.table}): column {f.name!r} is {have.simpleString()} but the source "
+                        f"now needs {f.dataType.simpleString()}, which Delta cannot widen to",
+                        "move the Delta table away (it is rebuilt from the log on the next apply) or restore the column type",
+                    )
+        return plan
+
+    def prepare(self, batches: list[TableBatch]) -> None:
+        plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
+        self._created: set[str] = set()
+        for plan in plans:
+            if plan.create is not None:
+                self._created.add(plan.path)
+                builder = DeltaTable.createIfNotExists(self.spark).location(plan.path)
+                for f in plan.create.fields:
+                    builder = builder.addColumn(f.name, f.dataType, nullable=True)
+                for key, value in TABLE_PROPERTIES.items():
+                    builder = builder.property(key, value)
+                builder.execute()
+                continue
+            target = f"delta.{q(plan.path)}"
+            if plan.add:
+                cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
+                self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")
+            for name, dtype in plan.widen:
+                self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
+
+    # ---- writes --------------------------------------------------------------------------------
+    @staticmethod
+    def _older_than(lsn: int, seq: int, prefix: str = "") -> str:
+        return f"({prefix}_cdc_lsn < {lsn} OR ({prefix}_cdc_lsn = {lsn} AND {prefix}_cdc_seq < {seq}))"
+
+    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+        path = self.path_of(batch.table)
+        target = DeltaTable.forPath(self.spark, path)
+        stats = ApplyStats(str(batch.table))
+        fresh = path in getattr(self, "_created", set())
+        if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
+            target.delete(self._older_than(batch.snapshot_lsn, 0))  # start over from the snapshot
+        if batch.truncate_position is not None and not fresh:
+            target.delete(self._older_than(*batch.truncate_position))
+        metrics = self._merge(target, batch, changes, cut_id)
+        if metrics is not None:
+            stats.inserted = int(metrics["num_inserted_rows"])
+            stats.updated = int(metrics["num_updated_rows"])
+            stats.deleted = int(metrics["num_deleted_rows"])
+        return stats
+
+    def _merge(self, target: DeltaTable, batch: TableBatch, changes: NetChanges, cut_id: int):
+        on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
+        newer = f"NOT {self._older_than_cols()}"
+        columns = [f.name for f in batch.spark_schema.fields]
+        update = {}
+        for c in columns:
+            flag = changes.unchanged.get(c)
+            update[q(c)] = F.when(F.col(f"s.{q(flag)}"), F.col(f"t.{q(c)}")).otherwise(F.col(f"s.{q(c)}")) if flag else F.col(f"s.{q(c)}")
+        for m in META_COLUMNS:
+            update[q(m)] = F.col(f"s.{m}")
+        insert = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
+        conf.set("spark.databricks.delta.write.txnVersion", str(cut_id))
+        try:
+            return (
+                target.alias("t")
+                .merge(changes.df.alias("s"), on)
+                .whenMatchedDelete(condition=f"s._cdc_op = 'd' AND {newer}")
+                .whenMatchedUpdate(condition=f"s._cdc_op != 'd' AND {newer}", set=update)
+                .whenNotMatchedInsert(condition="s._cdc_op != 'd'", values=insert)
+                .execute()
+                .first()
+            )
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+
+    @staticmethod
+    def _older_than_cols() -> str:
+        """s is not newer than t: (s.lsn, s.seq) <= (t.lsn, t.seq)."""
+        return "(s._cdc_lsn < t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq <= t._cdc_seq))"
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+        path = self.path_of(table)
+        if not self._exists(path):
+            return None
+        return self.spark.read.format("delta").load(path)
