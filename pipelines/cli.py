@@ -169,6 +169,22 @@ def apply(pipeline: Path, once: bool, sink_name: str | None) -> int:
 
 @cli.command()
 @PIPELINE
+@click.option("--sink", "sink_name", help="only this sink (default: every sink)")
+@click.option("--wait", "wait_s", default=60.0, show_default=True, help="seconds to wait for a running stream to pass the verification point")
+@handle_errors
+def verify(pipeline: Path, sink_name: str | None, wait_s: float) -> int:
+    """Compare each follower with the source at a matching position; exit 0 only if identical."""
+    from pipelines.spark import spark_session
+    from pipelines.verify import run_verify
+
+    p = load(pipeline)
+    if sink_name:
+        p.sink(sink_name)
+    return run_verify(p, spark_session(p), sink_name, wait_s, say)
+
+
+@cli.command()
+@PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @handle_errors
 def status(pipeline: Path, as_json: bool) -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pipelines.config import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
-LOG4J_CONF = Path(__file__).resolve().parent / "log4j2.properties"
+SPARK_CONF_DIR = Path(__file__).resolve().parent / "sparkconf"  # log4j2.properties: errors only
 
 
 def jars_dir() -> Path:
@@ -54,8 +54,6 @@ def base_conf(master: str) -> dict[str, str]:
         # Loopback only: the driver and executors never listen on the machine's other interfaces.
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONF}",
-        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONF}",
     }
 
 
@@ -67,6 +65,7 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     # Python workers (executors and the data source planner) must use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -89,6 +88,7 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
 
 
 def _register_sources(spark: SparkSession) -> None:
-    from pipelines.apply.logsource import LocalLogSource
+    from pipelines.apply.logsource import CopyFileSource, LocalLogSource
 
     spark.dataSource.register(LocalLogSource)
+    spark.dataSource.register(CopyFileSource)
