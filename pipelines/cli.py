@@ -169,6 +169,16 @@ def apply(pipeline: Path, once: bool, sink_name: str | None) -> int:
 
 @cli.command()
 @PIPELINE
+@handle_errors
+def run(pipeline: Path) -> int:
+    """Snapshot if needed, then stream and apply continuously until Ctrl-C."""
+    from pipelines.run import run_pipeline
+
+    return run_pipeline(load(pipeline), pipeline, say)
+
+
+@cli.command()
+@PIPELINE
 @click.option("--sink", "sink_name", help="only this sink (default: every sink)")
 @click.option("--wait", "wait_s", default=60.0, show_default=True, help="seconds to wait for a running stream to pass the verification point")
 @handle_errors
@@ -245,6 +255,17 @@ def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
         what = f"the log and checkpoints under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
         click.confirm(f"delete {what}?", abort=True)
     run_teardown(p, drop_slot, say)
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path(".cdc/demo"), show_default=True, help="where the demo's pipeline, log and Delta tables go (replaced)")
+@click.option("--keep-server", is_flag=True, help="leave the demo PostgreSQL running")
+@handle_errors
+def demo(directory: Path, keep_server: bool) -> int:
+    """The whole path on embedded defaults: throwaway PostgreSQL -> log -> Spark -> Delta, verified."""
+    from pipelines.demo import run_demo
+
+    return run_demo(directory, keep_server, say)
 
 
 @cli.group()

@@ -171,15 +171,18 @@ class ApplyJob:
                 detail = "; ".join(s.line() for s in run.tables) or "no changes"
                 self.say(f"sink {run.sink}: applied cut {run.cut_id} ({format_lsn(run.lsn or 0)}) in {run.seconds:.1f}s: {detail}")
 
-    def run_forever(self, only: str | None = None, interval: float | None = None) -> None:
+    def run_forever(
+        self, only: str | None = None, interval: float | None = None, keep_going: Callable[[], bool] = lambda: True
+    ) -> None:
+        """Apply every `interval` seconds until SIGINT/SIGTERM (or keep_going() turns False)."""
         interval = interval or self.pipeline.spark.trigger_interval_s
         old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while not self._stop:
+            while not self._stop and keep_going():
                 started = time.monotonic()
                 runs = self.run_once(only)
                 self.report([r for r in runs if not r.up_to_date])
-                while not self._stop and time.monotonic() - started < interval:
+                while not self._stop and keep_going() and time.monotonic() - started < interval:
                     time.sleep(min(0.2, interval))
         finally:
             for s, h in old.items():

@@ -87,14 +87,14 @@ def _parse_pg_array(delimiter: str, depth: int):
     for _ in range(depth):
         result_type = T.ArrayType(result_type)
 
-    def depth_of(value) -> int:
+    def depth_of(value):
         d = 0
         while isinstance(value, list):
             d += 1
             value = next((v for v in value if v is not None), None)
         return d
 
-    def parse(text: str | None):
+    def parse(text):  # no annotations: Spark would try to infer a pandas UDF from them
         if text is None:
             return None
         items = parse_array(text, delimiter, str)

@@ -1,0 +1,76 @@
+"""`cdc run`: snapshot if needed, then stream and apply continuously until Ctrl-C.
+
+The stream runs as a child process (`cdc stream`), so WAL reading never competes with the
+Spark driver for the GIL; this process runs the apply loop and watches the child. Ctrl-C or
+SIGTERM stops both cleanly; if the stream dies, the apply loop stops and its exit code is
+passed on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pipelines.config import Pipeline
+from pipelines.errors import CdcError, ExitCode
+
+
+def run_pipeline(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None]) -> int:
+    from snapshot.runner import run_snapshot
+
+    result = run_snapshot(pipeline, say=say)
+    if not result.skipped:
+        say(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
+    child = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)], env=os.environ.copy())
+    say(f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)")
+    try:
+        if pipeline.sinks:
+            from pipelines.apply.job import ApplyJob
+            from pipelines.spark import spark_session
+
+            job = ApplyJob(pipeline, spark_session(pipeline), say)
+            job.run_forever(keep_going=lambda: child.poll() is None)
+        else:
+            _wait_for_signal(child)
+    except CdcError:
+        _stop(child)
+        raise
+    finally:
+        code = _stop(child)
+    if code not in (0, -signal.SIGTERM, -signal.SIGINT):
+        say(f"the stream stopped with exit code {code}")
+        return code if code > 0 else int(ExitCode.RUNTIME)
+    return int(ExitCode.OK)
+
+
+def _wait_for_signal(child: subprocess.Popen) -> None:
+    stop = False
+
+    def handler(*_args) -> None:
+        nonlocal stop
+        stop = True
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop and child.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _stop(child: subprocess.Popen) -> int:
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return child.returncode
