@@ -285,5 +285,8 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise PipelineFileError(f"{file}: not valid YAML{at}: {problem}") from None
+        raise PipelineFileError(
+            f"{file}: not valid YAML{at}: {problem}",
+            "fix the YAML syntax there (indentation, a missing ':', an unclosed bracket or quote)",
+        ) from None
     return parse_pipeline(data, str(file), file.resolve().parent)

@@ -53,6 +53,11 @@ class Sink(ABC):
     def settings(self) -> Any:
         return self.config.settings
 
+    @property
+    def wants_versions(self) -> bool:
+        """True if `apply` wants every version per key (TableBatch.versions) rather than the net change."""
+        return False
+
     @abstractmethod
     def prepare(self, batches: list[TableBatch]) -> None: ...
 

@@ -39,7 +39,7 @@ from snapshot.slots import slot_with_snapshot
 @dataclass
 class TablePlan:
     table: TableName
-    columns: tuple[tuple[str, int, int], ...]
+    columns: tuple[tuple[str, int, int, int], ...]  # name, type oid, typmod, array dims
     key: tuple[str, ...]
     relpages: int
     reltuples: int
@@ -88,7 +88,7 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
                 )
                 oid, relpages, reltuples, relkind = cur.fetchone()
                 cur.execute(
-                    "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+                    "SELECT attname, atttypid, atttypmod, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
                     " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                     (oid,),
                 )
@@ -183,7 +183,8 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
             table_id = log.ensure_table(plan.table)
-            version = log.schema_version(table_id, build_schema(conn, plan.columns, plan.key, types), snap.consistent_point)
+            schema = build_schema(conn, [c[:3] for c in plan.columns], plan.key, types, {c[0]: c[3] for c in plan.columns})
+            version = log.schema_version(table_id, schema, snap.consistent_point)
             snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(table_id, snap.consistent_point, version)
             columns = tuple(c[0] for c in plan.columns)
             jobs_by_table[plan.table] = [

@@ -133,7 +133,7 @@ class TableBatch:
                 resolved[i] = name
         return df, resolved
 
-    def _typed(self, df: DataFrame, resolved: dict[int, str]) -> tuple[DataFrame, dict[str, str], list[str]]:
+    def _typed(self, df: DataFrame, resolved: dict[int, str], extra: list[str]) -> tuple[DataFrame, dict[str, str], list[str]]:
         """Cast texts to the follower's types; keep, per column, the key where a cast lost a value."""
         selects, checks = [], []
         unchanged: dict[str, str] = {}
@@ -150,17 +150,43 @@ class TableBatch:
             F.col("seq").alias("_cdc_seq"),
             F.col("op").alias("_cdc_op"),
             F.timestamp_micros("ts").alias("_cdc_commit_ts"),
+            *extra,
         ]
         return df.select(*selects, *meta, *checks), unchanged, [c.name for c in self.schema.columns]
 
     def net(self) -> NetChanges:
-        df = self._after_truncate()
+        """One row per key: its state after the batch (deletes included, as op 'd')."""
+        return self._latest(self._after_truncate(), ["key"])
+
+    def versions(self) -> NetChanges:
+        """One row per key and transaction (SCD2 history), with the next version's commit LSN and
+        time (`_cdc_next_lsn`, `_cdc_next_ts`; NULL for the newest)."""
+        return self._latest(self.events.filter(F.col("op") != "t"), ["key", "lsn"])
+
+    @cached_property
+    def truncates(self) -> list[tuple[int, int, int | None]]:
+        """(lsn, seq, commit ts) of every truncate in the batch, oldest first (a handful at most)."""
+        if self.truncate_position is None:
+            return []
+        rows = self.events.filter(F.col("op") == "t").select("lsn", "seq", "ts").orderBy("lsn", "seq").collect()
+        return [(r["lsn"], r["seq"], r["ts"]) for r in rows]
+
+    def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:
         df, resolved = self._resolved_texts(df)
-        latest = Window.partitionBy("key").orderBy(F.col("lsn").desc(), F.col("seq").desc())
+        latest = Window.partitionBy(*partition).orderBy(F.col("lsn").desc(), F.col("seq").desc())
         df = df.withColumn("__cdc_rn", F.row_number().over(latest)).filter(F.col("__cdc_rn") == 1)
-        typed, unchanged, checks = self._typed(df, resolved)
+        extra = []
+        if partition != ["key"]:
+            by_key = Window.partitionBy("key").orderBy("lsn")
+            extra = [
+                F.lead("lsn").over(by_key).alias("_cdc_next_lsn"),
+                F.timestamp_micros(F.lead("ts").over(by_key)).alias("_cdc_next_ts"),
+            ]
+            df = df.select("*", *extra)
+            extra = ["_cdc_next_lsn", "_cdc_next_ts"]
+        typed, unchanged, names = self._typed(df, resolved, extra)
         typed = typed.persist()
-        self._check_casts(typed, checks)
+        self._check_casts(typed, names)
         keep = [c for c in typed.columns if not c.startswith("__cdc_c_")]
         return NetChanges(typed.select(*keep), unchanged, typed)
 

@@ -147,7 +147,7 @@ class ApplyJob:
             sink.prepare(batches)
             for batch in batches:
                 try:
-                    changes = batch.net()
+                    changes = batch.versions() if sink.wants_versions else batch.net()
                     try:
                         run.tables.append(sink.apply(batch, changes, cut_id))
                     finally:

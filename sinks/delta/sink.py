@@ -31,6 +31,7 @@ from pipelines.apply.changes import META_COLUMNS, META_TYPES, NetChanges, TableB
 from pipelines.errors import SinkError
 from sinks.base import ApplyStats, Sink
 from sinks.delta.paths import table_path
+from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 
 TABLE_PROPERTIES = {
     "delta.columnMapping.mode": "name",
@@ -79,9 +80,18 @@ class DeltaSink(Sink):
         return DeltaTable.isDeltaTable(self.spark, path)
 
     # ---- schema --------------------------------------------------------------------------------
+    @property
+    def scd2(self) -> bool:
+        return self.settings.mode == "scd2"
+
+    def _meta(self) -> dict[str, T.DataType]:
+        meta = {m: META_TYPES[m] for m in META_COLUMNS}
+        return meta | SCD2_COLUMNS if self.scd2 else meta
+
     def _plan(self, batch: TableBatch) -> _Evolution:
         path = self.path_of(batch.table)
-        wanted = T.StructType(list(batch.spark_schema.fields) + [T.StructField(m, META_TYPES[m]) for m in META_COLUMNS])
+        meta = self._meta()
+        wanted = T.StructType(list(batch.spark_schema.fields) + [T.StructField(m, t) for m, t in meta.items()])
         if not self._exists(path):
             return _Evolution(path, create=wanted)
         current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
@@ -89,14 +99,14 @@ class DeltaSink(Sink):
         for f in wanted.fields:
             have = current.get(f.name)
             if have is None:
-                if f.name in batch.key_columns or f.name in META_COLUMNS:
+                if f.name in batch.key_columns or f.name in meta:
                     raise SinkError(
                         f"Delta table {path} ({batch.table}) has no column {f.name!r}, which the follower needs",
                         "the table was changed by hand: restore the column, or move the table away so it is rebuilt",
                     )
                 plan.add.append(f)
             elif have != f.dataType:
-                if f.name not in META_COLUMNS and _widenable(have, f.dataType):
+                if f.name not in meta and _widenable(have, f.dataType):
                     plan.widen.append((f.name, f.dataType))
                 elif not (isinstance(have, T.DecimalType | T.StringType) and have == f.dataType):
                     raise SinkError(
@@ -131,11 +141,18 @@ class DeltaSink(Sink):
     def _older_than(lsn: int, seq: int, prefix: str = "") -> str:
         return f"({prefix}_cdc_lsn < {lsn} OR ({prefix}_cdc_lsn = {lsn} AND {prefix}_cdc_seq < {seq}))"
 
+    @property
+    def wants_versions(self) -> bool:
+        return self.scd2
+
     def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
         path = self.path_of(batch.table)
         target = DeltaTable.forPath(self.spark, path)
         stats = ApplyStats(str(batch.table))
         fresh = path in getattr(self, "_created", set())
+        if self.scd2:
+            stats.inserted = apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)["inserted"]
+            return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
             target.delete(self._older_than(batch.snapshot_lsn, 0))  # start over from the snapshot
         if batch.truncate_position is not None and not fresh:
@@ -185,4 +202,5 @@ class DeltaSink(Sink):
         path = self.path_of(table)
         if not self._exists(path):
             return None
-        return self.spark.read.format("delta").load(path)
+        rows = self.spark.read.format("delta").load(path)
+        return rows.filter(F.col("_cdc_end_lsn").isNull()) if self.scd2 else rows
