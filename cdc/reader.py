@@ -31,8 +31,8 @@ from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter
 from cdc.lsn import format_lsn
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, tuple_end, tuple_prefix
-from cdc.schema import TypeCache, array_dims, build_schema
-from cdc.source import _slot, check_source, connect, current_wal_lsn, table_info
+from cdc.schema import TypeCache, build_schema, column_extras
+from cdc.source import _slot, check_source, connect, flushed_wal_lsn, table_info
 from cdc.tables import TableName, TableSelector
 from pipelines.errors import CdcError, SourceError, UsageError
 
@@ -120,14 +120,16 @@ class StreamReader:
         for t in report.tables:
             self._keys[t.table] = t.key_columns
         if self.until == "current":
-            self.stats.target_lsn = current_wal_lsn(conn)
+            self.stats.target_lsn = flushed_wal_lsn(conn)
         elif isinstance(self.until, int):
             self.stats.target_lsn = self.until
         return conn
 
     def _relation(self, conn, msg: Relation, lsn: int) -> None:
         table = TableName(msg.namespace, msg.name)
-        if not any(s.matches(table) for s in self.selectors):
+        # Tables `cdc snapshot --tables` added while we run are registered in the log before
+        # they join the publication, so the log knows them by the time their first change comes.
+        if not any(s.matches(table) for s in self.selectors) and self.log.table_id(table) is None:
             self._rels[msg.relation_id] = None  # published but not part of this pipeline
             return
         key = self._keys.get(table)
@@ -141,7 +143,7 @@ class StreamReader:
                 "give the table a primary key again, then `cdc snapshot --tables` it",
             )
         columns = [(c.name, c.type_oid, c.typmod) for c in msg.columns]
-        schema = build_schema(conn, columns, key, self._types, array_dims(conn, table))
+        schema = build_schema(conn, columns, key, self._types, column_extras(conn, table))
         table_id = self.log.ensure_table(table)
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
@@ -294,7 +296,8 @@ class StreamReader:
                     stats.skipped_transactions += 1
                     skip = False
                     continue
-                stats.transactions += 1
+                if seq:
+                    stats.transactions += 1  # transactions without captured changes are not counted
                 stats.events += seq
                 last_txn = (c_lsn, end_lsn)
                 reached = target is not None and end_lsn >= target

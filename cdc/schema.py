@@ -33,25 +33,39 @@ class TypeCache:
 
 
 def build_schema(
-    conn, columns: Iterable[tuple[str, int, int]], key: Iterable[str], types: TypeCache, ndims: Mapping[str, int] | None = None
+    conn,
+    columns: Iterable[tuple[str, int, int]],
+    key: Iterable[str],
+    types: TypeCache,
+    extras: Mapping[str, tuple[int, str | None]] | None = None,
 ) -> TableSchema:
-    """Schema from (name, type oid, typmod) columns; `ndims` gives declared array dimensions."""
-    dims = ndims or {}
-    cols = tuple(Column(n, o, m, dims.get(n, 0)) for n, o, m in columns)
+    """Schema from (name, type oid, typmod) columns; `extras` gives (array dims, missing value) by name."""
+    more = extras or {}
+    cols = tuple(Column(n, o, m, *more.get(n, (0, None))) for n, o, m in columns)
     resolved = types.resolve(conn, {c.type_oid for c in cols})
     return TableSchema(cols, tuple(key), {oid: pgtype_to_dict(t) for oid, t in resolved.items()})
 
 
-def array_dims(conn, table) -> dict[str, int]:
-    """Declared dimensions of the table's array columns (int[][] -> 2)."""
+COLUMN_EXTRAS_SQL = (
+    "SELECT a.attname, a.attndims,"
+    " CASE WHEN a.atthasmissing THEN (SELECT m FROM unnest(a.attmissingval::text::text[]) m LIMIT 1) END"
+    " FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"
+    " AND (a.attndims > 0 OR a.atthasmissing)"
+)
+
+
+def column_extras(conn, table) -> dict[str, tuple[int, str | None]]:
+    """Declared array dimensions (int[][] -> 2) and fast-default values, by column name."""
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT a.attname, a.attndims FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attndims > 0",
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
             (table.schema, table.name),
         )
-        return dict(cur.fetchall())
+        row = cur.fetchone()
+        if row is None:
+            return {}
+        cur.execute(COLUMN_EXTRAS_SQL, (row[0],))
+        return {name: (dims, missing) for name, dims, missing in cur.fetchall()}
 
 
 def schema_types(schema: TableSchema) -> dict[int, PgType]:

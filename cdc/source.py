@@ -45,6 +45,10 @@ def connect(dsn: str, *, replication: bool = False, application_name: str = "cdc
         conn = psycopg2.connect(dsn, **kwargs)
     except psycopg2.OperationalError as exc:
         message = redact_with(" ".join(str(exc).split()), _password_of(dsn))
+        if "invalid" in message and ("connection option" in message or "value for parameter" in message or "integer value" in message):
+            raise PipelineFileError(
+                f"source.postgres.dsn has an invalid value: {message}", "fix that parameter of the connection string"
+            ) from None
         fix = "check host, port, user and password in source.postgres.dsn and that the server accepts connections"
         if "replication" in message and "pg_hba" in message:
             fix = "allow replication connections for this user in pg_hba.conf (host replication ... or host all ...)"
@@ -359,6 +363,24 @@ def current_wal_lsn(conn) -> int:
     with conn.cursor() as cur:
         cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
         return int(cur.fetchone()[0])
+
+
+def flushed_wal_lsn(conn) -> int:
+    """A WAL position that every transaction committed so far lies before, flushed so the
+    walsender can reach it. Commits made with synchronous_commit=off return to their client
+    before their WAL is written, so a small logical-decoding message is committed
+    synchronously first (it flushes everything before it) and its position is the answer."""
+    was = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit = on")
+            cur.execute("SELECT (pg_logical_emit_message(true, 'cdc', 'until current') - '0/0')::bigint")
+            lsn = int(cur.fetchone()[0])
+        conn.commit()
+    finally:
+        conn.autocommit = was
+    return lsn
 
 
 def slot_state(conn, slot: str) -> dict | None:

@@ -259,7 +259,10 @@ def _describe(error: dict[str, Any]) -> str:
 def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None = None) -> Pipeline:
     if not isinstance(data, dict):
         raise PipelineFileError(f"{source}: the pipeline file must be a YAML mapping (name:, source:, ...)")
-    data = interpolate(data)
+    try:
+        data = interpolate(data)
+    except PipelineFileError as exc:
+        raise PipelineFileError(f"{source}: {exc.problem}", exc.fix) from None
     try:
         pipeline = Pipeline.model_validate(data)
     except ValidationError as exc:
@@ -276,7 +279,7 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PipelineFileError(f"pipeline file {file} does not exist") from None
+        raise PipelineFileError(f"pipeline file {file} does not exist", "check the path (relative to the current directory)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PipelineFileError(f"cannot read pipeline file {file}: {exc}") from None
     try:

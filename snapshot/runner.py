@@ -25,7 +25,7 @@ from psycopg2 import sql
 
 from cdc.log import open_log
 from cdc.lsn import format_lsn
-from cdc.schema import TypeCache, build_schema
+from cdc.schema import COLUMN_EXTRAS_SQL, TypeCache, build_schema
 from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
 from cdc.tables import TableName, TableSelector
 from pipelines.config import Pipeline
@@ -39,7 +39,8 @@ from snapshot.slots import slot_with_snapshot
 @dataclass
 class TablePlan:
     table: TableName
-    columns: tuple[tuple[str, int, int, int], ...]  # name, type oid, typmod, array dims
+    columns: tuple[tuple[str, int, int], ...]  # name, type oid, typmod
+    extras: dict[str, tuple[int, str | None]]  # array dims and fast default by column
     key: tuple[str, ...]
     relpages: int
     reltuples: int
@@ -88,11 +89,14 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
                 )
                 oid, relpages, reltuples, relkind = cur.fetchone()
                 cur.execute(
-                    "SELECT attname, atttypid, atttypmod, attndims FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+                    "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
                     " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                     (oid,),
                 )
-                plans.append(TablePlan(table, tuple(cur.fetchall()), keys[table], relpages, max(reltuples, 0), relkind))
+                columns = tuple(cur.fetchall())
+                cur.execute(COLUMN_EXTRAS_SQL, (oid,))
+                extras = {name: (dims, missing) for name, dims, missing in cur.fetchall()}
+                plans.append(TablePlan(table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind))
         conn.rollback()
         return plans
     finally:
@@ -125,6 +129,8 @@ def run_snapshot(
                 say("nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)")
                 result.skipped = True
                 return result
+            for table in targets:
+                log.ensure_table(table)  # before the publication: a running stream must know the table
             added = ensure_publication(conn, pipeline.publication, [info[t] for t in all_tables])
             if added:
                 say(f"publication {pipeline.publication}: added {', '.join(map(str, added))}")
@@ -183,7 +189,7 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
             table_id = log.ensure_table(plan.table)
-            schema = build_schema(conn, [c[:3] for c in plan.columns], plan.key, types, {c[0]: c[3] for c in plan.columns})
+            schema = build_schema(conn, plan.columns, plan.key, types, plan.extras)
             version = log.schema_version(table_id, schema, snap.consistent_point)
             snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(table_id, snap.consistent_point, version)
             columns = tuple(c[0] for c in plan.columns)

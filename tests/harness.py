@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg2
 import yaml
+from psycopg2 import sql as pgsql
 
 from cdc.log.base import LogRecord
 from cdc.log.local import LocalLog
@@ -84,8 +85,11 @@ def source_rows(dsn: str, table: str, key: Sequence[str]) -> dict[tuple, dict[st
         with conn.cursor() as cur:
             cur.execute(f"SELECT * FROM {table} LIMIT 0")
             cols = [d.name for d in cur.description]
-            select = ", ".join(f'format(%s, "{c}")' for c in cols)
-            cur.execute(f"SELECT {select} FROM {table}", ["%s"] * len(cols))
+            # format('%s', x) is the type's output function (what COPY and pgoutput print); NULL stays NULL.
+            select = pgsql.SQL(", ").join(
+                pgsql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(c=pgsql.Identifier(c)) for c in cols
+            )
+            cur.execute(pgsql.SQL("SELECT {} FROM {}").format(select, pgsql.SQL(table)))
             out = {}
             for row in cur.fetchall():
                 rec = dict(zip(cols, row, strict=True))
@@ -114,6 +118,10 @@ def materialize(log_path: Path, table: str | None = None) -> dict[str, dict[tupl
             rows: dict[tuple, dict[str, Any]] = {}
             for rec in records:
                 _apply(rows, rec, key_texts)
+            latest = log.schema(name)
+            for row in rows.values():  # rows written before a column existed hold its fast default
+                for col in latest.columns:
+                    row.setdefault(col.name, col.missing)
             result[str(name)] = rows
         return result
     finally:

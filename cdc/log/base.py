@@ -30,6 +30,9 @@ class Column:
     type_oid: int
     typmod: int
     ndims: int = 0  # declared array dimensions (pg_attribute.attndims), 0 for non-arrays
+    # PostgreSQL text of the value rows that existed before the column was added have
+    # (ADD COLUMN ... DEFAULT <constant>: pg_attribute.attmissingval); they get it without any WAL.
+    missing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class TableSchema:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "columns": [[c.name, c.type_oid, c.typmod, c.ndims] for c in self.columns],
+            "columns": [[c.name, c.type_oid, c.typmod, c.ndims, c.missing] for c in self.columns],
             "key": list(self.key),
             "types": {str(k): v for k, v in self.types.items()},
         }

@@ -125,6 +125,7 @@ class LocalLog(LogWriter, LogReader):
             if self._meta("format") is None:
                 self._set_meta("format", FORMAT_VERSION)
         self._in_batch = False
+        self._snapshot_lsn: dict[int, int] = {}
         self._schemas: dict[tuple[int, int], TableSchema] = {}
         self._latest_version: dict[int, tuple[int, TableSchema]] = {}
 
@@ -153,6 +154,8 @@ class LocalLog(LogWriter, LogReader):
         if not self._in_batch:
             self.db.execute("BEGIN IMMEDIATE")
             self._in_batch = True
+            # Read under the write lock: a snapshot finishing in another process cannot slip in.
+            self._snapshot_lsn = dict(self.db.execute("SELECT id, snapshot_lsn FROM tables WHERE snapshot_lsn IS NOT NULL"))
 
     class _Write:
         def __init__(self, log: LocalLog):
@@ -246,6 +249,28 @@ class LocalLog(LogWriter, LogReader):
         rows = self.db.execute("SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
         return {v: TableSchema.from_json(orjson.loads(b)) for v, b in rows}
 
+    def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
+        """Columns of the newest schema that have a fast default: name -> (LSN of the first schema
+        version holding the column, default as PostgreSQL text). Rows last written before that
+        LSN hold the default without any change event saying so."""
+        tid = self._require_table(table)
+        rows = self.db.execute("SELECT since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
+        history = [(since, TableSchema.from_json(orjson.loads(body))) for since, body in rows]
+        if not history:
+            return {}
+        out = {}
+        for col in history[-1][1].columns:
+            if col.missing is None:
+                continue
+            # The newest unbroken run of versions that have the column tells when it was added.
+            since = history[-1][0]
+            for lsn, schema in reversed(history):
+                if col.name not in schema.column_names:
+                    break
+                since = lsn
+            out[col.name] = (since, col.missing)
+        return out
+
     def _require_table(self, table: TableName) -> int:
         tid = self.table_id(table)
         if tid is None:
@@ -264,9 +289,16 @@ class LocalLog(LogWriter, LogReader):
 
     # ---- stream writes ---------------------------------------------------------------------------
     def append(self, table_id: int, rows: Sequence[ChangeRow]) -> None:
-        if rows:
-            self._begin()
-            self.db.executemany(_EV_INSERT.format(id=table_id), rows)
+        if not rows:
+            return
+        self._begin()
+        since = self._snapshot_lsn.get(table_id)
+        if since is not None and rows[0][0] < since:
+            # A stream behind the table's snapshot: what committed before the snapshot's
+            # consistent point is in the snapshot already; appending it after the base would
+            # put offsets out of position order.
+            rows = [r for r in rows if r[0] >= since]
+        self.db.executemany(_EV_INSERT.format(id=table_id), rows)
 
     def stream_position(self) -> tuple[int, int] | None:
         value = self._meta("stream_position")

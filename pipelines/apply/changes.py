@@ -62,6 +62,13 @@ class TableBatch:
     snapshot_lsn: int | None  # consistent point of the base snapshot
     first_offset: int
     last_offset: int
+    # Columns added with a constant default: name -> (LSN they appeared at, default as text).
+    defaults: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def default_value(self, column: str):
+        """The typed Spark literal of a column's fast default."""
+        col = next(c for c in self.schema.columns if c.name == column)
+        return from_text(F.lit(self.defaults[column][1]), self.types[col.type_oid], col)
 
     @cached_property
     def types(self):

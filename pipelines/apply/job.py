@@ -137,9 +137,12 @@ class ApplyJob:
                 .option("after", str(after))
                 .option("upto", str(upto))
                 .option("columns", json.dumps(schema.column_names))
+                .option("missing", json.dumps([c.missing for c in schema.columns]))
                 .load()
             )
-            batches.append(TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto))
+            batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto)
+            batch.defaults = log.column_defaults(table)
+            batches.append(batch)
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
         save_checkpoint(state, ckpt)
         if batches:

@@ -61,6 +61,8 @@ class LocalLogReader(DataSourceReader):
         self.after = int(options["after"])
         self.upto = int(options["upto"])
         self.columns: list[str] = json.loads(options["columns"])
+        # Value for rows written before a column existed (its fast default, else NULL).
+        self.missing: list[str | None] = json.loads(options.get("missing") or "null") or [None] * len(self.columns)
 
     def partitions(self) -> list[InputPartition]:
         conn = _connect(self.path)
@@ -109,7 +111,10 @@ class LocalLogReader(DataSourceReader):
                 with open(partition.path, "rb") as f:
                     for line in f:
                         fields = line.rstrip(b"\n").split(b"\t")
-                        vals = [None if i < 0 or fields[i] == b"\\N" else unescape(fields[i]).decode() for i in index]
+                        vals = [
+                            self.missing[j] if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
+                            for j, i in enumerate(index)
+                        ]
                         yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], None)
                 return
             assert isinstance(partition, EventRange)
@@ -126,7 +131,10 @@ class LocalLogReader(DataSourceReader):
                 vals: list[str | None] = []
                 unch: list[int] = []
                 for j, i in enumerate(index):
-                    v = raw[i] if i >= 0 else None
+                    if i < 0:
+                        vals.append(self.missing[j] if op != "d" else None)
+                        continue
+                    v = raw[i]
                     if v is UNCHANGED:
                         unch.append(j)
                         vals.append(None)

@@ -118,6 +118,7 @@ class DeltaSink(Sink):
 
     def prepare(self, batches: list[TableBatch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
+        batch_by_path = {self.path_of(b.table): b for b in batches}
         self._created: set[str] = set()
         for plan in plans:
             if plan.create is not None:
@@ -133,8 +134,20 @@ class DeltaSink(Sink):
             if plan.add:
                 cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
                 self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")
+                self._backfill_defaults(plan, batch_by_path[plan.path])
             for name, dtype in plan.widen:
                 self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
+
+    def _backfill_defaults(self, plan: _Evolution, batch: TableBatch) -> None:
+        """ADD COLUMN ... DEFAULT gave every existing source row the default without a change
+        event: rows the follower last wrote before the column appeared get it too."""
+        table = DeltaTable.forPath(self.spark, plan.path)
+        for f in plan.add:
+            if f.name not in batch.defaults:
+                continue
+            since = batch.defaults[f.name][0]
+            older = f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {since}" if self.scd2 else f"_cdc_lsn < {since}"
+            table.update(older, {q(f.name): batch.default_value(f.name)})
 
     # ---- writes --------------------------------------------------------------------------------
     @staticmethod
