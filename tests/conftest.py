@@ -47,3 +47,14 @@ def pg_db(pg: LocalPostgres) -> Iterator[str]:
             cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,))
             cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession (local[2], Delta) for the whole test session: JVM start-up is paid once."""
+    from pipelines.spark import spark_session
+
+    session = spark_session(master="local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()

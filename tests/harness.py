@@ -146,3 +146,34 @@ def _apply(rows: dict[tuple, dict[str, Any]], rec: LogRecord, key_texts) -> None
             value = old[name]
         new[name] = value
     rows[key] = new
+
+
+def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
+    """`cdc apply --once` in-process on the test session's SparkSession; raises on a sink failure."""
+    from pipelines.apply.job import ApplyJob
+    from pipelines.config import load_pipeline
+
+    job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
+    runs = job.run_once(sink)
+    for run in runs:
+        if run.error is not None:
+            raise run.error
+    return runs
+
+
+def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, str]:
+    """`cdc verify` in-process: (exit code, printed report)."""
+    from pipelines.config import load_pipeline
+    from pipelines.verify import run_verify
+
+    lines: list[str] = []
+    code = run_verify(load_pipeline(pipeline_file), spark, sink, 0, lines.append)
+    return code, "\n".join(lines)
+
+
+def stream_until_current(pipeline_file: Path):
+    """`cdc stream --until current` in-process; returns the StreamStats."""
+    from cdc.reader import run_stream
+    from pipelines.config import load_pipeline
+
+    return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)

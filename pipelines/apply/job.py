@@ -28,6 +28,7 @@ from pipelines.apply.changes import TableBatch
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import Pipeline, SinkConfig, sink_tables
 from pipelines.errors import CdcError, LogError, UsageError
+from pipelines.faults import crash_point
 from sinks.base import ApplyStats, make_sink
 
 
@@ -149,6 +150,8 @@ class ApplyJob:
             sink = make_sink(sink_cfg, self.pipeline, self.spark)
             sink.prepare(batches)
             for batch in batches:
+                if run.tables:
+                    crash_point("apply:between-tables")
                 try:
                     changes = batch.versions() if sink.wants_versions else batch.net()
                     try:
@@ -157,6 +160,7 @@ class ApplyJob:
                         changes.release()
                 finally:
                     batch.release()
+            crash_point("apply:after-merge")
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
             if name in cut_tables:
