@@ -13,6 +13,9 @@ import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
 
+# Session fixtures for the other real services live in tests/fixtures/<service>.py.
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.redis", "tests.fixtures.opensearch"]
+
 
 @pytest.fixture(scope="session")
 def pg() -> Iterator[LocalPostgres]:

@@ -22,7 +22,25 @@ def _postgres(base: Path) -> DevService:
     return LocalPostgres(base / "postgres")
 
 
-FACTORIES = {"postgres": _postgres}
+def _kafka(base: Path) -> DevService:
+    from pipelines.devservices.kafka import LocalKafka
+
+    return LocalKafka(base / "kafka")
+
+
+def _redis(base: Path) -> DevService:
+    from pipelines.devservices.redis import LocalRedis
+
+    return LocalRedis(base / "redis")
+
+
+def _opensearch(base: Path) -> DevService:
+    from pipelines.devservices.opensearch import LocalOpenSearch
+
+    return LocalOpenSearch(base / "opensearch")
+
+
+FACTORIES = {"postgres": _postgres, "kafka": _kafka, "redis": _redis, "opensearch": _opensearch}
 
 
 def _chosen(services: Iterable[str]) -> list[str]:
