@@ -34,7 +34,7 @@ from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, tuple_end, tuple
 from cdc.schema import TypeCache, build_schema, column_extras
 from cdc.source import _slot, check_source, connect, flushed_wal_lsn, table_info
 from cdc.tables import TableName, TableSelector
-from pipelines.errors import CdcError, SourceError, UsageError
+from pipelines.errors import CdcError, LogError, SourceError, UsageError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
 _BEGIN = struct.Struct(">QqI")
@@ -60,7 +60,8 @@ class StreamStats:
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
     start_lsn: int = 0
-    flushed_lsn: int = 0
+    flushed_lsn: int = 0  # durable in the log
+    acked_lsn: int = 0  # acknowledged to PostgreSQL
     target_lsn: int | None = None
 
     @property
@@ -82,6 +83,8 @@ class StreamReader:
         say: Callable[[str], None] = print,
         progress_every_s: float = 10.0,
         install_signal_handlers: bool = True,
+        ack_limit: Callable[[], int] | None = None,
+        publisher_alive: Callable[[], bool] | None = None,
     ):
         self.pipeline = pipeline
         self.log = log
@@ -96,9 +99,28 @@ class StreamReader:
         self._types = TypeCache()
         self._rels: dict[int, _Rel | None] = {}
         self._keys: dict[TableName, tuple[str, ...]] = {}
+        self.ack_limit = ack_limit
+        self.publisher_alive = publisher_alive
+        self._acked = 0
+        self._limit = 0
+        self._limit_checked = 0.0
 
     def request_stop(self, *_args) -> None:
         self._stop = True
+
+    def _ack(self, cur, durable: int) -> None:
+        """Acknowledge to PostgreSQL: what is durable in the log, and with a Kafka log no more
+        than what Kafka has acknowledged (the publisher's position)."""
+        target = durable
+        if self.ack_limit is not None:
+            now = time.monotonic()
+            if now - self._limit_checked >= 0.2:
+                self._limit, self._limit_checked = self.ack_limit(), now
+            target = min(durable, self._limit)
+        if target > self._acked:
+            cur.send_feedback(write_lsn=target, flush_lsn=target, force=True)
+            self._acked = target
+            self.stats.acked_lsn = target
 
     # ---- set-up ----------------------------------------------------------------------------------
     def _prepare(self):
@@ -207,13 +229,15 @@ class StreamReader:
                     log.append(table_id, rows)
             buffers.clear()
 
+        cut_lsn = 0
+
         def commit_batch() -> None:
-            nonlocal batch_events, last_txn, flushed
+            nonlocal batch_events, last_txn, flushed, cut_lsn
             flush_buffers()
             log.commit(last_txn[1], last_txn)
-            flushed = last_txn[1]
-            cur.send_feedback(write_lsn=flushed, flush_lsn=flushed, force=True)
+            flushed = cut_lsn = last_txn[1]
             stats.flushed_lsn = flushed
+            self._ack(cur, flushed)
             stats.batches += 1
             batch_events = 0
             last_txn = None
@@ -232,14 +256,16 @@ class StreamReader:
                     if wal_end > flushed:
                         # Nothing in flight: everything before the server's position is in the log.
                         flushed = wal_end
-                        cur.send_feedback(write_lsn=flushed, flush_lsn=flushed, force=True)
                         stats.flushed_lsn = flushed
-                        now = time.monotonic()
-                        if now - last_cut_time >= 1.0:
-                            log.commit(flushed, None)
-                            last_cut_time = now
+                    now = time.monotonic()
+                    if flushed > cut_lsn and now - last_cut_time >= 1.0:
+                        log.commit(flushed, None)  # a cut at the new position (no events): followers see progress
+                        cut_lsn, last_cut_time = flushed, now
+                    self._ack(cur, flushed)
+                    if self.publisher_alive is not None and not self.publisher_alive():
+                        raise LogError("the Kafka publisher of this stream stopped", "see its output above; fix the cause and restart")
                     if target is not None:
-                        if flushed >= target:
+                        if self._acked >= target:
                             break
                         cur.send_feedback(reply=True)  # ask for a keepalive carrying the server's position
                 now = time.monotonic()
@@ -304,7 +330,7 @@ class StreamReader:
                 if reached or batch_events >= max_events or time.monotonic() - batch_started >= max_seconds:
                     commit_batch()
                     batch_started = time.monotonic()
-                if reached:
+                if reached and self._acked >= target:
                     break
                 if self._stop:
                     if last_txn is not None:
@@ -386,13 +412,33 @@ class StreamReader:
 
 
 def run_stream(pipeline, *, until: str | int | None = None, say: Callable[[str], None] = print) -> StreamStats:
+    """`cdc stream`. With `log: kafka` a publisher child process turns the staging log into
+    Kafka topics while we read, and acknowledgements to PostgreSQL wait for Kafka's."""
     from cdc.log import open_log
 
     log = open_log(pipeline)
+    publisher = stop_publisher = None
     try:
-        reader = StreamReader(pipeline, log, until=until, say=say)
+        ack_limit = alive = None
+        if pipeline.log_config.kafka is not None:
+            import multiprocessing
+
+            from cdc.log.kafka.publisher import published_lsn, run_publisher_process
+
+            ctx = multiprocessing.get_context("spawn")
+            stop_publisher = ctx.Event()
+            publisher = ctx.Process(target=run_publisher_process, args=(pipeline, stop_publisher), name="cdc-publisher")
+            publisher.start()
+            ack_limit = lambda: published_lsn(log)  # noqa: E731
+            alive = publisher.is_alive
+        reader = StreamReader(pipeline, log, until=until, say=say, ack_limit=ack_limit, publisher_alive=alive)
         return reader.run()
     finally:
+        if publisher is not None:
+            stop_publisher.set()
+            publisher.join(120)
+            if publisher.is_alive():
+                publisher.kill()
         log.close()
 
 

@@ -64,6 +64,19 @@ class KafkaLog(_Strict):
     format: Literal["cdc", "debezium"] = Field(
         default="cdc", description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics"
     )
+    replication_factor: int = Field(default=1, ge=1, description="replication factor of topics we create (3 in production)")
+    topic_config: dict[str, str] = Field(
+        default_factory=dict, description="extra/overriding configs of the table topics (e.g. delete.retention.ms)"
+    )
+    fix_cleanup_policy: bool = Field(
+        default=False, description="change existing topics with cleanup.policy=delete to compact instead of refusing"
+    )
+    transaction_topic: str | None = Field(
+        default=None, description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)"
+    )
+    dead_letter: str | None = Field(
+        default=None, description="debezium: Delta table path where malformed records are parked (default: stop)"
+    )
 
 
 class LogConfig(_Strict):
@@ -190,8 +203,10 @@ class Pipeline(_Strict):
 
     @property
     def local_log_path(self) -> Path:
+        """The embedded log; with `log: kafka` it is the staging log the publisher reads."""
         local = self.log_config.local
-        assert local is not None
+        if local is None:
+            return self.state_path / "staging"
         return self.path(local.path) if local.path else self.state_path / "log"
 
     @property

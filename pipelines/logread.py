@@ -9,12 +9,15 @@ import orjson
 
 from cdc.envelope import EnvelopeRenderer
 from cdc.log import open_log
-from cdc.tables import TableSelector
+from cdc.tables import TableName, TableSelector
 from pipelines.config import Pipeline
 from pipelines.errors import UsageError
 
 
 def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool) -> Iterator[str]:
+    if pipeline.log_config.kafka is not None:
+        yield from read_kafka_log(pipeline, table, limit, with_keys)
+        return
     log = open_log(pipeline, readonly=True)
     try:
         cut = log.latest_cut()
@@ -50,3 +53,57 @@ def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys
                 yield orjson.dumps(renderer.value(rec)).decode()
     finally:
         log.close()
+
+
+def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool) -> Iterator[str]:
+    """The topics up to the latest cut; records are already envelopes. Merged by position."""
+    from kafka import TopicPartition
+
+    from cdc.log.kafka.view import KafkaLogView
+
+    view = KafkaLogView(pipeline)
+    try:
+        cut = view.latest_cut()
+        if cut is None:
+            return
+        meta = view._cut_body["tables"]
+        names = sorted(meta)
+        if table:
+            try:
+                sel = TableSelector.parse(table)
+            except ValueError as exc:
+                raise UsageError(f"--table: {exc}") from None
+            names = [n for n in names if sel.matches(TableName.parse(n))]
+            if not names:
+                raise UsageError(f"--table: {table} is not in the log", "see `cdc status` for the tables the log holds")
+
+        def records(name: str, i: int):
+            m = meta[name]
+            if m["end"] < m["base"]:
+                return
+            consumer = view.consumer
+            tp = TopicPartition(m["topic"], 0)
+            consumer.assign([tp])
+            consumer.seek(tp, m["base"])
+            while consumer.position(tp) <= m["end"]:
+                for batch in consumer.poll(timeout_ms=10_000).values():
+                    for rec in batch:
+                        if rec.offset > m["end"]:
+                            return
+                        headers = dict(rec.headers or [])
+                        pos = (int(headers.get("cdc.lsn", b"0")), int(headers.get("cdc.seq", b"0")))
+                        yield (pos[0], pos[1], i, rec.offset), name, rec
+
+        # Topics are small enough to merge one at a time in memory only for reading by people;
+        # each topic is in position order already.
+        streams = [list(records(n, i)) for i, n in enumerate(names)]
+        for count, (_pos, name, rec) in enumerate(heapq.merge(*streams, key=lambda item: item[0])):
+            if limit is not None and count >= limit:
+                return
+            value = orjson.loads(rec.value) if rec.value is not None else None
+            if with_keys:
+                yield orjson.dumps({"table": name, "offset": rec.offset, "key": orjson.loads(rec.key), "value": value}).decode()
+            elif value is not None:
+                yield orjson.dumps(value).decode()
+    finally:
+        view.close()

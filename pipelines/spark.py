@@ -24,7 +24,10 @@ def jars_dir() -> Path:
     return Path(os.environ.get("CDC_JARS_DIR", REPO / ".jars"))
 
 
-def spark_jars(groups: tuple[str, ...] = ("spark",)) -> list[str]:
+SPARK_JAR_GROUPS = ("spark", "spark-kafka")  # Delta; Spark's Kafka source
+
+
+def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
     jars: list[str] = []
     for group in groups:
         folder = jars_dir() / group

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cdc.log import open_log
+from cdc.log import open_log_view
 from cdc.lsn import format_lsn
 from cdc.source import connect, current_wal_lsn, slot_state
 from pipelines.checkpoints import load_checkpoint
@@ -41,7 +41,7 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
     log_info: dict[str, Any] = {"kind": "kafka" if pipeline.log_config.kafka else "local"}
     cut = None
     try:
-        log = open_log(pipeline, readonly=True)
+        log = open_log_view(pipeline)
         try:
             cut = log.latest_cut()
             position = log.stream_position()

@@ -32,7 +32,7 @@ from psycopg2 import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc.log import open_log
+from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
 from cdc.lsn import format_lsn
 from cdc.pgoutput import Begin, Relation, Truncate, decode
@@ -205,14 +205,10 @@ def compare(
 
 def _changed_after(spark, log, table: TableName, schema: TableSchema, point: int, upto: int) -> DataFrame | None:
     """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none."""
-    state = log.table_state(table)
-    row = log.db.execute(f"SELECT min(off), max(op = 't') FROM ev_{state.id} WHERE lsn >= ? AND off <= ? AND op != 'S'", (point, upto)).fetchone()
-    if row[0] is None:
+    first = log.first_offset_from(table, point, upto)
+    if first is None:
         return None
-    raw = (
-        spark.read.format("cdclog").option("path", str(log.path)).option("table_id", str(state.id))
-        .option("after", str(row[0] - 1)).option("upto", str(upto)).option("columns", json.dumps(schema.column_names)).load()
-    )
+    raw = log.read_changes(spark, table, first - 1, upto, schema)
     key_schema = TableSchema(tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types)
     idx = [schema.column_names.index(c.name) for c in key_schema.columns]
     typed = typed_columns(key_schema, [F.col("vals")[i] for i in idx])
@@ -227,7 +223,7 @@ def run_verify(pipeline: Pipeline, spark: SparkSession, sink_name: str | None, w
 
         raise UsageError(f"pipeline {pipeline.name} has no sinks to verify", "add one under `sinks:`")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc verify")
-    log = open_log(pipeline, readonly=True)
+    log = open_log_view(pipeline)
     workdir = Path(tempfile.mkdtemp(prefix="verify-", dir=_ensure(pipeline.state_path)))
     try:
         report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
@@ -298,11 +294,8 @@ def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> 
         applied = ckpt.tables.get(str(table))
         if rng is None:
             continue
-        state = log.table_state(table)
         after = applied[1] if applied and applied[0] == rng.base else rng.base - 1
-        count += log.db.execute(
-            f"SELECT count(*) FROM ev_{state.id} WHERE off > ? AND off <= ? AND lsn < ?", (after, rng.end, point)
-        ).fetchone()[0]
+        count += log.count_events(table, after, rng.end, point)
     position = log.stream_position()
     log_lsn = max(cut.lsn, position[1] if position else 0)
     if log_lsn < point:

@@ -138,6 +138,8 @@ def run_snapshot(
                 if any(log.table_id(t) == table_id for t in targets):
                     log.abandon_snapshot(snapshot_id)  # its exported snapshot died with its process
             result = _copy_tables(pipeline, log, conn, report.server.version, targets, info, slot_exists, parallel, progress, say)
+            if pipeline.log_config.kafka is not None:
+                _publish(pipeline, log, result, progress, say)
             result.seconds = time.monotonic() - started
             return result
         finally:
@@ -233,6 +235,26 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         pool.join()
     result.rows = rows
     return result
+
+
+def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None:
+    """With `log: kafka`: publish the snapshot to the topics now, unless a running stream's
+    publisher holds the pipeline (it publishes the snapshot as part of its next cut)."""
+    from cdc.log.kafka.publisher import Publisher, publisher_lock
+
+    with publisher_lock(log, wait=False) as held:
+        if not held:
+            say("a running `cdc stream` publishes the snapshot to Kafka")
+            return
+        bar = RowProgress(f"publish {pipeline.name} to Kafka", result.total_rows or None, enabled=progress)
+        publisher = Publisher(pipeline, log, say)
+        try:
+            started = time.monotonic()
+            n = publisher.publish_once(bar.advance)
+            say(f"published {n:,} records to Kafka in {time.monotonic() - started:.1f}s")
+        finally:
+            bar.close()
+            publisher.close()
 
 
 def _copy_error(exc: BaseException) -> BaseException:

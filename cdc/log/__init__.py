@@ -1,20 +1,32 @@
-"""Log backends (DESIGN.md §6). `open_log` picks the one the pipeline file names."""
+"""Log backends (DESIGN.md §6).
+
+`open_log` gives capture (snapshot, stream) its writer: the embedded log, which with
+`log: kafka` is the staging log a publisher turns into Kafka topics. `open_log_view` gives
+readers (apply, verify, status, log read) the log followers see: the embedded log, or the
+Kafka topics.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipelines.errors import UsageError
-
 if TYPE_CHECKING:
+    from cdc.log.kafka.view import KafkaLogView
     from cdc.log.local import LocalLog
     from pipelines.config import Pipeline
 
 
 def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:
-    config = pipeline.log_config
-    if config.local is not None:
-        from cdc.log.local import LocalLog
+    from cdc.log.local import LocalLog
 
-        return LocalLog(pipeline.local_log_path, config.local.synchronous, readonly=readonly)
-    raise UsageError("the kafka log backend is not available yet", "use `log: {local: {}}`")
+    local = pipeline.log_config.local
+    synchronous = local.synchronous if local is not None else "full"
+    return LocalLog(pipeline.local_log_path, synchronous, readonly=readonly)
+
+
+def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView:
+    if pipeline.log_config.kafka is not None:
+        from cdc.log.kafka.view import KafkaLogView
+
+        return KafkaLogView(pipeline)
+    return open_log(pipeline, readonly=True)

@@ -115,6 +115,7 @@ class LogRecord:
     xid: int | None
     commit_ts: int | None  # µs since Unix epoch
     event_lsn: int | None
+    schema_version: int = 0
 
 
 class LogWriter(ABC):

@@ -115,6 +115,25 @@ def copy_fields_to_values(fields: list[bytes]) -> list[str | None]:
     return [None if f == b"\\N" else unescape(f).decode() for f in fields]
 
 
+def column_defaults(history: list[tuple[int, TableSchema]]) -> dict[str, tuple[int, str]]:
+    """From (since LSN, schema) versions, oldest first: fast-default columns of the newest schema
+    -> (LSN the column appeared at, default text)."""
+    if not history:
+        return {}
+    out = {}
+    for col in history[-1][1].columns:
+        if col.missing is None:
+            continue
+        # The newest unbroken run of versions that have the column tells when it was added.
+        since = history[-1][0]
+        for lsn, schema in reversed(history):
+            if col.name not in schema.column_names:
+                break
+            since = lsn
+        out[col.name] = (since, col.missing)
+    return out
+
+
 class LocalLog(LogWriter, LogReader):
     def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False):
         self.path = Path(path)
@@ -249,28 +268,17 @@ class LocalLog(LogWriter, LogReader):
         rows = self.db.execute("SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
         return {v: TableSchema.from_json(orjson.loads(b)) for v, b in rows}
 
+    def schema_history(self, table: TableName) -> list[tuple[int, int, TableSchema]]:
+        """(version, since LSN, schema) of every schema version of the table, oldest first."""
+        tid = self._require_table(table)
+        rows = self.db.execute("SELECT version, since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,))
+        return [(v, since, TableSchema.from_json(orjson.loads(body))) for v, since, body in rows]
+
     def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
         """Columns of the newest schema that have a fast default: name -> (LSN of the first schema
         version holding the column, default as PostgreSQL text). Rows last written before that
         LSN hold the default without any change event saying so."""
-        tid = self._require_table(table)
-        rows = self.db.execute("SELECT since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
-        history = [(since, TableSchema.from_json(orjson.loads(body))) for since, body in rows]
-        if not history:
-            return {}
-        out = {}
-        for col in history[-1][1].columns:
-            if col.missing is None:
-                continue
-            # The newest unbroken run of versions that have the column tells when it was added.
-            since = history[-1][0]
-            for lsn, schema in reversed(history):
-                if col.name not in schema.column_names:
-                    break
-                since = lsn
-            out[col.name] = (since, col.missing)
-        return out
-
+        return column_defaults([(since, schema) for _, since, schema in self.schema_history(table)])
     def _require_table(self, table: TableName) -> int:
         tid = self.table_id(table)
         if tid is None:
@@ -446,13 +454,43 @@ class LocalLog(LogWriter, LogReader):
             for fields in iter_segment(self.path / seg[0]):
                 yield LogRecord(
                     table, off, lsn, 0, "r", key_from_copy_fields(fields, key_idx), copy_fields_to_values(fields),
-                    None, None, schema, None, None, lsn,
+                    None, None, schema, None, None, lsn, sv,
                 )
             return
         yield LogRecord(
             table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
-            schema, xid, ts, elsn,
+            schema, xid, ts, elsn, sv,
         )
+
+    # ---- Spark-side reads (the apply job and verify; rows stay in executors) ------------------------
+    value_kind = "pgtext"  # values are PostgreSQL text output (see pipelines.apply.sparktypes)
+
+    def read_changes(self, spark, table: TableName, after: int, upto: int, schema: TableSchema | None = None):
+        """The events after < offset <= upto as a DataFrame (pipelines.apply.logsource.SCHEMA),
+        values aligned with `schema` (default: the newest)."""
+        schema = schema or self.schema(table)
+        return (
+            spark.read.format("cdclog")
+            .option("path", str(self.path))
+            .option("table_id", str(self._require_table(table)))
+            .option("after", str(after))
+            .option("upto", str(upto))
+            .option("columns", orjson.dumps(schema.column_names).decode())
+            .option("missing", orjson.dumps([c.missing for c in schema.columns]).decode())
+            .load()
+        )
+
+    def count_events(self, table: TableName, after: int, upto: int, below_lsn: int) -> int:
+        """Events (snapshot markers included) in (after, upto] committed before `below_lsn`."""
+        tid = self._require_table(table)
+        return self.db.execute(f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)).fetchone()[0]
+
+    def first_offset_from(self, table: TableName, lsn: int, upto: int) -> int | None:
+        """The first change event at or after commit LSN `lsn` (up to offset `upto`)."""
+        tid = self._require_table(table)
+        return self.db.execute(
+            f"SELECT min(off) FROM ev_{tid} WHERE lsn >= ? AND off <= ? AND op != 'S'", (lsn, upto)
+        ).fetchone()[0]
 
     def end_offset(self, table: TableName) -> int:
         tid = self._require_table(table)

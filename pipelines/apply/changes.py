@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
 from cdc.tables import TableName
-from pipelines.apply.sparktypes import cast_failures, from_text, spark_type, toastable
+from pipelines.apply.sparktypes import cast_failures, from_envelope, from_text, spark_type, toastable
 from pipelines.errors import SinkError
 
 META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
@@ -31,14 +31,16 @@ def unchanged_flag(index: int) -> str:
     return f"__cdc_u_{index}"
 
 
-def typed_columns(schema: TableSchema, texts: list) -> list[tuple[str, object, object]]:
-    """(name, typed value, cast-failed?) per column, from PostgreSQL text expressions `texts`."""
+def typed_columns(schema: TableSchema, texts: list, kind: str = "pgtext") -> list[tuple[str, object, object]]:
+    """(name, typed value, cast-failed?) per column, from text expressions `texts` that hold
+    PostgreSQL text output (kind "pgtext") or envelope JSON values (kind "envelope")."""
     types = schema_types(schema)
+    convert = from_envelope if kind == "envelope" else from_text
     out = []
     for col, text in zip(schema.columns, texts, strict=True):
         t = types[col.type_oid]
-        typed = from_text(text, t, col)
-        out.append((col.name, typed, cast_failures(text, typed, t, col)))
+        typed = convert(text, t, col)
+        out.append((col.name, typed, cast_failures(text, typed, t, col, kind)))
     return out
 
 
@@ -62,6 +64,7 @@ class TableBatch:
     snapshot_lsn: int | None  # consistent point of the base snapshot
     first_offset: int
     last_offset: int
+    value_kind: str = "pgtext"  # how `vals` are written: PostgreSQL text ("pgtext") or envelope JSON ("envelope")
     # Columns added with a constant default: name -> (LSN they appeared at, default as text).
     defaults: dict[str, tuple[int, str]] = field(default_factory=dict)
 
@@ -145,7 +148,7 @@ class TableBatch:
         selects, checks = [], []
         unchanged: dict[str, str] = {}
         texts = [F.col(resolved[i])["v"] if i in resolved else F.col("vals")[i] for i in range(len(self.schema.columns))]
-        for i, (name, typed, failed) in enumerate(typed_columns(self.schema, texts)):
+        for i, (name, typed, failed) in enumerate(typed_columns(self.schema, texts, self.value_kind)):
             selects.append(typed.alias(name))
             checks.append(F.when(failed, F.col("key")).alias(f"__cdc_c_{i}"))
             if i in resolved:

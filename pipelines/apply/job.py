@@ -12,7 +12,6 @@ Each sink has its own checkpoint; a failing sink is reported and the others go o
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from cdc.log import open_log
+from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
 from cdc.lsn import format_lsn
 from cdc.tables import TableName
@@ -88,7 +87,7 @@ class ApplyJob:
 
     def run_once(self, only: str | None = None) -> list[SinkRun]:
         runs = []
-        log = open_log(self.pipeline, readonly=True)
+        log = open_log_view(self.pipeline)
         try:
             cut = log.latest_cut()
             if cut is None:
@@ -131,17 +130,8 @@ class ApplyJob:
             table = by_name[name]
             st = names[table]
             schema = log.schema(table)
-            raw = (
-                self.spark.read.format("cdclog")
-                .option("path", str(log.path))
-                .option("table_id", str(st.id))
-                .option("after", str(after))
-                .option("upto", str(upto))
-                .option("columns", json.dumps(schema.column_names))
-                .option("missing", json.dumps([c.missing for c in schema.columns]))
-                .load()
-            )
-            batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto)
+            raw = log.read_changes(self.spark, table, after, upto, schema)
+            batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
             batches.append(batch)
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}

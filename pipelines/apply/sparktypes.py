@@ -11,8 +11,14 @@
 | date | date |
 | timestamp | timestamp_ntz |
 | timestamptz | timestamp (an instant, shown in UTC) |
+| time | bigint, microseconds since midnight (as in the envelope) |
+| timetz | string, the time in UTC with `Z` (as in the envelope) |
+| interval | string, `P{y}Y{m}M{d}DT{h}H{m}M{s}S` (as in the envelope) |
 | arrays of the above (declared dimensions) | array (nested per declared dimension) |
-| everything else (text, varchar, uuid, json, jsonb, enums, interval, time, timetz, inet, ...) | string, PostgreSQL's text |
+| everything else (text, varchar, uuid, json, jsonb, enums, inet, money, ...) | string, PostgreSQL's text (= the envelope's) |
+
+Values reach Spark either as PostgreSQL text (the local log: `from_text`) or as envelope JSON
+values (Kafka topics, ours or Debezium's: `from_envelope`); both give the same Spark values.
 
 A value Spark cannot hold (BC or infinite dates, NaN in a decimal, an array with more
 dimensions than declared) is never turned into a silent NULL: `cast_failures` finds it and
@@ -41,7 +47,11 @@ _SIMPLE: dict[str, T.DataType] = {
     "date": T.DateType(),
     "timestamp": T.TimestampNTZType(),
     "timestamptz": T.TimestampType(),
+    "time": T.LongType(),
 }
+# Types whose Delta value is the envelope's representation, computed from PostgreSQL text by the
+# type mapping in Python (no Spark function does these conversions).
+_VIA_TYPEMAP = {"timetz", "interval"}
 
 
 def scalar_type(t: PgType, typmod: int) -> T.DataType:
@@ -68,7 +78,31 @@ def _guard_special(text: SparkColumn) -> SparkColumn:
     return text.endswith(" BC") | text.isin("infinity", "-infinity")
 
 
-def scalar_from_text(text: SparkColumn, target: T.DataType) -> SparkColumn:
+def _micros_of_day(text: SparkColumn) -> SparkColumn:
+    """'HH:MM:SS[.ffffff]' -> microseconds since midnight."""
+    parts = F.split(text, ":")
+    seconds = parts[2].try_cast(T.DecimalType(8, 6))
+    return (parts[0].try_cast(T.LongType()) * 3600 + parts[1].try_cast(T.LongType()) * 60) * 1_000_000 + (
+        seconds * 1_000_000
+    ).cast(T.LongType())
+
+
+def _typemap_udf(t: PgType, typmod: int, result: T.DataType):
+    from cdc.typemap import converter
+
+    convert = converter(t, typmod)
+
+    def apply(text):  # no annotations: Spark would try to infer a pandas UDF from them
+        return None if text is None else convert(text)
+
+    return F.udf(apply, result)
+
+
+def scalar_from_text(text: SparkColumn, target: T.DataType, t: PgType | None = None, typmod: int = -1) -> SparkColumn:
+    if t is not None and t.kind == "base" and t.name == "time":
+        return _micros_of_day(text)
+    if t is not None and t.kind == "base" and t.name in _VIA_TYPEMAP:
+        return _typemap_udf(t, typmod, T.StringType())(text)
     if isinstance(target, T.StringType):
         return text
     if isinstance(target, T.BinaryType):
@@ -105,22 +139,55 @@ def _parse_pg_array(delimiter: str, depth: int):
     return F.udf(parse, result_type)
 
 
+def _cast_elements(arr: SparkColumn, depth: int, cast) -> SparkColumn:
+    if depth == 1:
+        return F.transform(arr, cast)
+    return F.transform(arr, lambda x: _cast_elements(x, depth - 1, cast))
+
+
 def from_text(text: SparkColumn, t: PgType, column: Column) -> SparkColumn:
     """PostgreSQL text -> the Spark type of `spark_type(t, column)`."""
     if t.kind == "array" and t.element is not None:
         depth = max(column.ndims, 1)
-        elem_type = scalar_type(t.element, column.typmod)
+        elem = t.element
+        elem_type = scalar_type(elem, column.typmod)
+        if elem.kind == "base" and elem.name in _VIA_TYPEMAP:
+            return _typemap_udf(t, column.typmod, spark_type(t, column))(text)
         parsed = _parse_pg_array(t.delimiter, depth)(text)
         if isinstance(elem_type, T.StringType):
             return parsed
+        return _cast_elements(parsed, depth, lambda x: scalar_from_text(x, elem_type, elem, column.typmod))
+    return scalar_from_text(text, scalar_type(t, column.typmod), t, column.typmod)
 
-        def cast_level(arr: SparkColumn, level: int) -> SparkColumn:
-            if level == 1:
-                return F.transform(arr, lambda x: scalar_from_text(x, elem_type))
-            return F.transform(arr, lambda x: cast_level(x, level - 1))
 
-        return cast_level(parsed, depth)
-    return scalar_from_text(text, scalar_type(t, column.typmod))
+def scalar_from_envelope(text: SparkColumn, target: T.DataType, t: PgType) -> SparkColumn:
+    """An envelope JSON value (as its JSON text, strings unquoted) -> the Spark type."""
+    name = t.name if t.kind == "base" else ""
+    if name == "bytea":
+        return F.try_to_binary(text, F.lit("base64"))
+    if name == "date":
+        return F.date_add(F.lit("1970-01-01").cast(T.DateType()), text.try_cast(T.IntegerType()))
+    if name == "timestamp":
+        return F.timestamp_micros(text.try_cast(T.LongType())).cast(T.TimestampNTZType())
+    if isinstance(target, T.StringType):
+        return text
+    return text.try_cast(target)
+
+
+def from_envelope(text: SparkColumn, t: PgType, column: Column) -> SparkColumn:
+    """Envelope JSON value text -> the Spark type of `spark_type(t, column)`."""
+    target = spark_type(t, column)
+    if t.kind == "array" and t.element is not None:
+        depth = max(column.ndims, 1)
+        as_text: T.DataType = T.StringType()
+        for _ in range(depth):
+            as_text = T.ArrayType(as_text)
+        parsed = F.from_json(text, as_text)
+        elem_type = scalar_type(t.element, column.typmod)
+        if isinstance(elem_type, T.StringType):
+            return parsed
+        return _cast_elements(parsed, depth, lambda x: scalar_from_envelope(x, elem_type, t.element))
+    return scalar_from_envelope(text, target, t)
 
 
 def _non_null_count(arr: SparkColumn, depth: int) -> SparkColumn:
@@ -130,13 +197,21 @@ def _non_null_count(arr: SparkColumn, depth: int) -> SparkColumn:
     return F.size(F.filter(flat, lambda x: x.isNotNull()))
 
 
-def cast_failures(text: SparkColumn, typed: SparkColumn, t: PgType, column: Column) -> SparkColumn:
+def cast_failures(text: SparkColumn, typed: SparkColumn, t: PgType, column: Column, kind: str = "pgtext") -> SparkColumn:
     """True where a non-NULL source value did not survive the cast."""
     if t.kind == "array" and t.element is not None:
         depth = max(column.ndims, 1)
-        if isinstance(scalar_type(t.element, column.typmod), T.StringType):
+        if isinstance(scalar_type(t.element, column.typmod), T.StringType) or (
+            t.element.kind == "base" and t.element.name in _VIA_TYPEMAP
+        ):
             return text.isNotNull() & typed.isNull()
-        parsed = _parse_pg_array(t.delimiter, depth)(text)
+        if kind == "envelope":
+            as_text: T.DataType = T.StringType()
+            for _ in range(depth):
+                as_text = T.ArrayType(as_text)
+            parsed = F.from_json(text, as_text)
+        else:
+            parsed = _parse_pg_array(t.delimiter, depth)(text)
         return text.isNotNull() & (typed.isNull() | (_non_null_count(parsed, depth) != _non_null_count(typed, depth)))
     return text.isNotNull() & typed.isNull()
 

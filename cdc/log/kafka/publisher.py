@@ -1,0 +1,253 @@
+"""Publishing the staging log to Kafka: the `kafka` log backend's writer.
+
+Capture (snapshot and stream) always writes the embedded log first — it is fast, crash-safe
+and already keeps snapshots and changes in position order. With `log: kafka` that log lives
+in <state_dir>/staging and this publisher turns its cuts into Kafka: per table, the records
+after what was published (rendered as Debezium-compatible key/value JSON, a tombstone after
+each delete, the position in headers), then — once Kafka acknowledged them all (idempotent
+producer, acks=all) — a cut record naming every table topic's base and end offsets. Only
+then does the published position move, and the stream acknowledges to PostgreSQL no further
+than that position: the slot never passes anything Kafka does not hold.
+
+A crash between producing and recording the cut republishes the same events: the topic then
+holds duplicates at the same positions, which followers ignore (they dedupe by position) and
+which lie outside any cut until the cut is written.
+
+Headers on every record: cdc.lsn and cdc.seq (the position), cdc.ts (commit time, µs since
+the epoch), cdc.sv (schema version of the table, to type the values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import orjson
+from kafka.errors import KafkaError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from cdc.envelope import EnvelopeRenderer
+from cdc.log.kafka import client as kc
+from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
+from cdc.log.local import LocalLog
+from cdc.tables import TableName
+from pipelines.errors import LogError
+
+TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
+STATE_KEY = "kafka_published"
+CUT_KEY = b"cut"
+
+
+@dataclass
+class PublishedTable:
+    topic: str
+    local_base: int
+    local_end: int
+    kafka_base: int
+    kafka_end: int  # last offset covered (kafka_base - 1 when empty)
+    schema_version: int = 0
+
+
+@dataclass
+class PublishedState:
+    cut_id: int = 0
+    lsn: int = 0
+    tables: dict[str, PublishedTable] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, log: LocalLog) -> PublishedState:
+        raw = log.meta(STATE_KEY)
+        if raw is None:
+            return cls()
+        data = orjson.loads(raw)
+        return cls(data["cut_id"], data["lsn"], {k: PublishedTable(**v) for k, v in data["tables"].items()})
+
+    def save(self, log: LocalLog) -> None:
+        log.set_meta(STATE_KEY, orjson.dumps(asdict(self)).decode())
+
+
+def published_lsn(log: LocalLog) -> int:
+    raw = log.meta(STATE_KEY)
+    return orjson.loads(raw)["lsn"] if raw else 0
+
+
+class Publisher:
+    def __init__(self, pipeline, staging: LocalLog, say: Callable[[str], None] = print):
+        cfg = pipeline.log_config.kafka
+        assert cfg is not None
+        self.cfg = cfg
+        self.pipeline = pipeline
+        self.staging = staging
+        self.say = say
+        self.prefix = cfg.topic_prefix or pipeline.name
+        self._producer = None
+        self._admin = None
+        self._ready_topics: set[str] = set()
+
+    # ---- clients ---------------------------------------------------------------------------------
+    @property
+    def producer(self):
+        if self._producer is None:
+            self._producer = kc.producer(self.cfg.bootstrap_servers)
+        return self._producer
+
+    def _ensure(self, topics: dict[str, dict[str, str]]) -> None:
+        todo = {t: c for t, c in topics.items() if t not in self._ready_topics}
+        if not todo:
+            return
+        if self._admin is None:
+            self._admin = kc.admin(self.cfg.bootstrap_servers)
+        kc.ensure_topics(self._admin, todo, self.cfg.fix_cleanup_policy, self.cfg.replication_factor)
+        self._ready_topics |= set(todo)
+
+    def close(self) -> None:
+        for c in (self._producer, self._admin):
+            if c is not None:
+                with contextlib.suppress(Exception):  # closing a broken client must not mask the real error
+                    c.close()
+        self._producer = self._admin = None
+
+    # ---- publishing ------------------------------------------------------------------------------
+    def publish_once(self, progress: Callable[[int], None] | None = None) -> int:
+        """Publish everything up to the staging log's latest cut; returns records produced."""
+        cut = self.staging.latest_cut()
+        state = PublishedState.load(self.staging)
+        if cut is None or cut.id == state.cut_id:
+            return 0
+        self._ensure({cuts_topic(self.prefix): META_TOPIC_CONFIG, schemas_topic(self.prefix): META_TOPIC_CONFIG})
+        renderer = EnvelopeRenderer(self.staging.meta("source_database") or "", self.pipeline.name)
+        produced = 0
+        for table, rng in sorted(cut.tables.items()):
+            name = str(table)
+            topic = table_topic(self.prefix, table)
+            self._ensure({topic: {**TABLE_TOPIC_CONFIG, **self.cfg.topic_config}})
+            prev = state.tables.get(name)
+            version = self._publish_schemas(table, prev.schema_version if prev else 0)
+            new_base = prev is None or prev.local_base != rng.base
+            after = rng.base - 1 if new_base else prev.local_end
+            first, last, n = self._produce(table, topic, renderer, after, rng.end, progress)
+            produced += n
+            if new_base:
+                base = first if first is not None else kc.end_offsets(self._consumer(), [topic])[topic]
+                end = last if last is not None else base - 1
+            else:
+                base, end = prev.kafka_base, last if last is not None else prev.kafka_end
+            state.tables[name] = PublishedTable(topic, rng.base, rng.end, base, end, version)
+        self._write_cut(cut, state)
+        state.cut_id, state.lsn = cut.id, cut.lsn
+        state.save(self.staging)
+        return produced
+
+    def _consumer(self):
+        return kc.consumer(self.cfg.bootstrap_servers)
+
+    def _publish_schemas(self, table: TableName, published: int) -> int:
+        history = self.staging.schema_history(table)
+        newest = history[-1][0] if history else 0
+        for version, since, schema in history:
+            if version > published:
+                value = {"table": str(table), "version": version, "since_lsn": since, "schema": schema.to_json()}
+                self.producer.send(schemas_topic(self.prefix), key=f"{table}/{version}".encode(), value=orjson.dumps(value), partition=0)
+        return newest
+
+    def _produce(self, table, topic, renderer, after, upto, progress) -> tuple[int | None, int | None, int]:
+        if upto <= after:
+            return None, None, 0
+        send = self.producer.send
+        first = last = None
+        n = 0
+        for rec, key, value in renderer.records(self.staging.read(table, after, upto)):
+            headers = [
+                ("cdc.lsn", str(rec.lsn).encode()),
+                ("cdc.seq", str(rec.seq).encode()),
+                ("cdc.ts", str(rec.commit_ts or 0).encode()),
+                ("cdc.sv", str(rec.schema_version).encode()),
+            ]
+            kbytes = orjson.dumps(key) if key is not None else TRUNCATE_KEY
+            future = send(topic, key=kbytes, value=None if value is None else orjson.dumps(value), headers=headers, partition=0)
+            if first is None:
+                first = future
+            last = future
+            n += 1
+            if progress is not None and n % 10000 == 0:
+                progress(10000)
+        self.producer.flush()
+        if progress is not None:
+            progress(n % 10000)
+        return first.get(timeout=60).offset, last.get(timeout=60).offset, n
+
+    def _write_cut(self, cut, state: PublishedState) -> None:
+        tables = {}
+        for name, t in state.tables.items():
+            if TableName.parse(name) not in cut.tables:
+                continue
+            st = self.staging.table_state(TableName.parse(name))
+            tables[name] = {
+                "topic": t.topic,
+                "base": t.kafka_base,
+                "end": t.kafka_end,
+                "snapshot_lsn": st.snapshot_lsn if st else None,
+                "schema_version": t.schema_version,
+            }
+        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "tables": tables}
+        self.producer.send(cuts_topic(self.prefix), key=CUT_KEY, value=orjson.dumps(value), partition=0).get(timeout=60)
+
+    # ---- continuous --------------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool], idle_s: float = 0.2) -> None:
+        """Publish until should_stop(); a broker that goes away is retried with backoff (the
+        events wait in the staging log, and the slot is not acknowledged past them)."""
+        while not should_stop():
+            for attempt in Retrying(
+                retry=retry_if_exception_type((KafkaError, LogError, OSError)),
+                wait=wait_exponential(multiplier=0.5, max=10),
+                stop=stop_after_delay(3600),
+                reraise=True,
+            ):
+                with attempt:
+                    try:
+                        produced = self.publish_once()
+                    except (KafkaError, LogError, OSError) as exc:
+                        self.say(f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying")
+                        self.close()
+                        raise
+            if not produced:
+                time.sleep(idle_s)
+
+
+@contextlib.contextmanager
+def publisher_lock(staging: LocalLog, wait: bool = True):
+    """One publisher per pipeline at a time (two would interleave records). Yields True when
+    held; with wait=False yields False at once if another process publishes."""
+    import fcntl
+
+    path = staging.path / "publisher.lock"
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_publisher_process(pipeline, stop_event) -> None:
+    """Entry point of the publisher child process of `cdc stream` (multiprocessing, spawn)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    from cdc.log import open_log
+
+    staging = open_log(pipeline)
+    publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
+    try:
+        with publisher_lock(staging):
+            publisher.run(stop_event.is_set)
+            publisher.publish_once()  # whatever the stream made durable before it stopped
+    finally:
+        publisher.close()
+        staging.close()

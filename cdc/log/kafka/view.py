@@ -1,0 +1,223 @@
+"""The `kafka` log as followers see it: the latest cut from the cut topic, table schemas from
+the schema topic, and change events read by Spark's Kafka source in batch mode between a
+follower's checkpoint and the cut (distributed over executors, never through the driver)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import orjson
+from kafka import TopicPartition
+
+from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
+from cdc.log.base import Cut, TableRange, TableSchema, TableState
+from cdc.log.kafka import client as kc
+from cdc.log.kafka.topics import cuts_topic, schemas_topic
+from cdc.log.local import column_defaults
+from cdc.tables import TableName
+from pipelines.errors import LogError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+POLL_MS = 10_000
+
+
+def read_topic(consumer, topic: str, start: int | None = None) -> list:
+    """All records of partition 0 of a (small, compacted) topic from `start` (default: beginning)."""
+    tp = TopicPartition(topic, 0)
+    end = consumer.end_offsets([tp]).get(tp, 0)
+    if not end:
+        return []
+    consumer.assign([tp])
+    if start is None:
+        consumer.seek_to_beginning(tp)
+    else:
+        consumer.seek(tp, start)
+    out = []
+    while consumer.position(tp) < end:
+        batch = consumer.poll(timeout_ms=POLL_MS)
+        if not batch:
+            raise LogError(f"Kafka topic {topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {end}")
+        for records in batch.values():
+            out.extend(records)
+    return out
+
+
+class KafkaLogView:
+    value_kind = "envelope"  # values are envelope JSON (see pipelines.apply.sparktypes.from_envelope)
+
+    def __init__(self, pipeline):
+        cfg = pipeline.log_config.kafka
+        assert cfg is not None
+        self.cfg = cfg
+        self.pipeline = pipeline
+        self.prefix = cfg.topic_prefix or pipeline.name
+        self._consumer = None
+        self._cut_body: dict | None = None
+        self._schemas: dict[TableName, list[tuple[int, int, TableSchema]]] | None = None
+
+    @property
+    def consumer(self):
+        if self._consumer is None:
+            self._consumer = kc.consumer(self.cfg.bootstrap_servers)
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # ---- metadata ----------------------------------------------------------------------------------
+    def latest_cut(self) -> Cut | None:
+        topic = cuts_topic(self.prefix)
+        tp = TopicPartition(topic, 0)
+        end = self.consumer.end_offsets([tp]).get(tp, 0)
+        if not end:
+            return None
+        records = read_topic(self.consumer, topic, end - 1)
+        body = orjson.loads(records[-1].value)
+        self._cut_body = body
+        tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
+        return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
+
+    def cut_tables(self) -> dict[str, dict]:
+        """The latest cut's per-table entries: topic, base, end, snapshot_lsn, schema_version."""
+        if self._cut_body is None:
+            self.latest_cut()
+        return dict((self._cut_body or {}).get("tables", {}))
+
+    def _table_meta(self, table: TableName) -> dict:
+        if self._cut_body is None:
+            self.latest_cut()
+        meta = (self._cut_body or {}).get("tables", {}).get(str(table))
+        if meta is None:
+            raise LogError(f"table {table} is not in the Kafka log", "run `cdc snapshot --tables` for it")
+        return meta
+
+    def tables(self) -> list[TableState]:
+        cut = self.latest_cut()
+        if cut is None:
+            return []
+        out = []
+        for name, meta in (self._cut_body or {}).get("tables", {}).items():
+            out.append(TableState(TableName.parse(name), 0, "live", meta["base"], meta.get("snapshot_lsn"), 0, meta.get("schema_version")))
+        return out
+
+    def table_state(self, table: TableName) -> TableState | None:
+        return next((t for t in self.tables() if t.table == table), None)
+
+    def _history(self, table: TableName) -> list[tuple[int, int, TableSchema]]:
+        if self._schemas is None:
+            found: dict[TableName, list[tuple[int, int, TableSchema]]] = {}
+            for record in read_topic(self.consumer, schemas_topic(self.prefix)):
+                body = orjson.loads(record.value)
+                found.setdefault(TableName.parse(body["table"]), []).append(
+                    (body["version"], body["since_lsn"], TableSchema.from_json(body["schema"]))
+                )
+            self._schemas = {t: sorted({v[0]: v for v in h}.values(), key=lambda v: v[0]) for t, h in found.items()}
+        history = self._schemas.get(table)
+        if not history:
+            raise LogError(f"the Kafka log has no schema for {table}", "is `cdc stream` (with its publisher) running?")
+        return history
+
+    def schema(self, table: TableName, version: int | None = None) -> TableSchema:
+        history = self._history(table)
+        if version is None:
+            return history[-1][2]
+        return next(s for v, _, s in history if v == version)
+
+    def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
+        return column_defaults([(since, schema) for _, since, schema in self._history(table)])
+
+    def stream_position(self) -> tuple[int, int] | None:
+        return None
+
+    def meta(self, key: str) -> str | None:
+        return None
+
+    # ---- Spark reads -------------------------------------------------------------------------------
+    def read_changes(self, spark: SparkSession, table: TableName, after: int, upto: int, schema: TableSchema | None = None) -> DataFrame:
+
+        schema = schema or self.schema(table)
+        topic = self._table_meta(table)["topic"]
+        raw = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", ",".join(kc.servers(self.cfg.bootstrap_servers)))
+            .option("assign", json.dumps({topic: [0]}))
+            .option("startingOffsets", json.dumps({topic: {"0": after + 1}}))
+            .option("endingOffsets", json.dumps({topic: {"0": upto + 1}}))
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "false")  # compaction leaves gaps in offsets by design
+            .load()
+        )
+        return normalize_envelopes(raw, schema, header_positions=True)
+
+    def _between(self, spark, table: TableName, after: int, upto: int):
+        from pyspark.sql import functions as F
+
+        return self.read_changes(spark, table, after, upto).select("off", "lsn", F.col("op"))
+
+    def count_events(self, table: TableName, after: int, upto: int, below_lsn: int, spark=None) -> int:
+        from pipelines.spark import spark_session
+
+        spark = spark or spark_session()
+        from pyspark.sql import functions as F
+
+        return self._between(spark, table, after, upto).filter(F.col("lsn") < below_lsn).count()
+
+    def first_offset_from(self, table: TableName, lsn: int, upto: int, spark=None) -> int | None:
+        from pipelines.spark import spark_session
+
+        spark = spark or spark_session()
+        from pyspark.sql import functions as F
+
+        base = self._table_meta(table)["base"]
+        row = self._between(spark, table, base - 1, upto).filter((F.col("lsn") >= lsn) & (F.col("op") != "r")).agg(F.min("off")).first()
+        return row[0] if row else None
+
+
+PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
+ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>, op: string, source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint>>"
+
+
+def normalize_envelopes(raw, schema: TableSchema, header_positions: bool):
+    """Kafka records (key, value, offset, headers) holding change event envelopes -> the log's
+    normalized change rows: off, lsn, seq, op, key, vals (envelope JSON texts aligned with the
+    schema's columns; fast defaults for columns a record lacks), unch, ts."""
+    from pyspark.sql import functions as F
+
+    def header(name: str):
+        return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
+
+    env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
+    key_map = F.from_json(F.col("key").cast("string"), "map<string,string>")
+    df = raw.select("offset", "key", "value", "headers", env.alias("env"), key_map.alias("key_map"))
+    op = F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("env.op"))
+    row = F.when(op == "d", F.coalesce(F.col("env.before"), F.col("key_map"))).otherwise(F.col("env.after"))
+    df = df.select("*", op.alias("op"), row.alias("row"))
+    texts = [
+        F.when(F.map_contains_key("row", c.name), F.col("row")[c.name]).otherwise(F.lit(c.missing if c.missing is not None else None).cast("string"))
+        for c in schema.columns
+    ]
+    placeholder = F.array(*(F.lit(p) for p in PLACEHOLDERS))
+    vals = F.array(*texts) if texts else F.array().cast("array<string>")
+    n = len(schema.columns)
+    df = df.select("*", vals.alias("raw_vals"))
+    unch = F.filter(F.sequence(F.lit(0), F.lit(max(n - 1, 0))), lambda i: F.array_contains(placeholder, F.element_at("raw_vals", i + 1)))
+    cleaned = F.transform("raw_vals", lambda v: F.when(F.array_contains(placeholder, v), F.lit(None)).otherwise(v))
+    if header_positions:
+        lsn, seq, ts = header("cdc.lsn").cast("bigint"), header("cdc.seq").cast("bigint"), header("cdc.ts").cast("bigint")
+    else:
+        lsn, seq, ts = F.col("env.source.lsn"), F.lit(0).cast("bigint"), F.col("env.source.ts_ms") * 1000
+    return df.select(
+        F.col("offset").alias("off"),
+        lsn.alias("lsn"),
+        seq.alias("seq"),
+        F.col("op"),
+        F.col("key"),
+        F.when(F.col("op") == "t", F.lit(None)).otherwise(cleaned).alias("vals"),
+        F.when(F.col("op") == "t", F.array().cast("array<int>")).otherwise(unch).alias("unch"),
+        ts.alias("ts"),
+    )
