@@ -24,7 +24,7 @@ def jars_dir() -> Path:
     return Path(os.environ.get("CDC_JARS_DIR", REPO / ".jars"))
 
 
-SPARK_JAR_GROUPS = ("spark", "spark-kafka")  # Delta; Spark's Kafka source
+SPARK_JAR_GROUPS = ("spark", "spark-kafka")  # Delta; Spark's Kafka source (both resolved by scripts/setup.sh)
 
 
 def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
@@ -33,7 +33,7 @@ def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
         folder = jars_dir() / group
         found = sorted(str(p) for p in folder.glob("*.jar"))
         if not found:
-            raise CdcError(f"no jars in {folder}", "run scripts/setup.sh (it resolves them from Maven Central once)")
+            raise CdcError(f"no {group} jars in {folder}", "run scripts/setup.sh (it resolves them from Maven Central once)")
         jars += found
     return jars
 
@@ -42,7 +42,7 @@ def base_conf(master: str) -> dict[str, str]:
     return {
         "spark.master": master,
         "spark.app.name": "cdc-apply",
-        "spark.jars": ",".join(spark_jars()),
+        "spark.jars": ",".join(spark_jars(tuple(g for g in SPARK_JAR_GROUPS if (jars_dir() / g).exists()) or ("spark",))),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
