@@ -9,6 +9,7 @@ the foreground (daemonize no) in its own session, and we only ever signal the pi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,10 +49,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def ping(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> str | None:

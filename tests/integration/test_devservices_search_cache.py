@@ -1,0 +1,226 @@
+"""The local Redis and OpenSearch dev services are real servers that behave as the followers need.
+
+* Redis: answers, keeps AOF data across a SIGKILL and restart on the same port.
+* OpenSearch: a genuine node; external versioning rejects stale writes (the search follower's
+  guard), bulk requests work, documents are searchable.
+* `cdc dev up|status|down` drives them from the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from opensearchpy import OpenSearch, helpers
+from opensearchpy.exceptions import ConflictError
+
+from pipelines.devservices.opensearch import LocalOpenSearch
+from pipelines.devservices.redis import LocalRedis
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cdc(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def env_lines(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+def test_redis_set_get(redis_server: LocalRedis) -> None:
+    assert redis_server.running()
+    assert redis_server.env() == {"REDIS_URL": redis_server.url}
+    assert redis_server.url.startswith("redis://127.0.0.1:")
+    client = redis.Redis.from_url(redis_server.url)
+    client.set("devservices:k", "v1")
+    assert client.get("devservices:k") == b"v1"
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+    client.delete("devservices:k")
+    client.close()
+
+
+def test_redis_kill_and_restart_keeps_aof_data(tmp_path: Path) -> None:
+    server = LocalRedis(tmp_path / "redis")
+    try:
+        server.start()
+        assert server.start_seconds is not None and server.start_seconds < 10
+        port, first_pid = server.port, server.pid()
+        client = redis.Redis.from_url(server.url)
+        client.set("k", "kept")
+        client.hset("h", mapping={"a": "1", "b": "2"})
+        client.close()
+
+        server.kill()
+        assert not server.running()
+        assert server.pid() is None
+
+        server.restart()
+        assert server.running()
+        assert server.port == port
+        assert server.pid() != first_pid
+        client = redis.Redis.from_url(server.url)
+        assert client.get("k") == b"kept"
+        assert client.hgetall("h") == {b"a": b"1", b"b": b"2"}
+        client.close()
+
+        # A second handle on the same dir (what `cdc dev down` does) sees and stops it.
+        other = LocalRedis(tmp_path / "redis")
+        assert other.running() and other.port == port
+        other.stop()
+        assert not other.running()
+        assert not server.running()
+    finally:
+        server.stop()
+
+
+def test_redis_without_appendonly_starts_empty_after_kill(tmp_path: Path) -> None:
+    server = LocalRedis(tmp_path / "redis", appendonly=False)
+    try:
+        server.start()
+        client = redis.Redis.from_url(server.url)
+        client.set("k", "lost")
+        client.close()
+        server.kill()
+        server.restart()
+        client = redis.Redis.from_url(server.url)
+        assert client.get("k") is None
+        client.close()
+    finally:
+        server.stop()
+
+
+# -- OpenSearch -----------------------------------------------------------------------------------
+@pytest.fixture
+def os_client(opensearch: LocalOpenSearch):
+    client = OpenSearch(opensearch.url, timeout=30)
+    yield client
+    client.close()
+
+
+def test_opensearch_is_a_real_node(opensearch: LocalOpenSearch, os_client: OpenSearch) -> None:
+    assert opensearch.running()
+    assert opensearch.env() == {"OPENSEARCH_URL": opensearch.url}
+    info = os_client.info()
+    assert info["version"]["distribution"] == "opensearch"
+    assert info["version"]["number"].startswith("2.")
+    assert os_client.cluster.health()["status"] in ("green", "yellow")
+    plugins = os_client.cat.plugins(format="json")
+    assert not any("security" in p["component"].lower() for p in plugins)
+
+
+def test_opensearch_external_versioning_rejects_stale_writes(os_client: OpenSearch) -> None:
+    index = "devservices_versions"
+    os_client.indices.create(index=index, body={"settings": {"number_of_shards": 1, "number_of_replicas": 0}})
+    try:
+        done = os_client.index(index=index, id="1", body={"name": "new"}, params={"version": 5, "version_type": "external"})
+        assert done["_version"] == 5
+
+        with pytest.raises(ConflictError) as stale:
+            os_client.index(index=index, id="1", body={"name": "stale"}, params={"version": 4, "version_type": "external"})
+        assert stale.value.status_code == 409
+        with pytest.raises(ConflictError):  # a replay of the same position is ignored too
+            os_client.index(index=index, id="1", body={"name": "replay"}, params={"version": 5, "version_type": "external"})
+        with pytest.raises(ConflictError):  # a delete from an older position as well
+            os_client.delete(index=index, id="1", params={"version": 3, "version_type": "external"})
+
+        os_client.indices.refresh(index=index)
+        hits = os_client.search(index=index, body={"query": {"match": {"name": "new"}}})["hits"]["hits"]
+        assert [(h["_id"], h["_source"]["name"]) for h in hits] == [("1", "new")]
+        assert os_client.get(index=index, id="1")["_version"] == 5
+    finally:
+        os_client.indices.delete(index=index)
+
+
+def test_opensearch_bulk_with_external_versions(os_client: OpenSearch) -> None:
+    index = "devservices_bulk"
+    os_client.indices.create(index=index, body={"settings": {"number_of_shards": 1, "number_of_replicas": 0}})
+    try:
+        first = [
+            {"_op_type": "index", "_index": index, "_id": str(i), "_source": {"n": i, "text": f"row {i}"}, "version": 10, "version_type": "external"}
+            for i in range(500)
+        ]
+        ok, errors = helpers.bulk(os_client, first, raise_on_error=False, refresh=True)
+        assert (ok, errors) == (500, [])
+
+        # A mixed batch: newer writes apply, stale ones come back as per-item 409s, deletes apply.
+        mixed = [
+            {"_op_type": "index", "_index": index, "_id": "1", "_source": {"n": 1, "text": "newer"}, "version": 11, "version_type": "external"},
+            {"_op_type": "index", "_index": index, "_id": "2", "_source": {"n": 2, "text": "older"}, "version": 9, "version_type": "external"},
+            {"_op_type": "delete", "_index": index, "_id": "3", "version": 12, "version_type": "external"},
+        ]
+        ok, errors = helpers.bulk(os_client, mixed, raise_on_error=False, refresh=True)
+        assert ok == 2
+        assert [(e["index"]["_id"], e["index"]["status"]) for e in errors] == [("2", 409)]
+
+        assert os_client.count(index=index)["count"] == 499
+        assert os_client.get(index=index, id="1")["_source"]["text"] == "newer"
+        assert os_client.get(index=index, id="2")["_source"]["text"] == "row 2"
+        hits = os_client.search(index=index, body={"query": {"match": {"text": "newer"}}})["hits"]
+        assert hits["total"]["value"] == 1 and hits["hits"][0]["_id"] == "1"
+    finally:
+        os_client.indices.delete(index=index)
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+def test_cli_dev_up_status_down_redis(tmp_path: Path) -> None:
+    base = tmp_path / "dev"
+    try:
+        up = cdc("dev", "up", "redis", "--dir", str(base))
+        assert up.returncode == 0, up.stderr
+        url = env_lines(up.stdout)["REDIS_URL"]
+        assert url.startswith("redis://127.0.0.1:")
+        client = redis.Redis.from_url(url)
+        assert client.ping()
+        client.close()
+
+        again = cdc("dev", "up", "redis", "--dir", str(base))  # idempotent: same server, same address
+        assert again.returncode == 0, again.stderr
+        assert env_lines(again.stdout)["REDIS_URL"] == url
+
+        status = cdc("dev", "status", "redis", "--dir", str(base))
+        assert status.returncode == 0, status.stderr
+        assert f"redis: running REDIS_URL={url}" in status.stdout
+
+        down = cdc("dev", "down", "redis", "--dir", str(base))
+        assert down.returncode == 0, down.stderr
+        assert "redis: stopped" in down.stdout
+        assert not LocalRedis(base / "redis").running()
+
+        status = cdc("dev", "status", "redis", "--dir", str(base))
+        assert "redis: stopped" in status.stdout
+    finally:
+        LocalRedis(base / "redis").stop()
+
+
+@pytest.mark.slow
+def test_cli_dev_up_status_down_opensearch(tmp_path: Path) -> None:
+    base = tmp_path / "dev"
+    try:
+        up = cdc("dev", "up", "opensearch", "--dir", str(base))
+        assert up.returncode == 0, up.stderr
+        url = env_lines(up.stdout)["OPENSEARCH_URL"]
+        assert url.startswith("http://127.0.0.1:")
+        client = OpenSearch(url)
+        assert client.cluster.health()["status"] in ("green", "yellow")
+        client.close()
+
+        status = cdc("dev", "status", "opensearch", "--dir", str(base))
+        assert f"opensearch: running OPENSEARCH_URL={url}" in status.stdout
+
+        down = cdc("dev", "down", "opensearch", "--dir", str(base))
+        assert down.returncode == 0, down.stderr
+        assert "opensearch: stopped" in down.stdout
+        assert not LocalOpenSearch(base / "opensearch").running()
+    finally:
+        LocalOpenSearch(base / "opensearch").stop()
