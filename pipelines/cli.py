@@ -210,6 +210,21 @@ def status(pipeline: Path, as_json: bool) -> None:
         print_status(data, say)
 
 
+@cli.command()
+@PIPELINE
+@click.argument("table")
+@click.argument("query")
+@click.option("--sink", "sink_name", help="the search sink to query (default: the first one)")
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(1, 1000))
+@handle_errors
+def search(pipeline: Path, table: str, query: str, sink_name: str | None, limit: int) -> None:
+    """Print the top hits of QUERY in the search follower's index of TABLE."""
+    from sinks.search.query import run_search
+
+    for line in run_search(load(pipeline), table, query, sink_name, limit):
+        click.echo(line)
+
+
 @cli.group()
 def log() -> None:
     """Inspect and maintain the log."""

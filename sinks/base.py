@@ -73,10 +73,19 @@ class Sink(ABC):
 
 
 def make_sink(config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> Sink:
+    """The follower for a `sinks:` entry; each kind lives in its own folder (sinks/<kind>/)."""
     if config.kind == "delta":
         from sinks.delta import DeltaSink
 
         return DeltaSink(config, pipeline, spark)
+    if config.kind == "redis":
+        from sinks.cache import RedisSink
+
+        return RedisSink(config, pipeline, spark)
+    if config.kind == "search":
+        from sinks.search import SearchSink
+
+        return SearchSink(config, pipeline, spark)
     from pipelines.errors import UsageError
 
-    raise UsageError(f"sink {config.name}: the {config.kind} follower is not available yet")
+    raise UsageError(f"sink {config.name}: unknown follower kind {config.kind}")
