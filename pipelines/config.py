@@ -99,12 +99,31 @@ class DeltaSink(_Strict):
     _tables = field_validator("tables")(_check_tables)
 
 
+SearchFieldType = Literal["text", "keyword", "long", "integer", "short", "double", "float", "boolean", "date", "binary", "stored"]
+
+
 class SearchSink(_Strict):
     engine: Literal["tantivy", "opensearch"] = "tantivy"
     tables: TableList
     path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
     hosts: list[str] | None = Field(default=None, description="opensearch: node URLs")
     index_prefix: str | None = Field(default=None, description="opensearch: index name prefix (default: pipeline name)")
+    fields: dict[str, dict[str, SearchFieldType]] = Field(
+        default_factory=dict,
+        description="per table, per column: the field type instead of the one derived from the source type "
+        "(text: tokenized, keyword: exact, long/integer/short/double/float/boolean/date, binary or stored: kept, not searchable); "
+        'e.g. {"public.customers": {"email": "keyword"}}',
+    )
+    gc_deletes: str = Field(
+        default="7d",
+        pattern=r"^[0-9]+(ms|s|m|h|d)$",
+        description="opensearch: how long a deleted document's version is remembered (index.gc_deletes); a write "
+        "older than a delete and arriving later than this could bring the document back",
+    )
+    shards: int | None = Field(default=None, ge=1, description="opensearch: primary shards of new indices (default 1)")
+    replicas: int | None = Field(default=None, ge=0, description="opensearch: replicas of new indices (default: the cluster's)")
+    bulk_actions: int = Field(default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request")
+    timeout_s: float = Field(default=60.0, gt=0, description="opensearch: seconds a request may take")
 
     _tables = field_validator("tables")(_check_tables)
 
@@ -112,6 +131,13 @@ class SearchSink(_Strict):
     def _engine_options(self) -> SearchSink:
         if self.engine == "opensearch" and not self.hosts:
             raise ValueError("engine opensearch needs `hosts`")
+        selectors = [TableSelector.parse(t) for t in self.tables]
+        for table, columns in self.fields.items():
+            name = TableName.parse(table)  # raises ValueError with a readable message
+            if not any(s.matches(name) for s in selectors):
+                raise ValueError(f"fields: table {table} is not among this sink's `tables`")
+            if not all(columns):
+                raise ValueError(f"fields: {table}: empty column name")
         return self
 
 

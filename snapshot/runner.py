@@ -128,6 +128,8 @@ def run_snapshot(
             if not targets:
                 say("nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)")
                 result.skipped = True
+                if pipeline.log_config.kafka is not None:
+                    _publish(pipeline, log, result, progress, say)  # finish an earlier, interrupted publication
                 return result
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table

@@ -122,6 +122,10 @@ class ApplyJob:
             return
         wanted = [str(t) for t in sink_tables(sink_cfg, list(latest.tables))]
         purged = {str(t): s.purged_below for t, s in names.items()}
+        retention = getattr(log, "retention_ms", None)
+        if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
+            # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
+            purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
         plans = plan_ranges(ckpt, cut_tables, purged, wanted)
         batches = []
         for name, (after, upto, bootstrap) in plans.items():

@@ -131,7 +131,7 @@ def _parse_pg_array(delimiter: str, depth: int):
     def parse(text):  # no annotations: Spark would try to infer a pandas UDF from them
         if text is None:
             return None
-        items = parse_array(text, delimiter, str)
+        items = parse_array(text[text.index("=") + 1 :] if text[:1] == "[" else text, delimiter, str)  # '[0:1]={..}': bounds dropped
         if items and depth_of(items) != depth:
             return None
         return items

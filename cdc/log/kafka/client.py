@@ -9,7 +9,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
-from kafka.errors import KafkaError, NoBrokersAvailable, TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipelines.errors import LogError, UsageError
 
@@ -32,7 +32,7 @@ def admin(bootstrap: str | list[str]) -> KafkaAdminClient:
         return KafkaAdminClient(
             bootstrap_servers=servers(bootstrap), request_timeout_ms=TIMEOUT_MS, client_id="cdc-admin", bootstrap_timeout_ms=TIMEOUT_MS
         )
-    except (NoBrokersAvailable, KafkaError, OSError) as exc:
+    except (KafkaError, OSError) as exc:
         raise _unreachable(bootstrap, exc) from None
 
 
@@ -50,11 +50,11 @@ def producer(bootstrap: str | list[str]) -> KafkaProducer:
             request_timeout_ms=TIMEOUT_MS,
             linger_ms=20,
             batch_size=1 << 20,
-            buffer_memory=128 << 20,
             max_request_size=16 << 20,
+            max_block_ms=60_000,
             bootstrap_timeout_ms=TIMEOUT_MS,
         )
-    except (NoBrokersAvailable, KafkaError, OSError) as exc:
+    except (KafkaError, OSError) as exc:
         raise _unreachable(bootstrap, exc) from None
 
 
@@ -69,7 +69,7 @@ def consumer(bootstrap: str | list[str]) -> KafkaConsumer:
             consumer_timeout_ms=2000,
             bootstrap_timeout_ms=TIMEOUT_MS,
         )
-    except (NoBrokersAvailable, KafkaError, OSError) as exc:
+    except (KafkaError, OSError) as exc:
         raise _unreachable(bootstrap, exc) from None
 
 
@@ -102,17 +102,13 @@ def ensure_topics(client: KafkaAdminClient, wanted: Mapping[str, Mapping[str, st
 
 
 def _cleanup_policies(client: KafkaAdminClient, resources: list[ConfigResource]) -> dict[str, str]:
-    found: dict[str, str] = {}
+    """topic -> cleanup.policy; kafka-python 3 answers {"topic": {name: {key: {"value": ...}}}}."""
     result: Any = client.describe_configs(resources, config_filter="all")
-    for response in result if isinstance(result, list) else [result]:
-        for res in getattr(response, "resources", []):
-            name = res[3] if isinstance(res, tuple) else getattr(res, "resource_name", None)
-            entries = res[4] if isinstance(res, tuple) else getattr(res, "configs", [])
-            for entry in entries:
-                key = entry[0] if isinstance(entry, tuple) else getattr(entry, "name", None)
-                value = entry[1] if isinstance(entry, tuple) else getattr(entry, "value", None)
-                if key == "cleanup.policy" and name:
-                    found[name] = value or ""
+    found: dict[str, str] = {}
+    for name, configs in (result or {}).get("topic", {}).items():
+        entry = configs.get("cleanup.policy")
+        if entry is not None:
+            found[name] = entry.get("value") if isinstance(entry, dict) else str(entry)
     return found
 
 

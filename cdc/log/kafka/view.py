@@ -131,6 +131,13 @@ class KafkaLogView:
     def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
         return column_defaults([(since, schema) for _, since, schema in self._history(table)])
 
+    @property
+    def retention_ms(self) -> int:
+        """How long the table topics keep tombstones: a follower away longer may miss deletes."""
+        from cdc.log.kafka.topics import TABLE_TOPIC_CONFIG
+
+        return int({**TABLE_TOPIC_CONFIG, **self.cfg.topic_config}["delete.retention.ms"])
+
     def stream_position(self) -> tuple[int, int] | None:
         return None
 
