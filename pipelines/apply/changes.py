@@ -98,12 +98,25 @@ class TableBatch:
 
     @cached_property
     def _summary(self) -> dict:
-        """One pass for what the plan needs: last truncate position, any unchanged markers, row count."""
+        """One pass over the batch for everything the plan needs: the last truncate's position,
+        whether unchanged-TOAST markers occur, the row count, and per column the first key whose
+        value cannot be stored in the follower's type (checked on every event, so no value is
+        ever turned into a silent NULL)."""
+        names = [c.name for c in self.schema.columns]
+        texts = [F.col("vals")[i] for i in range(len(names))]
+        checks = [
+            F.first(F.when(failed & (F.col("op") != "t"), F.col("key")), ignorenulls=True).alias(f"f{i}")
+            for i, (_, _, failed) in enumerate(typed_columns(self.schema, texts, self.value_kind))
+        ]
         row = self.events.agg(
             F.max(F.when(F.col("op") == "t", F.struct("lsn", "seq"))).alias("truncate"),
             F.max(F.size("unch")).alias("unchanged"),
             F.count(F.lit(1)).alias("rows"),
+            *checks,
         ).first()
+        bad = [(name, row[f"f{i}"]) for i, name in enumerate(names) if row[f"f{i}"] is not None]
+        if bad:
+            self._cast_error(bad)
         return {
             "truncate": None if row["truncate"] is None else (row["truncate"]["lsn"], row["truncate"]["seq"]),
             "unchanged": (row["unchanged"] or 0) > 0,
@@ -143,14 +156,13 @@ class TableBatch:
                 resolved[i] = name
         return df, resolved
 
-    def _typed(self, df: DataFrame, resolved: dict[int, str], extra: list[str]) -> tuple[DataFrame, dict[str, str], list[str]]:
-        """Cast texts to the follower's types; keep, per column, the key where a cast lost a value."""
-        selects, checks = [], []
+    def _typed(self, df: DataFrame, resolved: dict[int, str], extra: list[str]) -> tuple[DataFrame, dict[str, str]]:
+        """Cast texts to the follower's types (the summary pass ruled out values that cannot be)."""
+        selects = []
         unchanged: dict[str, str] = {}
         texts = [F.col(resolved[i])["v"] if i in resolved else F.col("vals")[i] for i in range(len(self.schema.columns))]
-        for i, (name, typed, failed) in enumerate(typed_columns(self.schema, texts, self.value_kind)):
+        for i, (name, typed, _failed) in enumerate(typed_columns(self.schema, texts, self.value_kind)):
             selects.append(typed.alias(name))
-            checks.append(F.when(failed, F.col("key")).alias(f"__cdc_c_{i}"))
             if i in resolved:
                 flag = unchanged_flag(i)
                 selects.append(F.col(resolved[i]).isNull().alias(flag))
@@ -162,7 +174,7 @@ class TableBatch:
             F.timestamp_micros("ts").alias("_cdc_commit_ts"),
             *extra,
         ]
-        return df.select(*selects, *meta, *checks), unchanged, [c.name for c in self.schema.columns]
+        return df.select(*selects, *meta), unchanged
 
     def net(self) -> NetChanges:
         """One row per key: its state after the batch (deletes included, as op 'd')."""
@@ -194,25 +206,18 @@ class TableBatch:
             ]
             df = df.select("*", *extra)
             extra = ["_cdc_next_lsn", "_cdc_next_ts"]
-        typed, unchanged, names = self._typed(df, resolved, extra)
-        typed = typed.persist()
-        self._check_casts(typed, names)
-        keep = [c for c in typed.columns if not c.startswith("__cdc_c_")]
-        return NetChanges(typed.select(*keep), unchanged, typed)
+        self._summary  # noqa: B018 - every value is checked to fit before anything is written
+        typed, unchanged = self._typed(df, resolved, extra)
+        return NetChanges(typed, unchanged)
 
-    def _check_casts(self, typed: DataFrame, names: list[str]) -> None:
-        deletes = F.col("_cdc_op") == "d"  # a delete only needs its key
-        aggs = [F.first(F.when(~deletes, F.col(f"__cdc_c_{i}")), ignorenulls=True).alias(f"f{i}") for i in range(len(names))]
-        row = typed.agg(*aggs).first()
-        bad = [(name, row[f"f{i}"]) for i, name in enumerate(names) if row[f"f{i}"] is not None]
-        if bad:
-            column, key = bad[0]
-            shown = bytes(key).decode(errors="replace").replace("\t", ", ")
-            col = next(c for c in self.schema.columns if c.name == column)
-            raise SinkError(
-                f"{self.table}: a value of column {column!r} ({self.types[col.type_oid].name}) cannot be stored as "
-                f"{self.spark_schema[column].dataType.simpleString()} (first at key {shown}); "
-                f"{len(bad)} column(s) affected: {', '.join(n for n, _ in bad)}",
-                "values Spark has no type for (BC or infinite dates, NaN in numeric(p,s), arrays with more "
-                "dimensions than declared) cannot be followed into this sink; change the column or exclude the table",
-            )
+    def _cast_error(self, bad: list[tuple[str, object]]) -> None:
+        column, key = bad[0]
+        shown = bytes(key).decode(errors="replace").replace("\t", ", ")
+        col = next(c for c in self.schema.columns if c.name == column)
+        raise SinkError(
+            f"{self.table}: a value of column {column!r} ({self.types[col.type_oid].name}) cannot be stored as "
+            f"{self.spark_schema[column].dataType.simpleString()} (first at key {shown}); "
+            f"{len(bad)} column(s) affected: {', '.join(n for n, _ in bad)}",
+            "values Spark has no type for (BC or infinite dates, NaN in numeric(p,s), arrays with more "
+            "dimensions than declared) cannot be followed into this sink; change the column or exclude the table",
+        )
