@@ -1,0 +1,277 @@
+"""Apply benchmark: how fast does `cdc apply` move the log into Delta, and how fresh is Delta?
+
+Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--keys 100000]
+                                                          [--rate 2000] [--seconds 60] [--json out.json]
+
+1. Throughput. A 10-column table with `--keys` rows is snapshotted, then `--changes` updates
+   over those keys (1000-row transactions) are streamed into the local log. One
+   `cdc apply --once` then applies everything to a fresh Delta table (one batch: the
+   snapshot plus every change). Side by side, the ceiling: a plain Delta MERGE of the same
+   final rows (already netted, read from Parquet) into an equally fresh table — what Spark and
+   Delta cost without the log read, the net-change computation and the checks.
+2. Freshness. `cdc stream` runs continuously (as `cdc run` runs it) and the apply loop runs
+   with a 1 s trigger while a writer commits `--rate` changes/s for `--seconds`. Every
+   transaction stamps its rows with its number; after each applied batch the newest number
+   visible in Delta says which transactions became visible then. Freshness of a transaction =
+   visible time - commit time; p50/p99 are reported.
+
+It starts its own PostgreSQL (pipelines.devservices.postgres.LocalPostgres) and removes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import psycopg2  # noqa: E402
+import yaml  # noqa: E402
+
+from cdc.session import libpq_options  # noqa: E402
+from pipelines.devservices.postgres import LocalPostgres  # noqa: E402
+
+TABLE = """
+CREATE TABLE bench (
+    id bigint PRIMARY KEY, ver bigint NOT NULL, qty int, price numeric(12,2), ratio float8,
+    name text, code varchar(20), active bool, updated_at timestamptz, day date)
+"""
+SEED = """
+INSERT INTO bench SELECT g, 0, g %% 100, g * 1.5, g / 7.0, 'name ' || g, 'c' || (g %% 1000), g %% 2 = 0, now(), current_date
+FROM generate_series(1, %(keys)s) g
+"""
+UPDATE = """
+UPDATE bench SET ver = %(ver)s, qty = qty + 1, price = price + 0.01, updated_at = clock_timestamp()
+WHERE id IN (SELECT 1 + floor(random() * %(keys)s)::bigint FROM generate_series(1, %(n)s))
+"""
+
+
+def connect(dsn: str):
+    conn = psycopg2.connect(dsn, options=libpq_options())
+    conn.autocommit = True
+    return conn
+
+
+def cdc(*args: str, env: dict | None = None) -> float:
+    started = time.monotonic()
+    subprocess.run([str(REPO / ".venv/bin/cdc"), *args], check=True, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
+    return time.monotonic() - started
+
+
+def write_changes(dsn: str, keys: int, changes: int, per_txn: int = 1000) -> int:
+    """`changes` row updates over `keys` keys, `per_txn` per transaction; returns rows updated."""
+    conn = connect(dsn)
+    done, ver = 0, 0
+    with conn.cursor() as cur:
+        while done < changes:
+            ver += 1
+            cur.execute("BEGIN")
+            cur.execute(UPDATE, {"ver": ver, "keys": keys, "n": min(per_txn, changes - done)})
+            done += cur.rowcount
+            cur.execute("COMMIT")
+    conn.close()
+    return done
+
+
+def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
+    from pipelines.spark import spark_session
+
+    conn = connect(dsn)
+    with conn.cursor() as cur:
+        cur.execute(TABLE)
+        cur.execute(SEED, {"keys": keys})
+    conn.close()
+    pipe = work / "apply.yml"
+    pipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "benchapply",
+                "source": {"postgres": {"dsn": dsn, "tables": ["public.bench"]}},
+                "sinks": [{"name": "lake", "delta": {"path": "lake"}}],
+                "spark": {"master": "local[2]"},
+            }
+        )
+    )
+    cdc("snapshot", str(pipe), "--no-progress")
+    t0 = time.monotonic()
+    written = write_changes(dsn, keys, changes)
+    write_s = time.monotonic() - t0
+    stream_s = cdc("stream", str(pipe), "--until", "current")
+    print(f"  {written:,} changes written in {write_s:.1f}s, streamed into the log in {stream_s:.1f}s", flush=True)
+
+    from pipelines.apply.job import ApplyJob
+    from pipelines.config import load_pipeline
+
+    spark = spark_session(master="local[2]")
+    job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
+    t0 = time.monotonic()
+    runs = job.run_once()
+    apply_s = time.monotonic() - t0
+    assert not any(r.error for r in runs), [r.error for r in runs]
+
+    # The ceiling: MERGE of the same final rows (netted already) from Parquet into a fresh table.
+    from delta.tables import DeltaTable
+
+    final = spark.read.format("delta").load(str(work / "lake/public/bench"))
+    parquet = str(work / "net.parquet")
+    final.write.mode("overwrite").parquet(parquet)
+    target_path = str(work / "ceiling")
+    final.limit(0).write.format("delta").save(target_path)
+    source = spark.read.parquet(parquet)
+    t0 = time.monotonic()
+    (
+        DeltaTable.forPath(spark, target_path)
+        .alias("t")
+        .merge(source.alias("s"), "t.id = s.id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    ceiling_s = time.monotonic() - t0
+    total = written + keys
+    return {
+        "keys": keys,
+        "changes": written,
+        "events_applied": total,
+        "apply_once_s": round(apply_s, 2),
+        "apply_changes_per_s": round(total / apply_s),
+        "ceiling_merge_s": round(ceiling_s, 2),
+        "ceiling_rows_per_s_of_net": round(keys / ceiling_s),
+        "stream_s": round(stream_s, 2),
+    }
+
+
+def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int) -> dict:
+    from pipelines.apply.job import ApplyJob
+    from pipelines.config import load_pipeline
+    from pipelines.spark import spark_session
+
+    conn = connect(dsn)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE fresh (id bigint PRIMARY KEY, ver bigint NOT NULL, v text)")
+        cur.execute("INSERT INTO fresh SELECT g, 0, 'x' FROM generate_series(1, %s) g", (keys,))
+    conn.close()
+    pipe = work / "fresh.yml"
+    pipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "benchfresh",
+                "source": {"postgres": {"dsn": dsn, "tables": ["public.fresh"]}},
+                "sinks": [{"name": "lake", "delta": {"path": "fresh-lake"}}],
+                "spark": {"master": "local[2]", "trigger_interval_s": 1},
+                "stream": {"batch_max_seconds": 0.2},
+            }
+        )
+    )
+    cdc("snapshot", str(pipe), "--no-progress")
+    spark = spark_session(master="local[2]")
+    job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
+    job.run_once()  # bootstrap outside the measured window
+    stream = subprocess.Popen([str(REPO / ".venv/bin/cdc"), "stream", str(pipe)], stdout=subprocess.DEVNULL)
+    commits: dict[int, float] = {}
+    stop = threading.Event()
+
+    def writer() -> None:
+        c = connect(dsn)
+        per_txn = max(1, rate // 20)  # 20 transactions per second
+        ver = 0
+        with c.cursor() as cur:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                ver += 1
+                cur.execute(
+                    "UPDATE fresh SET ver = %s WHERE id IN (SELECT 1 + floor(random() * %s)::bigint FROM generate_series(1, %s))",
+                    (ver, keys, per_txn),
+                )
+                commits[ver] = time.time()
+                next_at += 1 / 20
+                time.sleep(max(0.0, next_at - time.monotonic()))
+        c.close()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    samples: list[float] = []
+    seen = 0
+    thread.start()
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            job.run_once()
+            visible_at = time.time()
+            newest = spark.read.format("delta").load(str(work / "fresh-lake/public/fresh")).agg({"ver": "max"}).first()[0] or 0
+            for ver in range(seen + 1, newest + 1):
+                if ver in commits:
+                    samples.append(visible_at - commits[ver])
+            seen = max(seen, newest)
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    finally:
+        stop.set()
+        thread.join()
+        stream.send_signal(signal.SIGTERM)
+        stream.wait(60)
+    samples.sort()
+    return {
+        "rate_changes_per_s": rate,
+        "seconds": seconds,
+        "transactions_measured": len(samples),
+        "freshness_p50_s": round(statistics.median(samples), 2) if samples else None,
+        "freshness_p99_s": round(samples[int(len(samples) * 0.99) - 1], 2) if samples else None,
+        "freshness_max_s": round(samples[-1], 2) if samples else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--changes", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--json")
+    ap.add_argument("--only", choices=["throughput", "freshness"])
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-"))
+    server = LocalPostgres(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
+    results: dict = {}
+    try:
+        server.start()
+        admin = connect(server.dsn())
+        with admin.cursor() as cur:
+            cur.execute("CREATE DATABASE bench")
+        admin.close()
+        dsn = server.dsn("bench")
+        if args.only in (None, "throughput"):
+            print(f"throughput: {args.changes:,} changes over {args.keys:,} keys, one `cdc apply --once`", flush=True)
+            results["throughput"] = throughput(work, dsn, args.keys, args.changes)
+            r = results["throughput"]
+            print(
+                f"apply: cdc apply --once {r['apply_changes_per_s']:,} events/s ({r['events_applied']:,} in {r['apply_once_s']}s) "
+                f"| ceiling: plain MERGE of the netted rows {r['ceiling_merge_s']}s",
+                flush=True,
+            )
+        if args.only in (None, "freshness"):
+            print(f"freshness: {args.rate:,} changes/s for {args.seconds}s, 1 s trigger", flush=True)
+            results["freshness"] = freshness(work, dsn, args.keys, args.rate, args.seconds)
+            f = results["freshness"]
+            print(f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(server.base_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
