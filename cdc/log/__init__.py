@@ -3,7 +3,7 @@
 `open_log` gives capture (snapshot, stream) its writer: the embedded log, which with
 `log: kafka` is the staging log a publisher turns into Kafka topics. `open_log_view` gives
 readers (apply, verify, status, log read) the log followers see: the embedded log, or the
-Kafka topics.
+Kafka topics (ours, or existing Debezium topics with `format: debezium`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cdc.log.kafka.debezium import DebeziumLogView
     from cdc.log.kafka.view import KafkaLogView
     from cdc.log.local import LocalLog
     from pipelines.config import Pipeline
@@ -24,8 +25,13 @@ def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:
     return LocalLog(pipeline.local_log_path, synchronous, readonly=readonly)
 
 
-def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView:
-    if pipeline.log_config.kafka is not None:
+def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView | DebeziumLogView:
+    kafka = pipeline.log_config.kafka
+    if kafka is not None and kafka.format == "debezium":
+        from cdc.log.kafka.debezium import DebeziumLogView
+
+        return DebeziumLogView(pipeline)
+    if kafka is not None:
         from cdc.log.kafka.view import KafkaLogView
 
         return KafkaLogView(pipeline)

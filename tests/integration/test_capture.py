@@ -1128,22 +1128,31 @@ def test_snapshot_of_added_table_while_streaming(pg_db: str, tmp_path: Path) -> 
 # Runs the real CLI, except that the copy of one table SIGKILLs the process after its first rows are
 # on disk and once the other tables' snapshots are finished: a crash in the middle of a copy, on cue.
 CRASH_DURING_COPY = r"""
-import os, signal, sqlite3, sys, threading, time
+import builtins, os, signal, sqlite3, sys, threading, time
 import snapshot.copier as copier
 from pipelines.cli import main
 
 log_db, victim = sys.argv.pop(1), sys.argv.pop(1)
 here = threading.local()
-copy, write = copier.CopyPool._copy, copier._CountingFile.write
+copy = copier.CopyPool._copy
 
 def copy_or_die(self, conn, job):
     here.victim = job.table.name == victim
     return copy(self, conn, job)
 
-def write_or_die(sink, data):
-    n = write(sink, data)
-    if getattr(here, "victim", False):
-        sink.f.flush()
+class DyingFile:
+    # The victim's segment file: dies after the first rows are on disk, once the others are live.
+    def __init__(self, f):
+        self.f = f
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+    def write(self, data):
+        n = self.f.write(data)
+        self.f.flush()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with sqlite3.connect(f"file:{log_db}?mode=ro", uri=True) as db:
@@ -1151,9 +1160,16 @@ def write_or_die(sink, data):
                     break
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
-    return n
+        return n
 
-copier.CopyPool._copy, copier._CountingFile.write = copy_or_die, write_or_die
+def open_or_die(path, mode="r", *args, **kwargs):
+    f = builtins.open(path, mode, *args, **kwargs)
+    if getattr(here, "victim", False) and str(path).endswith(".part"):
+        return DyingFile(f)
+    return f
+
+copier.CopyPool._copy = copy_or_die
+copier.open = open_or_die  # the module's `open` is looked up at call time
 sys.argv[0] = "cdc"
 main()
 """
