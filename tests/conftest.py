@@ -14,7 +14,7 @@ import pytest
 from pipelines.devservices.postgres import LocalPostgres
 
 # Session fixtures for the other real services live in tests/fixtures/<service>.py.
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.redis", "tests.fixtures.opensearch"]
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.redis", "tests.fixtures.opensearch", "tests.fixtures.debezium"]
 
 
 @pytest.fixture(scope="session")

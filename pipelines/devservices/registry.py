@@ -40,11 +40,38 @@ def _opensearch(base: Path) -> DevService:
     return LocalOpenSearch(base / "opensearch")
 
 
-FACTORIES = {"postgres": _postgres, "kafka": _kafka, "redis": _redis, "opensearch": _opensearch}
+def _debezium(base: Path) -> DevService:
+    """A Debezium connector on the dev PostgreSQL and Kafka of the same --dir (start those first).
+    Tables: $DEBEZIUM_TABLES (comma-separated, default public.*); topic prefix: $DEBEZIUM_TOPIC_PREFIX
+    (default dbz); slot and publication dbz_dev."""
+    import os
+
+    from pipelines.devservices.debezium import LocalDebezium
+    from pipelines.devservices.kafka import LocalKafka
+    from pipelines.devservices.postgres import LocalPostgres
+
+    pg = LocalPostgres(base / "postgres")
+    dsn = pg.dsn() if pg.password_file.exists() else ""
+    tables = [t.strip() for t in os.environ.get("DEBEZIUM_TABLES", "public.*").split(",") if t.strip()]
+    prefix = os.environ.get("DEBEZIUM_TOPIC_PREFIX", "dbz")
+    return LocalDebezium(
+        base / "debezium", LocalKafka(base / "kafka").bootstrap, dsn, prefix, tables, "dbz_dev", "dbz_dev"
+    )
+
+
+FACTORIES = {
+    "postgres": _postgres,
+    "kafka": _kafka,
+    "redis": _redis,
+    "opensearch": _opensearch,
+    "debezium": _debezium,
+}
+# Started only when named (`cdc dev up postgres kafka debezium`): it needs the others running.
+OPTIONAL = {"debezium"}
 
 
 def _chosen(services: Iterable[str]) -> list[str]:
-    names = list(services) or list(FACTORIES)
+    names = list(services) or [n for n in FACTORIES if n not in OPTIONAL]
     unknown = [n for n in names if n not in FACTORIES]
     if unknown:
         raise UsageError(f"unknown service(s): {', '.join(unknown)}", f"choose from: {', '.join(FACTORIES)}")
