@@ -29,13 +29,13 @@ each non-NULL value (NULL is JSON null and is not passed to a converter).
 | time | number, microseconds since midnight (io.debezium.time.MicroTime) | `10:15:30.5` -> `36930500000`, `24:00:00` -> `86400000000` |
 | timetz | string, the time in UTC with `Z` (io.debezium.time.ZonedTime) | `10:15:30.123+02` -> `"08:15:30.123Z"` |
 | timestamp | number, microseconds since 1970-01-01T00:00 (io.debezium.time.MicroTimestamp); infinities as for date | `2024-01-01 00:00:01.5` -> `1704067201500000` |
-| timestamptz | string, ISO-8601 instant in UTC with `Z` (io.debezium.time.ZonedTimestamp); `"infinity"` / `"-infinity"` | `2024-01-01 12:00:00.5+00` -> `"2024-01-01T12:00:00.500Z"` |
+| timestamptz(p) | string, ISO-8601 instant in UTC with `Z` and exactly p fraction digits, p = 6 when undeclared (io.debezium.time.ZonedTimestamp); `"infinity"` / `"-infinity"` | `2024-01-01 12:00:00.5+00` -> `"2024-01-01T12:00:00.500000Z"` |
 | interval | string `P{y}Y{m}M{d}DT{h}H{m}M{s}S`, every component present (io.debezium.time.Interval) | `P1DT-1.5S` -> `"P0Y0M1DT0H0M-1.5S"`, `PT0S` -> `"P0Y0M0DT0H0M0S"` |
 | arrays | (nested) list, elements converted by the element type's rule; NULL elements -> null | `{{1,2},{3,NULL}}` -> `[[1,2],[3,null]]` |
 | domains | as their base type | `numeric(10,2)` domain: `1.50` -> `"1.50"` |
 | composite, range, multirange, geometric, anything else | string, as printed | `[1,5)` -> `"[1,5)"` |
 
-Time fractions (timetz, timestamptz) follow Java's ISO formatting as Debezium prints them:
+timestamptz fractions have the column's precision, as Debezium 3 prints them. timetz fractions follow Java's ISO formatting:
 no fraction when it is zero, else 3 digits when the value fits in milliseconds, else 6.
 Years after 9999 print as `+10000-01-01T...`, years BC astronomically (1 BC = `0000`,
 44 BC = `-0043`). Date and time arithmetic is done here on integers (proleptic Gregorian
@@ -379,26 +379,39 @@ def _timestamp(text: str) -> int:
     return _timestamp_micros(text[:-3] if bc else text, bc)
 
 
-def _timestamptz(text: str) -> str:
-    n = len(text)
-    # Fast path: what TimeZone=UTC prints for years 1000..9999: 'YYYY-MM-DD HH:MM:SS[.ffffff]+00'.
-    if n >= 22 and text[n - 3 :] == "+00" and text[4] == "-" and text[10] == " ":
-        if n == 22:
-            return f"{text[0:10]}T{text[11:19]}Z"
-        if text[19] == ".":
-            frac = text[20 : n - 3].rstrip("0")
-            if not frac:
-                return f"{text[0:10]}T{text[11:19]}Z"
-            return f"{text[0:10]}T{text[11:19]}.{frac.ljust(3 if len(frac) <= 3 else 6, '0')}Z"
-    if text == "infinity" or text == "-infinity":
-        return text
-    bc = text.endswith(" BC")
-    if bc:
-        text = text[:-3]
-    date_text, _, time_text = text.partition(" ")
-    time_text, offset = _split_offset(time_text)
-    micros = _parse_date_part(date_text, bc) * _US_PER_DAY + _parse_time_part(time_text)
-    return _format_instant(micros - offset * _US_PER_SECOND)
+def _timestamptz_converter(precision: int) -> Converter:
+    """timestamptz -> ISO-8601 UTC instant with exactly `precision` fraction digits (none for 0):
+    Debezium's ZonedTimestamp prints the column's precision (6 when it has none declared)."""
+
+    def fraction(micros: int) -> str:
+        if precision == 0:
+            return ""
+        return "." + f"{micros:06d}"[:precision]
+
+    def convert(text: str) -> str:
+        n = len(text)
+        # Fast path: what TimeZone=UTC prints for years 1000..9999: 'YYYY-MM-DD HH:MM:SS[.ffffff]+00'.
+        if n >= 22 and text[n - 3 :] == "+00" and text[4] == "-" and text[10] == " " and (n == 22 or text[19] == "."):
+            micros = int(text[20 : n - 3].ljust(6, "0")) if n > 22 else 0
+            return f"{text[0:10]}T{text[11:19]}{fraction(micros)}Z"
+        if text == "infinity" or text == "-infinity":
+            return text
+        bc = text.endswith(" BC")
+        if bc:
+            text = text[:-3]
+        date_text, _, time_text = text.partition(" ")
+        time_text, offset = _split_offset(time_text)
+        epoch = _parse_date_part(date_text, bc) * _US_PER_DAY + _parse_time_part(time_text) - offset * _US_PER_SECOND
+        days, of_day = divmod(epoch, _US_PER_DAY)
+        year, month, day = civil_from_days(days)
+        seconds, micros = divmod(of_day, _US_PER_SECOND)
+        hh, rest = divmod(seconds, 3600)
+        return f"{_format_year(year)}-{month:02d}-{day:02d}T{hh:02d}:{rest // 60:02d}:{rest % 60:02d}{fraction(micros)}Z"
+
+    return convert
+
+
+_timestamptz = _timestamptz_converter(6)
 
 
 _INTERVAL_RE = re.compile(
@@ -583,6 +596,9 @@ def converter(t: PgType, typmod: int = -1) -> Converter:
         element_typmod = typmod if typmod != -1 else element.base_typmod
         return _array_converter(converter(element, element_typmod), t.delimiter)
     if t.kind == "base":
+        if t.name == "timestamptz":
+            own = typmod if typmod != -1 else t.base_typmod
+            return _timestamptz_converter(own if 0 <= own <= 6 else 6)
         return _BASE_CONVERTERS.get(t.name, str)
     return str  # enum, composite, range, multirange, pseudo, other: the text as is
 

@@ -99,7 +99,9 @@ class DeltaSink(_Strict):
     _tables = field_validator("tables")(_check_tables)
 
 
-SearchFieldType = Literal["text", "keyword", "long", "integer", "short", "double", "float", "boolean", "date", "binary", "stored"]
+SearchFieldType = Literal[
+    "text", "keyword", "long", "integer", "short", "double", "float", "boolean", "date", "binary", "stored"
+]
 
 
 class SearchSink(_Strict):
@@ -120,9 +122,15 @@ class SearchSink(_Strict):
         description="opensearch: how long a deleted document's version is remembered (index.gc_deletes); a write "
         "older than a delete and arriving later than this could bring the document back",
     )
-    shards: int | None = Field(default=None, ge=1, description="opensearch: primary shards of new indices (default 1)")
-    replicas: int | None = Field(default=None, ge=0, description="opensearch: replicas of new indices (default: the cluster's)")
-    bulk_actions: int = Field(default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request")
+    shards: int | None = Field(
+        default=None, ge=1, description="opensearch: primary shards of new indices (default 1)"
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, description="opensearch: replicas of new indices (default: the cluster's)"
+    )
+    bulk_actions: int = Field(
+        default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request"
+    )
     timeout_s: float = Field(default=60.0, gt=0, description="opensearch: seconds a request may take")
 
     _tables = field_validator("tables")(_check_tables)

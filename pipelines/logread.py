@@ -15,7 +15,13 @@ from pipelines.errors import UsageError
 
 
 def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool) -> Iterator[str]:
-    if pipeline.log_config.kafka is not None:
+    kafka = pipeline.log_config.kafka
+    if kafka is not None and kafka.format == "debezium":
+        raise UsageError(
+            "`cdc log read` prints logs written by cdc; this pipeline's log is a Debezium connector's topics",
+            "read them with any Kafka consumer (their records are the same envelope)",
+        )
+    if kafka is not None:
         yield from read_kafka_log(pipeline, table, limit, with_keys)
         return
     log = open_log(pipeline, readonly=True)

@@ -301,7 +301,7 @@ def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> 
     if log_lsn < point:
         slot = _slot(conn, pipeline.slot)
         if slot is not None and slot[2] is None:
-            count += unstreamed_changes(conn, pipeline.slot, pipeline.publication, point, position[0] if position else -1, set(tables))
+            count += unstreamed_changes(conn, pipeline.slot, pipeline.publication, point, position[0] if position else cut.lsn - 1, set(tables))
         elif slot is not None:
             count += 1  # a stream holds the slot and has not reached the point yet: cannot rule anything out
     return count

@@ -47,7 +47,11 @@ def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:
 
 
 def plan_ranges(
-    ckpt: Checkpoint, cut_tables: dict[str, TableRange], purged: dict[str, int], wanted: list[str]
+    ckpt: Checkpoint,
+    cut_tables: dict[str, TableRange],
+    purged: dict[str, int],
+    wanted: list[str],
+    remedy: str = "run `cdc snapshot --tables {table}` to give the table a new base; the follower then rebuilds it",
 ) -> dict[str, tuple[int, int, bool]]:
     """Per table: (after, upto, bootstrap) to read for this sink."""
     plans = {}
@@ -64,7 +68,7 @@ def plan_ranges(
             raise LogError(
                 f"the log no longer holds {name} from offset {after + 1} (deletes up to offset {purged[name]} were "
                 "compacted away), so this follower would miss them",
-                f"run `cdc snapshot --tables {name}` to give the table a new base; the follower then rebuilds it",
+                remedy.format(table=name, state_dir="<state_dir>"),
             )
         plans[name] = (after, max(after, rng.end), False)
     return plans
@@ -126,7 +130,7 @@ class ApplyJob:
         if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
             # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
-        plans = plan_ranges(ckpt, cut_tables, purged, wanted)
+        plans = plan_ranges(ckpt, cut_tables, purged, wanted, *([log.rebuild_hint] if hasattr(log, "rebuild_hint") else []))
         batches = []
         for name, (after, upto, bootstrap) in plans.items():
             if upto <= after and not bootstrap:

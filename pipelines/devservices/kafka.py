@@ -92,8 +92,8 @@ def kafka_jars_dir() -> Path:
 
 
 def new_cluster_id() -> str:
-    """What `kafka-storage random-uuid` prints: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """16 random bytes, URL-safe base64 without padding and without '-' (StorageTool reads a leading '-' as an option)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=").replace("-", "_")
 
 
 def _proc_cmdline(pid: int) -> str:

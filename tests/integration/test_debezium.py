@@ -295,8 +295,6 @@ DIFFERENCES = {
     "transaction": "Debezium fills the transaction block (provide.transaction.metadata); ours is null, positions in headers (documented)",
     "timestamp(0..3) in ms": "Debezium's adaptive mode writes timestamp(0..3) in milliseconds (io.debezium.time.Timestamp); "
     "ours always microseconds (documented in docs/types.md; the Debezium reader converts)",
-    "timestamptz fraction digits": "Debezium 3.7 prints timestamptz with the column's precision (6 digits: .000000Z, .500000Z); "
-    "ours drops a zero fraction and uses 3 digits for whole milliseconds (proposed fix: see the issue report)",
     "before of a delete: non-key columns": "REPLICA IDENTITY DEFAULT: pgoutput sends only the key; Debezium fills the other "
     "NOT NULL columns with placeholders (0, '', the column default), ours with null (kept: those values are unknown)",
 }
@@ -332,7 +330,7 @@ def _compare_events(ours, theirs, table: str, diffs: dict[str, str]) -> None:
                 and mx.group(1) == my.group(1)
                 and Decimal("0" + (mx.group(2) or ".0")) == Decimal("0" + (my.group(2) or ".0"))
             ):
-                note("timestamptz fraction digits", x, y)
+                note("timestamptz fraction digits", x, y)  # fixed: would now be unexpected
             elif isinstance(x, int) and isinstance(y, int) and x == y * 1000:
                 note("timestamp(0..3) in ms", f"{column}={x}", y)
             else:

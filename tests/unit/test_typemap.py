@@ -153,22 +153,22 @@ SCALAR_CASES = [
     ("timestamp", "infinity", INT64_MAX),
     ("timestamp", "-infinity", INT64_MIN),
     # timestamptz: ISO-8601 UTC with Z
-    ("timestamptz", "2024-01-01 12:00:00+00", "2024-01-01T12:00:00Z"),
-    ("timestamptz", "2024-01-01 12:00:00.5+00", "2024-01-01T12:00:00.500Z"),
-    ("timestamptz", "2024-01-01 12:00:00.123+00", "2024-01-01T12:00:00.123Z"),
+    ("timestamptz", "2024-01-01 12:00:00+00", "2024-01-01T12:00:00.000000Z"),
+    ("timestamptz", "2024-01-01 12:00:00.5+00", "2024-01-01T12:00:00.500000Z"),
+    ("timestamptz", "2024-01-01 12:00:00.123+00", "2024-01-01T12:00:00.123000Z"),
     ("timestamptz", "2024-01-01 12:00:00.1234+00", "2024-01-01T12:00:00.123400Z"),
     ("timestamptz", "2024-01-01 12:00:00.000001+00", "2024-01-01T12:00:00.000001Z"),
-    ("timestamptz", "2024-01-01 12:00:00.100000+00", "2024-01-01T12:00:00.100Z"),
-    ("timestamptz", "2024-01-01 01:00:00+05:30", "2023-12-31T19:30:00Z"),
-    ("timestamptz", "2023-12-31 22:00:00-03", "2024-01-01T01:00:00Z"),
-    ("timestamptz", "1800-01-01 00:00:00+00:19:32", "1799-12-31T23:40:28Z"),
-    ("timestamptz", "2024-02-29 00:00:00.25+01", "2024-02-28T23:00:00.250Z"),
-    ("timestamptz", "0999-12-31 23:59:59+00", "0999-12-31T23:59:59Z"),
-    ("timestamptz", "0001-01-01 00:00:00+00", "0001-01-01T00:00:00Z"),
-    ("timestamptz", "0001-01-01 00:00:00+00 BC", "0000-01-01T00:00:00Z"),
-    ("timestamptz", "0044-03-15 10:00:00.5+00 BC", "-0043-03-15T10:00:00.500Z"),
-    ("timestamptz", "4713-01-01 00:00:00+00 BC", "-4712-01-01T00:00:00Z"),
-    ("timestamptz", "10000-01-01 00:00:00+00", "+10000-01-01T00:00:00Z"),
+    ("timestamptz", "2024-01-01 12:00:00.100000+00", "2024-01-01T12:00:00.100000Z"),
+    ("timestamptz", "2024-01-01 01:00:00+05:30", "2023-12-31T19:30:00.000000Z"),
+    ("timestamptz", "2023-12-31 22:00:00-03", "2024-01-01T01:00:00.000000Z"),
+    ("timestamptz", "1800-01-01 00:00:00+00:19:32", "1799-12-31T23:40:28.000000Z"),
+    ("timestamptz", "2024-02-29 00:00:00.25+01", "2024-02-28T23:00:00.250000Z"),
+    ("timestamptz", "0999-12-31 23:59:59+00", "0999-12-31T23:59:59.000000Z"),
+    ("timestamptz", "0001-01-01 00:00:00+00", "0001-01-01T00:00:00.000000Z"),
+    ("timestamptz", "0001-01-01 00:00:00+00 BC", "0000-01-01T00:00:00.000000Z"),
+    ("timestamptz", "0044-03-15 10:00:00.5+00 BC", "-0043-03-15T10:00:00.500000Z"),
+    ("timestamptz", "4713-01-01 00:00:00+00 BC", "-4712-01-01T00:00:00.000000Z"),
+    ("timestamptz", "10000-01-01 00:00:00+00", "+10000-01-01T00:00:00.000000Z"),
     ("timestamptz", "294276-12-31 23:59:59.999999+00", "+294276-12-31T23:59:59.999999Z"),
     ("timestamptz", "infinity", "infinity"),
     ("timestamptz", "-infinity", "-infinity"),
@@ -247,7 +247,7 @@ def test_domain_converts_as_base_type() -> None:
     money_domain = PgType(1, "numeric", "base", base_typmod=(10 << 16 | 2) + 4, domain_name="price")
     assert to_json_value(money_domain, "1.50") == "1.50"
     ts_domain = PgType(2, "timestamptz", "base", domain_name="created_at")
-    assert to_json_value(ts_domain, "2024-01-01 00:00:00+00") == "2024-01-01T00:00:00Z"
+    assert to_json_value(ts_domain, "2024-01-01 00:00:00+00") == "2024-01-01T00:00:00.000000Z"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,12 +292,7 @@ def test_date_and_timestamp_agree_with_datetime() -> None:
         text = value.isoformat(sep=" ")
         assert date_conv(text[:10]) == (value.date() - EPOCH.date()).days
         assert ts_conv(text) == micros_since_epoch(value)
-        expected = value.strftime("%Y-%m-%dT%H:%M:%S").rjust(19, "0")
-        micros = value.microsecond
-        if micros % 1000 == 0:
-            expected += f".{micros // 1000:03d}" if micros else ""
-        else:
-            expected += f".{micros:06d}"
+        expected = value.strftime("%Y-%m-%dT%H:%M:%S").rjust(19, "0") + f".{value.microsecond:06d}"
         assert tstz_conv(text + "+00") == expected + "Z"
 
 
@@ -312,9 +307,7 @@ def test_timestamptz_offsets_agree_with_datetime() -> None:
         m, s = divmod(rest, 60)
         suffix = f"{sign}{h:02d}" + (f":{m:02d}" if m or s else "") + (f":{s:02d}" if s else "")
         utc = local - dt.timedelta(seconds=offset)
-        assert conv(f"{local.isoformat(sep=' ')}{suffix}") == utc.strftime("%Y-%m-%dT%H:%M:%SZ").rjust(
-            20, "0"
-        )
+        assert conv(f"{local.isoformat(sep=' ')}{suffix}") == utc.strftime("%Y-%m-%dT%H:%M:%S.000000Z").rjust(27, "0")
 
 
 @pytest.mark.parametrize(
@@ -360,7 +353,7 @@ ARRAY_CASES = [
     (
         "timestamptz",
         '{"2024-01-01 12:00:00.5+00","0044-03-15 10:00:00+00 BC",infinity}',
-        ["2024-01-01T12:00:00.500Z", "-0043-03-15T10:00:00Z", "infinity"],
+        ["2024-01-01T12:00:00.500000Z", "-0043-03-15T10:00:00.000000Z", "infinity"],
     ),
     ("bytea", '{"\\\\x0a0b","\\\\x",NULL}', ["Cgs=", "", None]),
     (
@@ -468,3 +461,12 @@ def test_common_converters_are_cheap() -> None:
     assert converter(base("text")) is str
     assert converter(base("numeric")) is str
     assert converter(PgType(1, "mood", "enum")) is str
+
+
+def test_timestamptz_prints_the_column_precision() -> None:
+    """Debezium 3 prints timestamptz(p) with p fraction digits (6 when undeclared)."""
+    t = base("timestamptz")
+    assert converter(t, 3)("2024-01-01 12:00:00.5+00") == "2024-01-01T12:00:00.500Z"
+    assert converter(t, 0)("2024-01-01 12:00:00+00") == "2024-01-01T12:00:00Z"
+    assert converter(t, -1)("2024-01-01 12:00:00+00") == "2024-01-01T12:00:00.000000Z"
+    assert converter(t, 2)("2024-01-01 01:00:00.25+05:30") == "2023-12-31T19:30:00.25Z"

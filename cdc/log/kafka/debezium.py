@@ -178,6 +178,12 @@ class ScanState:
 
 class DebeziumLogView:
     value_kind = "envelope"
+    # A follower past the topics' retention cannot be repaired by `cdc snapshot` (Debezium owns
+    # the slot): rebuild it from the topics, which hold the compacted state.
+    rebuild_hint = (
+        "delete this follower's data for {table} and its checkpoint ({state_dir}/checkpoints/<sink>.json), "
+        "or have the Debezium connector take a new snapshot; the next apply rebuilds the table from the topics"
+    )
 
     def __init__(self, pipeline):
         cfg = pipeline.log_config.kafka

@@ -117,7 +117,8 @@ class Publisher:
         if cut is None or cut.id == state.cut_id:
             return 0
         self._ensure({cuts_topic(self.prefix): META_TOPIC_CONFIG, schemas_topic(self.prefix): META_TOPIC_CONFIG})
-        renderer = EnvelopeRenderer(self.staging.meta("source_database") or "", self.pipeline.name)
+        # source.name is the topic prefix, as Debezium's logical server name is.
+        renderer = EnvelopeRenderer(self.staging.meta("source_database") or "", self.prefix)
         produced = 0
         for table, rng in sorted(cut.tables.items()):
             name = str(table)
@@ -176,6 +177,8 @@ class Publisher:
         self.producer.flush()
         if progress is not None:
             progress(n % 10000)
+        if first is None:  # nothing in the range (an empty table's snapshot)
+            return None, None, 0
         return first.get(timeout=60).offset, last.get(timeout=60).offset, n
 
     def _write_cut(self, cut, state: PublishedState) -> None:
