@@ -1,0 +1,305 @@
+"""Redis cache follower (DESIGN.md §7): one Redis string per row, guarded by position.
+
+Pipeline file: `redis: {url, tables, key?, ttl?}`.
+
+Layout
+  * Key: the `key` template (default `{schema}.{table}:{pk}`), see sinks/cache/keys.py for how
+    key values are printed (Spark's string cast, bytea as base64, `\\` and `:` escaped,
+    composite keys joined by `:`).
+  * Value: the row as JSON, made in Spark on the executors (`to_json`): first `_cdc_lsn`,
+    `_cdc_seq` (the position: commit LSN, index in the transaction), `_cdc_op`,
+    `_cdc_commit_ts`, then the source columns under their names, typed as in Delta (README
+    "Type mapping"): numbers, booleans, strings, arrays as JSON; bytea as base64; timestamptz
+    as `2024-01-31T10:00:00.123456Z`; timestamp as `2024-01-31T10:00:00.123456`; date as
+    `2024-01-31`; NaN/±Infinity as the strings "NaN", "Infinity", "-Infinity". NULL is written
+    as null. Example: `{"_cdc_lsn":23456789,"_cdc_seq":3,"_cdc_op":"u",
+    "_cdc_commit_ts":"2024-01-31T10:00:00.123456Z","id":42,"name":"Ada"}`.
+
+Writes (sinks/cache/writer.py, scripts.py)
+  * Executors write their partition of the net changes in pipelined EVALSHA calls (200 rows
+    per call, 10 calls per round trip). The Lua script is a compare-and-set on the position:
+    a write whose position is older than or equal to the stored one is ignored, so replays,
+    retried Spark tasks and late batches never regress a key. The stored position is read
+    with GETRANGE of the value's first 64 bytes.
+  * Delete: the key is removed and a tombstone `__cdc:d:<key>` = `<lsn>:<seq>` is kept for
+    TOMBSTONE_TTL_S (7 days), so an older upsert replayed within that time cannot resurrect
+    the row. An upsert that passes removes the tombstone.
+  * Truncate (and a table starting over from a new snapshot, at (snapshot_lsn, 0)): the table's
+    marker `__cdc:t:<table pattern>` = `<lsn>:<seq>` is raised first (kept forever, one key per
+    table); every later upsert or delete older than it is ignored. Then the driver SCANs the
+    table's keys (MATCH on the template with {pk} = *, 1000 per step; the key set is not change
+    data) and a script deletes the rows older than the marker. Rows written before the marker
+    and not purged yet (a crash in between) count as absent for every write.
+  * Unchanged TOAST values (the `__cdc_u_<i>` flags): the script takes those members' raw JSON
+    from the stored value (compared by name, nothing re-encoded). With nothing valid stored to
+    keep, the row is left out of the cache (a cache miss, never a row with a wrong NULL).
+  * Columns added with a constant DEFAULT (PostgreSQL fills them without WAL): cached rows
+    written before the column existed get the member, as Delta backfills them; which columns
+    were filled is remembered in `__cdc:s:<table pattern>`.
+  * `ttl`: upserts are written with EX ttl; tombstones keep their own TTL. An expired row is a
+    cache miss until its next change; it also forgets its position, so a replay of an older
+    cut after the expiry could write that older version back (until the next change or ttl).
+    `cdc verify` compares every row, so use it only on followers without `ttl`.
+
+Exactly once
+  The compare-and-set makes re-applying a cut idempotent: a cut applied again (after a crash
+  between the writes and the checkpoint, or after Redis died mid-apply) writes only what
+  did not land before. No per-cut txnVersion is stored. The checkpoint advances only after
+  every partition's writes were acknowledged. Durability is Redis's: with AOF and
+  `appendfsync everysec` a Redis crash can lose the last second of acknowledged writes, which
+  a follower whose checkpoint already moved past them does not redo; use `appendfsync always`
+  when that matters.
+
+Errors
+  Redis unreachable or failing (also mid-apply, in executors) is a SinkError naming the URL
+  (password masked) and the fix; Spark's wrapped executor errors are unwrapped to that one
+  line. The follower's checkpoint stays where it was (its cut is pending) and the next
+  `cdc apply` re-applies that cut.
+
+Reading back (`current`, for `cdc verify`): the driver SCANs the table's keys, MGETs them and
+parses the values with the table's Spark schema (`from_json`); our `__cdc:` keys never count.
+
+Limits: a standalone Redis (not Redis Cluster: a script touches the row, its tombstone and the
+table's marker, which a cluster would put in different slots). Moving to a new source whose
+LSNs are lower than the cached positions needs the cache (and its `__cdc:*` keys) flushed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc.log import open_log_view
+from cdc.log.base import TableSchema
+from cdc.schema import schema_types
+from cdc.tables import TableName
+from pipelines.apply.changes import META_COLUMNS, NetChanges, TableBatch
+from pipelines.apply.sparktypes import spark_type
+from pipelines.errors import CdcError, SinkError
+from pipelines.secrets import redact
+from sinks.base import ApplyStats, Sink
+from sinks.cache import scripts
+from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, q
+from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
+
+TOMBSTONE_TTL_S = 7 * 24 * 3600
+SCAN_COUNT = 1000
+JSON_OPTIONS = {
+    "ignoreNullFields": "false",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+    "dateFormat": "yyyy-MM-dd",
+}
+
+
+def value_column(names: list[str]) -> Any:
+    """The row's JSON: position first (the scripts read it from the head), then the source columns."""
+    return F.to_json(F.struct(*(F.col(m) for m in META_COLUMNS), *(F.col(q(n)) for n in names)), JSON_OPTIONS)
+
+
+def spark_schema(schema: TableSchema) -> T.StructType:
+    types = schema_types(schema)
+    return T.StructType(
+        [T.StructField(c.name, spark_type(types[c.type_oid], c), True) for c in schema.columns]
+    )
+
+
+class RedisSink(Sink):
+    kind = "redis"
+
+    def __init__(self, config, pipeline, spark):
+        super().__init__(config, pipeline, spark)
+        self.url: str = self.settings.url
+        self.ttl: int = self.settings.ttl or 0
+        self.template = KeyTemplate(self.settings.key, self.name)
+        self._conn: Any = None
+
+    def describe(self) -> str:
+        return f"{self.name} (redis {redact(self.url)})"
+
+    # ---- connection and errors -------------------------------------------------------------------
+    def _error(self, detail: str, doing: str) -> SinkError:
+        resume = "this follower keeps its checkpoint and the next `cdc apply` resumes it from there"
+        if detail.startswith(("ConnectionError", "TimeoutError", "AuthenticationError")):
+            fix = f"check that Redis is running and reachable at that URL (or correct `url` of the sink); {resume}"
+        else:  # Redis answered with an error: out of memory, a key of another type, ACL...
+            fix = f"correct what Redis reports (maxmemory, a foreign key under the table's key pattern, ACL rights); {resume}"
+        return SinkError(redact(f"sink {self.name}: {doing} Redis at {self.url} failed: {detail}"), fix)
+
+    def _client(self) -> Any:
+        if self._conn is None:
+            from redis.exceptions import RedisError
+
+            client = connect(self.url)
+            try:
+                client.ping()
+            except RedisError as exc:
+                client.close()
+                raise self._error(describe(exc), "connecting to") from None
+            self._conn = client
+        return self._conn
+
+    def _redis(self, doing: str, fn, *args, **kwargs):
+        """Run a driver-side Redis call, turning its failures into a SinkError."""
+        from redis.exceptions import RedisError
+
+        try:
+            return fn(*args, **kwargs)
+        except RedisError as exc:
+            raise self._error(describe(exc), doing) from None
+
+    def _spark(self, doing: str, action):
+        """Run a Spark action that writes to Redis in executors; unwrap their failures."""
+        try:
+            return action()
+        except CdcError:
+            raise
+        except Exception as exc:
+            # PythonException / Py4JJavaError / SparkException wrapping the executor's error
+            text = str(exc)
+            found = tagged_message(text)
+            if found is None:
+                lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+                found = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            raise self._error(found, doing) from None
+
+    def _scan(self, client: Any, keys: TableKeys):
+        """The table's row keys, SCAN_COUNT at a time (our own `__cdc:` keys left out)."""
+        from redis.exceptions import RedisError
+
+        internal = INTERNAL.encode()
+        cursor = 0
+        while True:
+            try:
+                cursor, found = client.scan(cursor, match=keys.pattern, count=SCAN_COUNT)
+            except RedisError as exc:
+                raise self._error(describe(exc), "scanning") from None
+            batch = [k for k in found if not k.startswith(internal)]
+            if batch:
+                yield batch
+            if cursor == 0:
+                return
+
+    # ---- Sink ------------------------------------------------------------------------------------
+    def prepare(self, batches: list[TableBatch]) -> None:
+        self._keys = {k.table: k for k in self.template.check_distinct([b.table for b in batches])}
+        client = self._client()
+        for batch in batches:
+            self._backfill_defaults(client, batch)
+
+    def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
+        names = [c.name for c in batch.schema.columns]
+        wanted = [n for n in batch.defaults if n in names]
+        if not wanted:
+            return
+        keys = self._keys[batch.table]
+        done = {m.decode() for m in self._redis("reading", client.smembers, keys.defaults_key)}
+        todo = [n for n in wanted if n not in done]
+        if not todo:
+            return
+        script = client.register_script(scripts.BACKFILL)
+        one = self.spark.range(1)
+        for name in todo:
+            typed = batch.default_value(name).cast(batch.spark_schema[name].dataType)
+            member = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).first()[0][1:-1]
+            quoted = one.select(F.to_json(F.struct(F.lit(0).alias(name)))).first()[0][1 : -len(":0}")]
+            for chunk in self._scan(client, keys):
+                self._redis("writing to", script, keys=chunk, args=[member, quoted])
+            self._redis("writing to", client.sadd, keys.defaults_key, name)
+
+    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+        stats = ApplyStats(str(batch.table))
+        keys = self._keys.get(batch.table) or self.template.for_table(batch.table)
+        client = self._client()
+        cut = None
+        if batch.bootstrap and batch.snapshot_lsn is not None:
+            cut = (batch.snapshot_lsn, 0)  # the table starts over from a new snapshot
+        if batch.truncate_position is not None:
+            cut = max(cut or batch.truncate_position, batch.truncate_position)
+        if cut is not None:
+            stats.deleted += self._truncate(client, keys, cut)
+        counts = self._write(batch, changes, keys)
+        stats.inserted += counts["inserted"]
+        stats.updated += counts["updated"]
+        stats.deleted += counts["deleted"]
+        return stats
+
+    def _truncate(self, client: Any, keys: TableKeys, position: tuple[int, int]) -> int:
+        """Raise the table's marker to `position`, then delete the cached rows older than it."""
+        mark = client.register_script(scripts.MARK)
+        purge = client.register_script(scripts.PURGE)
+        self._redis("writing to", mark, keys=[keys.truncate_key], args=list(position))
+        gone = 0
+        for chunk in self._scan(client, keys):
+            gone += int(self._redis("writing to", purge, keys=[keys.truncate_key, *chunk]))
+        return gone
+
+    def _write(self, batch: TableBatch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
+        names = [f.name for f in batch.spark_schema.fields]
+        key = keys.key_column(batch.spark_schema, batch.key_columns)
+        flags = [
+            F.when(F.col(q(flag)), F.lit(str(len(META_COLUMNS) + 1 + names.index(col))))
+            for col, flag in changes.unchanged.items()
+            if col in names
+        ]
+        rows = changes.df.select(
+            key.alias("k"),
+            F.concat(F.lit(TOMBSTONE), key).alias("t"),
+            F.col("_cdc_op").alias("op"),
+            F.col("_cdc_lsn").alias("lsn"),
+            F.col("_cdc_seq").alias("seq"),
+            F.when(F.col("_cdc_op") != "d", value_column(names)).alias("v"),
+            (F.concat_ws(",", *flags) if flags else F.lit("")).alias("u"),
+        )
+        script = scripts.UPSERT
+        sha = self._redis("writing to", self._client().script_load, script)
+        writer = functools.partial(
+            write_partition,
+            url=self.url,
+            script=script,
+            sha=sha,
+            truncate_key=keys.truncate_key,
+            ttl=self.ttl,
+            tomb_ttl=TOMBSTONE_TTL_S,
+        )
+        names_out = ("inserted", "updated", "deleted", "ignored")
+        totals = self._spark(
+            "writing to", lambda: rows.rdd.mapPartitions(writer).fold((0, 0, 0, 0), add_counts)
+        )
+        return dict(zip(names_out, (int(n) for n in totals), strict=True))
+
+    # ---- reads -----------------------------------------------------------------------------------
+    def _schema_of(self, table: TableName) -> T.StructType:
+        log = open_log_view(self.pipeline)
+        try:
+            return spark_schema(log.schema(table))
+        finally:
+            log.close()
+
+    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+        schema = batch_schema.spark_schema if batch_schema is not None else self._schema_of(table)
+        client = self._client()
+        keys = self.template.for_table(table)
+        values: list[tuple[str]] = []
+        seen: set[bytes] = set()  # SCAN may return a key more than once
+        for found in self._scan(client, keys):
+            chunk = [k for k in found if k not in seen]
+            seen.update(chunk)
+            if not chunk:
+                continue
+            for value in self._redis("reading from", client.mget, chunk):
+                if value is not None:  # MGET answers nil for keys gone meanwhile and for non-strings
+                    values.append((value.decode("utf-8", errors="replace"),))
+        if not values:
+            return None
+        raw = self.spark.createDataFrame(values, "v string")
+        return raw.select(F.from_json("v", schema, JSON_OPTIONS).alias("r")).select("r.*")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

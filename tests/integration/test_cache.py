@@ -1,0 +1,483 @@
+"""The Redis cache follower (sinks/cache) against a real PostgreSQL, Spark and redis-server.
+
+* the compare-and-set scripts on their own: position guard (exact for 20-digit LSNs),
+  tombstones, truncate marker, raw merge of unchanged-TOAST members;
+* inserts, updates (incl. an unchanged TOAST value and a column added with a DEFAULT),
+  deletes and truncates reach Redis; values are the row as JSON with the position first;
+  `cdc verify` says identical;
+* a replayed cut changes nothing; a late batch with older positions changes nothing (deleted
+  rows are not resurrected, newer values not regressed);
+* Redis killed mid-apply, restarted: the next run re-applies the pending cut and the cache
+  equals the source;
+* Redis unreachable: a clear SinkError naming the URL (password masked), checkpoint kept;
+  with a Delta sink next to it only the cache fails, and it catches up after Redis is back.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from cdc.tables import TableName
+from pipelines.checkpoints import checkpoint_dir, load_checkpoint
+from pipelines.config import load_pipeline
+from pipelines.devservices.base import free_port
+from pipelines.devservices.redis import LocalRedis
+from pipelines.errors import SinkError
+from sinks.cache.keys import KeyTemplate
+from tests.harness import apply_once, cdc, sql, verify, write_pipeline
+from tests.harness import stream_until_current as _stream
+from tests.integration.test_capture import flush_wal
+
+pytestmark = pytest.mark.integration
+
+BIG = "(SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, 300) g)"  # ~9.6 kB, stored out of line
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A redis-server of this test's own (it gets killed / stopped)."""
+    server = LocalRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_db(redis_server: LocalRedis) -> Iterator[str]:
+    """The session redis with an empty database 3 (one test at a time uses it)."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    yield url
+
+
+def snapshot(file: Path) -> None:
+    from snapshot.runner import run_snapshot
+
+    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+
+
+def stream(file: Path, dsn: str) -> None:
+    flush_wal(dsn)
+    _stream(file)
+
+
+def dump(url: str) -> dict[bytes, tuple[bytes | None, bool]]:
+    """Every key with its value (strings) and whether it has a TTL."""
+    client = redis.Redis.from_url(url)
+    try:
+        out = {}
+        for key in client.scan_iter(count=1000):
+            value = client.get(key) if client.type(key) == b"string" else None
+            out[key] = (value, client.ttl(key) > 0)
+        return out
+    finally:
+        client.close()
+
+
+def rows_of(url: str, prefix: str) -> dict[str, dict]:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return {k: json.loads(client.get(k)) for k in client.scan_iter(match=prefix + "*", count=1000)}
+    finally:
+        client.close()
+
+
+def assert_verified(file: Path, spark, sink: str) -> None:
+    code, report = verify(file, spark, sink)
+    assert code == 0, report
+
+
+def stats_of(runs: list, sink: str) -> dict[str, tuple[int, int, int]]:
+    run = next(r for r in runs if r.sink == sink)
+    return {s.table: (s.inserted, s.updated, s.deleted) for s in run.tables}
+
+
+def make_tables(dsn: str) -> None:
+    sql(
+        dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, n int, price numeric(10,2), at timestamptz, day date, raw bytea,"
+        " tags int[], doc jsonb, big text, note text)",
+        f"INSERT INTO t SELECT g, g, g * 1.25, '2024-01-31 10:00:00.123456+00'::timestamptz + g * interval '1 hour',"
+        f" date '2024-01-01' + g, decode(md5(g::text), 'hex'), ARRAY[g, NULL, g + 1], jsonb_build_object('g', g),"
+        f" CASE WHEN g <= 3 THEN {BIG} END, 'a:b\\c' || g FROM generate_series(1, 50) g",
+        "CREATE TABLE pair (a text, b int, v text, PRIMARY KEY (a, b))",
+        "INSERT INTO pair VALUES ('x:y', 1, 'one'), ('x', 1, 'two'), ('k', 2, 'three')",
+    )
+
+
+# ---- 0. the compare-and-set scripts themselves ---------------------------------------------------
+def test_scripts_guard_positions(fresh_db: str) -> None:
+    """The Lua scripts on a real Redis, without Spark: position guard, tombstones, truncate marker,
+    raw merge of unchanged-TOAST members (numbers and empty arrays kept byte for byte)."""
+    from sinks.cache import scripts
+    from sinks.cache.writer import write_partition
+
+    client = redis.Redis.from_url(fresh_db, decode_responses=True)
+    sha = client.script_load(scripts.UPSERT)
+    marker = "__cdc:t:t:*"
+
+    def write(*rows: tuple[str, str, int, int, str, str]) -> tuple[int, ...]:
+        feed = iter([(k, "__cdc:d:" + k, op, lsn, seq, v, u) for k, op, lsn, seq, v, u in rows])
+        (counts,) = write_partition(
+            feed, url=fresh_db, script=scripts.UPSERT, sha=sha, truncate_key=marker, ttl=0, tomb_ttl=600
+        )
+        return counts
+
+    def doc(lsn: int, seq: int, rest: str) -> str:
+        return f'{{"_cdc_lsn":{lsn},"_cdc_seq":{seq},"_cdc_op":"u",{rest}}}'
+
+    v1 = doc(100, 1, '"id":1,"big":"x\\"y[}{,","n":12345678901234567890,"a":[[1,2],[]],"z":null')
+    assert write(("t:1", "c", 100, 1, v1, "")) == (1, 0, 0, 0)
+    assert client.get("t:1") == v1
+    v2 = doc(200, 0, '"id":1,"big":null,"n":null,"a":null,"z":5')
+    assert write(("t:1", "u", 200, 0, v2, "5,6,7")) == (0, 1, 0, 0)  # members 5-7 unchanged: kept raw
+    assert client.get("t:1") == doc(
+        200, 0, '"id":1,"big":"x\\"y[}{,","n":12345678901234567890,"a":[[1,2],[]],"z":5'
+    )
+    kept = client.get("t:1")
+    assert write(("t:1", "u", 200, 0, v1, ""), ("t:1", "u", 199, 9, v1, "")) == (0, 0, 0, 2)  # equal, older
+    assert client.get("t:1") == kept
+    # 20-digit LSNs compare exactly (Lua numbers would not)
+    big = 18446744073709551000
+    assert write(("t:1", "u", big, 1, doc(big, 1, '"id":1'), "")) == (0, 1, 0, 0)
+    assert write(("t:1", "u", big - 1, 5, doc(big - 1, 5, '"id":1'), "")) == (0, 0, 0, 1)
+    # delete: key gone, tombstone holds the position; older upserts cannot resurrect it
+    assert write(("t:1", "d", big, 2, "", "")) == (0, 0, 1, 0)
+    assert (
+        client.get("t:1") is None
+        and client.get("__cdc:d:t:1") == f"{big}:2"
+        and client.ttl("__cdc:d:t:1") > 0
+    )
+    assert write(("t:1", "c", big, 1, doc(big, 1, '"id":1'), "")) == (0, 0, 0, 1)
+    assert write(("t:1", "c", big, 3, doc(big, 3, '"id":1'), "")) == (1, 0, 0, 0)
+    assert client.get("__cdc:d:t:1") is None  # the row holds the position again
+    # unchanged TOAST values with nothing cached: the row stays out (a miss, never a wrong NULL)
+    assert write(("t:2", "u", 300, 0, doc(300, 0, '"id":2,"big":null'), "5")) == (0, 0, 0, 1)
+    assert client.get("t:2") is None
+    # truncate marker: older writes are refused, older rows purged, others untouched
+    assert write(
+        ("t:3", "c", 50, 0, doc(50, 0, '"id":3'), ""), ("t:4", "c", 70, 0, doc(70, 0, '"id":4'), "")
+    ) == (2, 0, 0, 0)
+    client.hset("t:h", "not", "ours")
+    mark, purge = client.register_script(scripts.MARK), client.register_script(scripts.PURGE)
+    assert mark(keys=[marker], args=[60, 0]) == "60:0" and mark(keys=[marker], args=[55, 0]) == "60:0"
+    assert write(("t:5", "c", 59, 9, doc(59, 9, '"id":5'), "")) == (0, 0, 0, 1)
+    assert purge(keys=[marker, "t:3", "t:4", "t:h", "t:nothing"]) == 1
+    assert client.get("t:3") is None and client.get("t:4") is not None and client.hget("t:h", "not") == "ours"
+    client.close()
+
+
+# ---- 1. changes reach Redis -----------------------------------------------------------------------
+def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+    make_tables(pg_db)
+    hot_url = fresh_db.rsplit("/", 1)[0] + "/4"
+    redis.Redis.from_url(hot_url).flushdb()
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t", "public.pair"],
+        sinks=[
+            {"name": "cache", "redis": {"url": fresh_db, "tables": ["public.t", "public.pair"]}},
+            {
+                "name": "hot",
+                "redis": {"url": hot_url, "tables": ["public.t"], "key": "app:{table}:{pk}:v1", "ttl": 3600},
+            },
+        ],
+    )
+    snapshot(file)
+    runs = apply_once(file, spark)
+    assert stats_of(runs, "cache") == {"public.t": (50, 0, 0), "public.pair": (3, 0, 0)}
+    assert_verified(file, spark, "cache")
+
+    rows = rows_of(fresh_db, "public.t:")
+    assert len(rows) == 50
+    one = rows["public.t:1"]
+    assert list(one)[:4] == ["_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts"]
+    assert one["_cdc_op"] == "r" and one["n"] == 1 and one["price"] == 1.25 and one["tags"] == [1, None, 2]
+    assert (
+        one["at"] == "2024-01-31T11:00:00.123456Z" and one["day"] == "2024-01-02" and one["doc"] == '{"g": 1}'
+    )
+    assert one["note"] == "a:b\\c1" and len(one["big"]) == 9600
+    # composite keys joined by ':', a ':' inside a value escaped
+    assert sorted(rows_of(fresh_db, "public.pair:")) == [
+        "public.pair:k:2",
+        "public.pair:x:1",
+        "public.pair:x\\:y:1",
+    ]
+    hot = redis.Redis.from_url(hot_url)
+    assert hot.ttl("app:t:7:v1") > 3000 and len(list(hot.scan_iter(match="app:*"))) == 50
+    assert hot.ttl("__cdc:t:app:t:*:v1") == -1  # the bootstrap position, kept
+
+    big_before = one["big"]
+    sql(
+        pg_db,
+        "UPDATE t SET n = n + 100 WHERE id IN (1, 2)",  # big is an unchanged TOAST value here
+        "UPDATE t SET note = NULL, tags = '{}' WHERE id = 4",
+        "DELETE FROM t WHERE id IN (5, 6)",
+        "INSERT INTO t (id, n, note) VALUES (51, 51, 'new')",
+        "UPDATE t SET id = 60 WHERE id = 7",  # key change: delete 7, create 60
+        "ALTER TABLE t ADD COLUMN extra int DEFAULT 7",
+        "UPDATE t SET n = -1 WHERE id = 8",
+        "UPDATE pair SET v = 'uno' WHERE a = 'x:y'",
+    )
+    stream(file, pg_db)
+    runs = apply_once(file, spark)
+    assert stats_of(runs, "cache")["public.t"] == (2, 4, 3)  # +51 +60, ~1 ~2 ~4 ~8, -5 -6 -7
+    assert_verified(file, spark, "cache")
+    rows = rows_of(fresh_db, "public.t:")
+    assert rows["public.t:1"]["n"] == 101 and rows["public.t:1"]["big"] == big_before
+    assert rows["public.t:4"]["note"] is None and rows["public.t:4"]["tags"] == []
+    assert "public.t:5" not in rows and "public.t:7" not in rows and rows["public.t:60"]["n"] == 7
+    assert rows["public.t:9"]["extra"] == 7 and rows["public.t:8"]["extra"] == 7  # default filled in
+    client = redis.Redis.from_url(fresh_db)
+    assert client.get("__cdc:d:public.t:5").decode().count(":") == 1  # tombstone: position
+    assert client.ttl("__cdc:d:public.t:5") > 0
+
+    # truncate, then new rows in the same batch
+    sql(
+        pg_db,
+        "TRUNCATE t",
+        "INSERT INTO t (id, n) VALUES (1, 1000), (2, 2000)",
+        "DELETE FROM pair WHERE b = 2",
+    )
+    stream(file, pg_db)
+    runs = apply_once(file, spark)
+    assert stats_of(runs, "cache")["public.t"] == (2, 0, 49)
+    assert sorted(rows_of(fresh_db, "public.t:")) == ["public.t:1", "public.t:2"]
+    assert sorted(rows_of(fresh_db, "public.pair:")) == ["public.pair:x:1", "public.pair:x\\:y:1"]
+    assert sorted(k.decode() for k in hot.scan_iter(match="app:*")) == ["app:t:1:v1", "app:t:2:v1"]
+    assert_verified(file, spark, "cache")
+    assert client.get("__cdc:t:public.t:*") is not None  # the table's truncate position
+    client.close()
+    hot.close()
+
+
+# ---- 2. replays and late batches ------------------------------------------------------------------
+def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+    from cdc.log import open_log_view
+    from pipelines.apply.changes import TableBatch
+    from sinks.base import make_sink
+
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 200) g",
+    )
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.t"]}}],
+    )
+    pipeline = load_pipeline(file)
+    snapshot(file)
+    apply_once(file, spark)
+    sql(
+        pg_db,
+        "UPDATE t SET v = 'first' WHERE id <= 100",
+        "DELETE FROM t WHERE id > 190",
+        "INSERT INTO t VALUES (300, 'x')",
+    )
+    stream(file, pg_db)
+    apply_once(file, spark)
+    first_cut = load_checkpoint(pipeline.state_path, "cache")
+    saved = (checkpoint_dir(pipeline.state_path) / "cache.json").read_text()
+
+    sql(
+        pg_db,
+        "UPDATE t SET v = 'second' WHERE id <= 50",
+        "DELETE FROM t WHERE id BETWEEN 51 AND 60",
+        "DELETE FROM t WHERE id = 300",
+    )
+    stream(file, pg_db)
+    apply_once(file, spark)
+    assert_verified(file, spark, "cache")
+    before = dump(fresh_db)
+
+    # replay: the checkpoint goes back one cut, the same cut is applied again
+    (checkpoint_dir(pipeline.state_path) / "cache.json").write_text(saved)
+    runs = apply_once(file, spark)
+    assert stats_of(runs, "cache") == {"public.t": (0, 0, 0)}
+    assert dump(fresh_db) == before
+
+    # replay from the base: the table is started over (bootstrap) at the same snapshot
+    ckpt_file = checkpoint_dir(pipeline.state_path) / "cache.json"
+    data = json.loads(ckpt_file.read_text())
+    data.update(cut_id=0, lsn=0, tables={}, pending=None)
+    ckpt_file.write_text(json.dumps(data))
+    runs = apply_once(file, spark)
+    assert stats_of(runs, "cache") == {"public.t": (0, 0, 0)}
+    assert dump(fresh_db) == before
+
+    # a late batch: the events of the first cuts only (older positions), handed to the sink directly
+    table = TableName("public", "t")
+    log = open_log_view(pipeline)
+    try:
+        schema = log.schema(table)
+        base, end = first_cut.tables["public.t"]
+        raw = log.read_changes(spark, table, base - 1, end, schema)
+        batch = TableBatch(table, schema, raw, False, None, base - 1, end, log.value_kind)
+        sink = make_sink(pipeline.sink("cache"), pipeline, spark)
+        sink.prepare([batch])
+        changes = batch.net()
+        stats = sink.apply(batch, changes, 999)
+        changes.release()
+        batch.release()
+    finally:
+        log.close()
+    assert (stats.inserted, stats.updated, stats.deleted) == (0, 0, 0)
+    assert dump(fresh_db) == before  # 51..60 and 300 stay deleted, 1..50 stay 'second'
+    assert_verified(file, spark, "cache")
+
+
+# ---- 3. Redis killed mid-apply ------------------------------------------------------------------------
+def test_redis_killed_mid_apply_then_restarted(
+    pg_db: str, tmp_path: Path, spark, own_redis: LocalRedis
+) -> None:
+    rows = 100_000
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n int)",
+        f"INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, {rows}) g",
+    )
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[{"name": "cache", "redis": {"url": own_redis.url, "tables": ["public.t"]}}],
+    )
+    pipeline = load_pipeline(file)
+    snapshot(file)
+    apply_once(file, spark)
+    sql(pg_db, "UPDATE t SET v = v || '-2', n = n * 2 WHERE id % 3 <> 0", "DELETE FROM t WHERE id % 7 = 0")
+    stream(file, pg_db)
+    done_before = load_checkpoint(pipeline.state_path, "cache").cut_id
+
+    client = redis.Redis.from_url(own_redis.url)
+    calls = lambda: int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))  # noqa: E731
+    start = calls()
+    killed = threading.Event()
+
+    def killer() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if calls() >= start + 40:  # ~8,000 rows written, most of the cut still to go
+                    own_redis.kill()
+                    killed.set()
+                    return
+            except redis.RedisError:
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.raises(SinkError) as failure:
+        apply_once(file, spark)
+    thread.join(5)
+    client.close()
+    assert killed.is_set(), "the apply finished before Redis could be killed"
+    message = str(failure.value)
+    assert own_redis.url in message and "fix:" in message and "Traceback" not in message, message
+    assert "Py4J" not in message and "java." not in message, message
+    ckpt = load_checkpoint(pipeline.state_path, "cache")
+    assert ckpt.cut_id == done_before and ckpt.pending is not None
+
+    own_redis.restart()
+    apply_once(file, spark)
+    ckpt = load_checkpoint(pipeline.state_path, "cache")
+    assert ckpt.pending is None and ckpt.cut_id > done_before
+    assert_verified(file, spark, "cache")
+
+
+# ---- 4. Redis unreachable -----------------------------------------------------------------------------
+def test_unreachable_redis_is_a_clear_error(pg_db: str, tmp_path: Path, spark) -> None:
+    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a')")
+    port = free_port()
+    url = f"redis://:s3cr3t-pw@127.0.0.1:{port}/0"
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[{"name": "cache", "redis": {"url": url, "tables": ["public.t"]}}],
+    )
+    snapshot(file)
+    with pytest.raises(SinkError) as failure:
+        apply_once(file, spark)
+    message = str(failure.value)
+    assert f"127.0.0.1:{port}" in message and "s3cr3t" not in message and "***" in message, message
+    assert "fix:" in message and "checkpoint" in message, message
+    ckpt = load_checkpoint(load_pipeline(file).state_path, "cache")
+    assert ckpt.cut_id == 0 and ckpt.pending is not None
+
+
+def test_bad_key_template_is_refused(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+    sql(pg_db, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.a", "public.b"],
+        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.*"], "key": "{schema}:{pk}"}}],
+    )
+    snapshot(file)
+    with pytest.raises(SinkError, match="can be the same"):
+        apply_once(file, spark)
+    with pytest.raises(SinkError, match="exactly once"):
+        KeyTemplate("{schema}.{table}", "cache")
+    with pytest.raises(SinkError, match=r"unknown placeholder\(s\) \{tenant\}"):
+        KeyTemplate("{tenant}:{pk}", "cache")
+
+
+# ---- 5. Delta next to Redis: only the cache fails -----------------------------------------------
+def test_redis_down_fails_only_the_cache_sink(
+    pg_db: str, tmp_path: Path, spark, own_redis: LocalRedis
+) -> None:
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 1000) g",
+    )
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[
+            {"name": "lake", "delta": {"path": "lake"}},
+            {"name": "cache", "redis": {"url": own_redis.url, "tables": ["public.t"]}},
+        ],
+    )
+    state = load_pipeline(file).state_path
+    snapshot(file)
+    apply_once(file, spark)
+    sql(pg_db, "UPDATE t SET v = 'changed' WHERE id <= 100", "DELETE FROM t WHERE id > 900")
+    stream(file, pg_db)
+    lake_before, cache_before = load_checkpoint(state, "lake").cut_id, load_checkpoint(state, "cache").cut_id
+
+    own_redis.stop()
+    run = cdc("apply", file, "--once")
+    assert run.code == 4, run.out + run.err
+    assert "sink cache: FAILED" in run.out and own_redis.url in run.out and "fix:" in run.out, run.out
+    assert "Traceback" not in run.out + run.err and "Py4J" not in run.out + run.err
+    assert load_checkpoint(state, "lake").cut_id > lake_before
+    cache = load_checkpoint(state, "cache")
+    assert cache.cut_id == cache_before and cache.pending is not None
+
+    own_redis.start()
+    runs = apply_once(file, spark)
+    by_sink = {r.sink: r for r in runs}
+    assert by_sink["lake"].up_to_date and not by_sink["cache"].up_to_date
+    assert load_checkpoint(state, "cache").pending is None
+    assert_verified(file, spark, "cache")
+    assert_verified(file, spark, "lake")
