@@ -195,8 +195,13 @@ class TableBatch:
 
     def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:
         df, resolved = self._resolved_texts(df)
-        latest = Window.partitionBy(*partition).orderBy(F.col("lsn").desc(), F.col("seq").desc())
-        df = df.withColumn("__cdc_rn", F.row_number().over(latest)).filter(F.col("__cdc_rn") == 1)
+        if not resolved and partition == ["key"]:
+            # The newest event per key as an aggregate (no sort of every event inside its partition).
+            newest = F.max_by(F.struct(*df.columns), F.struct("lsn", "seq"))
+            df = df.groupBy("key").agg(newest.alias("__cdc_e")).select("__cdc_e.*")
+        else:
+            latest = Window.partitionBy(*partition).orderBy(F.col("lsn").desc(), F.col("seq").desc())
+            df = df.withColumn("__cdc_rn", F.row_number().over(latest)).filter(F.col("__cdc_rn") == 1)
         extra = []
         if partition != ["key"]:
             by_key = Window.partitionBy("key").orderBy("lsn")

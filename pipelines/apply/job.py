@@ -12,6 +12,7 @@ Each sink has its own checkpoint; a failing sink is reported and the others go o
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from cdc.tables import TableName
 from pipelines.apply.changes import TableBatch
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.config import Pipeline, SinkConfig, sink_tables
-from pipelines.errors import CdcError, LogError, UsageError
+from pipelines.errors import CdcError, LogError, SinkError, UsageError
 from pipelines.faults import crash_point
 from sinks.base import ApplyStats, make_sink
 
@@ -40,6 +41,16 @@ class SinkRun:
     error: CdcError | None = None
     up_to_date: bool = False
     seconds: float = 0.0
+
+
+def spark_error_line(exc: BaseException) -> str:
+    """The first meaningful line of an exception, Java/Py4J stack traces left out."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("at ", "Traceback", "File ", "py4j.", "Caused by: java.lang.reflect")):
+            return line[:500]
+    return type(exc).__name__
 
 
 def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:
@@ -103,6 +114,13 @@ class ApplyJob:
                     self._apply_sink(log, cut, sink_cfg, run)
                 except CdcError as exc:
                     run.error = exc
+                except Exception as exc:  # one follower's failure must not stop the others
+                    if os.environ.get("CDC_DEBUG"):
+                        raise
+                    run.error = SinkError(
+                        f"{type(exc).__name__}: {spark_error_line(exc)}",
+                        "the follower keeps its checkpoint and resumes on the next run; CDC_DEBUG=1 shows a traceback",
+                    )
                 run.seconds = time.monotonic() - started
                 runs.append(run)
         finally:
