@@ -1,0 +1,580 @@
+"""`engine: opensearch`: one OpenSearch index per table, written with the bulk API from Spark
+executors; OpenSearch itself rejects stale writes (external versioning).
+
+* **Index** `<index_prefix>.<schema>.<table>` (lower case; characters an index name cannot hold
+  become `_`, and then a short hash of the real name is appended so two tables never share an
+  index). That name is an alias of the concrete index `<name>-g<generation>`, so the index can
+  be rebuilt with other field types and switched atomically (see Schema changes). Settings: `number_of_shards` (`shards`, default 1), `number_of_replicas`
+  (`replicas`, default the cluster's), `index.gc_deletes` (`gc_deletes`, default 7d; see
+  below). Mapping: `dynamic: strict`, one field per source column with the field type of
+  sinks/search/documents.py, plus `_cdc_version`, `_cdc_lsn`, `_cdc_seq` (long). The index
+  `_meta.cdc` holds the source schema the index was written with (for `cdc verify` and
+  `cdc search`) and the table's truncate version.
+* **Writes**: document id = the key, `version` = the change's version with
+  `version_type: external`. OpenSearch applies a write only if its version is greater than the
+  stored one (deletes included), so a replayed or late change gets 409, which is expected and
+  counted as "not newer" (ignored). A delete leaves a tombstone with its version that
+  OpenSearch remembers for `index.gc_deletes` (OpenSearch's default is 60 s; we set 7d): a
+  write older than the delete arriving within that time is rejected; after it, it could bring
+  the document back, so keep `gc_deletes` above the longest delay a replay can have.
+  Any other rejected document (400 mapping conflict, 413, ...) stops the batch: the error
+  names the table, the key and OpenSearch's reason; the checkpoint stays on the pending cut.
+  Bulk items rejected with 429 (queue full) are retried with backoff.
+* **Truncate / new base**: the table's truncate version is first recorded in the index
+  `_meta`, then `delete_by_query` removes every document with `_cdc_version` below it (after a
+  refresh, so nothing written earlier is missed). Executors drop changes older than the
+  recorded truncate version, which the versions alone could not do (the tombstones
+  delete_by_query leaves carry the deleted document's older version). Both steps are repeated
+  when the same batch is applied again, so a crash between them is harmless.
+* **Unchanged TOAST values**: OpenSearch cannot do a partial update with an external version,
+  so for rows with unchanged columns the executor first fetches the stored documents (one
+  `mget` per bulk chunk, only for those rows) and copies the stored values of the unchanged
+  columns into the new document, which is then written with its version like any other.
+  Only one apply runs per follower at a time, so the document cannot change in between (and if
+  the stored document is newer, the write is rejected by its version anyway).
+* After a table's writes the index is refreshed, so `cdc search` and `cdc verify` see them.
+* **Schema changes**: a new source column becomes a new field (put mapping). A field whose
+  type must change (the source column's type changed, or `fields:` was edited, e.g. after a
+  rejected document) cannot be remapped in place: `prepare` creates the next generation with
+  the new mapping, copies the documents into it with `_reindex` keeping their versions
+  (`version_type: external`), moves the alias and deletes the old generation, all before the
+  batch is written (a table starting over from a new base gets an empty generation instead).
+  A reindex forgets the old generation's delete tombstones: only the truncate version and the
+  documents' own versions guard the new one. A document the new mapping rejects stops the
+  batch, named by key; the old generation stays in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+
+from cdc.log.base import TableSchema
+from cdc.tables import TableName
+from pipelines.apply.changes import TableBatch
+from pipelines.errors import SinkError
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoders
+from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
+
+if TYPE_CHECKING:
+    from opensearchpy import OpenSearch
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+META_FIELDS = {"_cdc_version": {"type": "long"}, "_cdc_lsn": {"type": "long"}, "_cdc_seq": {"type": "long"}}
+_BAD_INDEX_CHARS = re.compile(r'[\\/*?"<>|\s,#:]')
+_RETRY_429 = 6
+_COUNTED = {
+    "created": 0,
+    "updated": 1,
+    "deleted": 2,
+}  # bulk item result -> counts index (inserted, updated, deleted)
+FIX_UNREACHABLE = (
+    "start OpenSearch (`cdc dev up opensearch` for a local one) or correct `hosts` in the pipeline file; "
+    "the follower keeps its checkpoint and the next `cdc apply` resumes from it"
+)
+
+
+# ---- names and mappings ----------------------------------------------------------------------------
+def index_name(prefix: str, table: TableName) -> str:
+    raw = f"{prefix}.{table.schema}.{table.name}"
+    name = _BAD_INDEX_CHARS.sub("_", raw.lower())
+    if name[0] in "-_+.":
+        name = "x" + name
+    if name != raw or len(name.encode()) > 255:
+        suffix = "-" + hashlib.sha1(raw.encode()).hexdigest()[:8]
+        name = name.encode()[: 255 - len(suffix)].decode(errors="ignore") + suffix
+    return name
+
+
+def field_mapping(spec: FieldSpec) -> dict[str, Any]:
+    t = spec.type
+    if t == "text":
+        return {"type": "text"}
+    if t == "keyword":
+        return {
+            "type": "keyword",
+            "ignore_above": 8191,
+        }  # longer values: kept, not indexed (Lucene's term limit)
+    if t == "stored":
+        return {"type": "object", "enabled": False}
+    if t in ("binary", "boolean"):
+        return {"type": t}
+    mapping: dict[str, Any] = {"type": t}
+    if t == "date":
+        mapping["format"] = "strict_date_optional_time||epoch_millis"
+    if spec.derived:
+        mapping["ignore_malformed"] = True  # NaN, dates after 9999: kept in the document, not indexed
+    return mapping
+
+
+def _mapped_type(properties: dict, column: str) -> str | None:
+    """The type a column's field has in an index mapping (dotted names are object paths)."""
+    node: dict | None = {"properties": properties}
+    for part in column.split("."):
+        if node is None:
+            return None
+        node = node.get("properties", {}).get(part)
+    if node is None:
+        return None
+    return node.get("type", "object")
+
+
+def show_hosts(hosts: Iterable[str]) -> str:
+    """Node URLs without credentials."""
+    shown = []
+    for host in hosts:
+        parts = urlsplit(host if "//" in host else f"//{host}")
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc += f":{parts.port}"
+        shown.append(urlunsplit((parts.scheme, netloc, parts.path, "", "")) if parts.scheme else netloc)
+    return ", ".join(shown)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] ([^')\]]+)", text)
+    if m:
+        return m.group(1).strip()
+    if "timed out" in text.lower() or type(exc).__name__ == "ConnectionTimeout":
+        return "timed out"
+    return type(exc).__name__
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        text = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
+        cause = error.get("caused_by")
+        if isinstance(cause, dict) and cause.get("reason"):
+            text += f" (caused by {cause.get('type')}: {cause.get('reason')})"
+        return text
+    return str(error)
+
+
+def make_client(hosts: list[str], timeout: float) -> OpenSearch:
+    from opensearchpy import OpenSearch
+
+    return OpenSearch(hosts=hosts, timeout=timeout, max_retries=2, retry_on_timeout=False)
+
+
+# ---- executors ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BulkPlan:
+    hosts: tuple[str, ...]
+    timeout: float
+    index: str
+    layout: RowLayout
+    truncate: int  # changes below this version are older than the table's last truncate: dropped
+    bulk_actions: int
+
+
+def _body(plan: BulkPlan, rows: list[Row]) -> bytes:
+    lines = []
+    for row in rows:
+        meta = {"_index": plan.index, "_id": row.id, "version": row.version, "version_type": "external"}
+        if row.op == "d":
+            lines.append(orjson.dumps({"delete": meta}))
+        else:
+            doc = dict(row.values)
+            doc["_cdc_version"], doc["_cdc_lsn"], doc["_cdc_seq"] = row.version, row.lsn, row.seq
+            lines.append(orjson.dumps({"index": meta}))
+            lines.append(orjson.dumps(doc))
+    return b"\n".join(lines) + b"\n"
+
+
+def _keep_unchanged(client: OpenSearch, plan: BulkPlan, rows: list[Row]) -> None:
+    """Unchanged TOAST columns take the value the index holds for the key."""
+    flagged = [r for r in rows if r.unchanged]
+    if not flagged:
+        return
+    resp = client.mget(index=plan.index, body={"ids": [r.id for r in flagged]})
+    stored = {d["_id"]: d.get("_source", {}) for d in resp["docs"] if d.get("found")}
+    for row in flagged:
+        source = stored.get(row.id)
+        for column in row.unchanged:
+            if source is None:
+                row.values[column] = None  # nothing to keep: as a fresh insert would be
+            elif column in source:
+                row.values[column] = source[column]
+            else:
+                del row.values[column]  # the document never had it: keep it absent
+
+
+def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: list[int]) -> tuple[str, str] | None:
+    _keep_unchanged(client, plan, rows)
+    pending = rows
+    for attempt in range(_RETRY_429):
+        resp = client.bulk(
+            body=_body(plan, pending), filter_path="items.*.status,items.*.result,items.*.error"
+        )
+        retry = []
+        for row, item in zip(pending, resp["items"], strict=True):
+            ((action, res),) = item.items()
+            status = res.get("status", 0)
+            if status in (200, 201):
+                slot = _COUNTED.get(res.get("result"))
+                if slot is not None:
+                    counts[slot] += 1
+            elif status == 404 and action == "delete":
+                pass  # deleting a key the index never had: the tombstone still records the version
+            elif status == 409:
+                counts[3] += 1  # not newer than the stored version: a replay or a late write
+            elif status == 429:
+                retry.append(row)
+            else:
+                return (
+                    f"{plan.layout.table}: OpenSearch rejected the document for key {row.show_key(plan.layout)} "
+                    f"(index {plan.index}, HTTP {status}): {_error_text(res.get('error'))}",
+                    "make the column's field type fit its values (`fields:` in the sink's settings, then "
+                    f"`cdc snapshot --tables {plan.layout.table}` to rebuild the index) or fix the row at the source; "
+                    "the batch is not recorded as applied and the next `cdc apply` applies it again",
+                )
+        if not retry:
+            return None
+        pending = retry
+        time.sleep(0.5 * 2**attempt)
+    return (
+        f"{plan.layout.table}: OpenSearch kept refusing bulk writes with 429 (too many requests) to index {plan.index}",
+        "give the cluster more capacity or lower `bulk_actions`; the next `cdc apply` applies the batch again",
+    )
+
+
+def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionResult]:
+    """One executor task: its rows of the batch into OpenSearch, in bulk requests."""
+    from opensearchpy.exceptions import ConnectionError as OsConnectionError
+
+    counts = [0, 0, 0, 0]  # inserted, updated, deleted, stale
+    try:
+        client = make_client(list(plan.hosts), plan.timeout)
+        codecs = encoders(plan.layout)
+        chunk: list[Row] = []
+        for raw in rows:
+            row = Row(plan.layout, codecs, raw)
+            if row.version < plan.truncate:
+                counts[3] += 1
+                continue
+            chunk.append(row)
+            if len(chunk) >= plan.bulk_actions:
+                problem = _send(client, plan, chunk, counts)
+                chunk = []
+                if problem:
+                    return iter([error_result(*problem, tuple(counts))])
+        if chunk:
+            problem = _send(client, plan, chunk, counts)
+            if problem:
+                return iter([error_result(*problem, tuple(counts))])
+    except OsConnectionError as exc:
+        return iter(
+            [
+                error_result(
+                    f"OpenSearch at {show_hosts(plan.hosts)} is unreachable ({_reason(exc)})",
+                    FIX_UNREACHABLE,
+                    tuple(counts),
+                )
+            ]
+        )
+    except Exception as exc:
+        return iter(
+            [
+                error_result(
+                    f"{plan.layout.table}: writing to OpenSearch index {plan.index} failed: {type(exc).__name__}: {exc}",
+                    "the next `cdc apply` applies the batch again",
+                    tuple(counts),
+                )
+            ]
+        )
+    return iter([ok_result(*counts)])
+
+
+def read_slice(
+    hosts: tuple[str, ...], timeout: float, index: str, slices: int, slice_id: int
+) -> Iterator[dict]:
+    """One executor task: one slice of the index's documents (scroll), as their `_source`."""
+    client = make_client(list(hosts), timeout)
+    body: dict[str, Any] = {"size": 1000, "sort": ["_doc"], "query": {"match_all": {}}}
+    if slices > 1:
+        body["slice"] = {"id": slice_id, "max": slices}
+    resp = client.search(index=index, body=body, scroll="5m")
+    scroll_id = resp.get("_scroll_id")
+    try:
+        while resp["hits"]["hits"]:
+            for hit in resp["hits"]["hits"]:
+                yield hit["_source"]
+            resp = client.scroll(body={"scroll_id": scroll_id, "scroll": "5m"})
+            scroll_id = resp.get("_scroll_id", scroll_id)
+    finally:
+        if scroll_id:
+            with contextlib.suppress(Exception):  # the scroll expires by itself
+                client.clear_scroll(body={"scroll_id": [scroll_id]})
+
+
+# ---- the sink ----------------------------------------------------------------------------------------
+class OpenSearchSink(SearchSink):
+    engine = "opensearch"
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.settings.hosts or [])
+
+    @property
+    def prefix(self) -> str:
+        return self.settings.index_prefix or self.pipeline.name
+
+    def index_of(self, table: TableName) -> str:
+        return index_name(self.prefix, table)
+
+    def describe(self) -> str:
+        return f"{self.name} (search, opensearch at {show_hosts(self.hosts)})"
+
+    def client(self) -> OpenSearch:
+        return make_client(self.hosts, self.settings.timeout_s)
+
+    @contextmanager
+    def calls(self, what: str) -> Iterator[None]:
+        """OpenSearch client failures as SinkError: unreachable, or refused with its reason."""
+        from opensearchpy.exceptions import ConnectionError as OsConnectionError
+        from opensearchpy.exceptions import TransportError
+
+        try:
+            yield
+        except OsConnectionError as exc:
+            raise SinkError(
+                f"OpenSearch at {show_hosts(self.hosts)} is unreachable ({_reason(exc)})", FIX_UNREACHABLE
+            ) from None
+        except TransportError as exc:
+            raise SinkError(
+                f"OpenSearch at {show_hosts(self.hosts)} refused {what}: HTTP {exc.status_code} {_error_text(exc.info.get('error') if isinstance(exc.info, dict) else exc.info)}",
+                "check the cluster's health and the user's rights; the next `cdc apply` resumes from the checkpoint",
+            ) from None
+
+    def _meta(self, client: OpenSearch, alias: str) -> tuple[str, dict, dict] | None:
+        """(concrete index, properties, _meta.cdc) behind a table's alias, None if there is none."""
+        if not client.indices.exists(index=alias):
+            return None
+        ((concrete, body),) = client.indices.get_mapping(index=alias).items()
+        mapping = body["mappings"]
+        return concrete, mapping.get("properties", {}), dict(mapping.get("_meta", {}).get("cdc", {}))
+
+    def _create(
+        self, client: OpenSearch, alias: str, batch: TableBatch, specs: list[FieldSpec], meta: dict
+    ) -> str:
+        """A new generation of a table's index (not yet behind the alias when one exists)."""
+        generation = int(meta.get("generation", 0)) + 1
+        concrete = f"{alias}-g{generation}"
+        settings: dict[str, Any] = {
+            "number_of_shards": self.settings.shards or 1,
+            "gc_deletes": self.settings.gc_deletes,
+        }
+        if self.settings.replicas is not None:
+            settings["number_of_replicas"] = self.settings.replicas
+        properties = {s.column: field_mapping(s) for s in specs} | META_FIELDS
+        meta = (
+            {"truncate_version": 0}
+            | meta
+            | {"table": str(batch.table), "schema": batch.schema.to_json(), "generation": generation}
+        )
+        body: dict[str, Any] = {
+            "settings": {"index": settings},
+            "mappings": {"dynamic": "strict", "_meta": {"cdc": meta}, "properties": properties},
+        }
+        if client.indices.exists(index=concrete):  # left by a rebuild that died half-way
+            client.indices.delete(index=concrete)
+        if not client.indices.exists(index=alias):
+            body["aliases"] = {alias: {}}
+        client.indices.create(index=concrete, body=body)
+        return concrete
+
+    def _switch(
+        self, client: OpenSearch, alias: str, old: str, new: str, batch: TableBatch, copy: bool
+    ) -> None:
+        """Copy the documents of `old` into `new` (keeping their versions), then move the alias."""
+        if copy:
+            done = client.reindex(
+                body={
+                    "source": {"index": old},
+                    "dest": {"index": new, "version_type": "external"},
+                    "conflicts": "proceed",
+                },
+                refresh=True,
+                request_timeout=max(3600.0, self.settings.timeout_s),
+            )
+            failures = [f for f in done.get("failures", []) if f.get("status") != 409]
+            if failures:
+                client.indices.delete(index=new)
+                first = failures[0]
+                raise SinkError(
+                    f"{batch.table}: OpenSearch rejected the document with id {first.get('id')!r} while rebuilding the "
+                    f"index with the new field types ({len(failures)} failure(s)): {_error_text(first.get('cause'))}",
+                    "choose field types that fit the stored values (`fields:` in the sink's settings); the old index stays in use",
+                )
+        client.indices.update_aliases(
+            body={
+                "actions": [
+                    {"remove": {"index": old, "alias": alias}},
+                    {"add": {"index": new, "alias": alias}},
+                ]
+            }
+        )
+        client.indices.delete(index=old)
+
+    # ---- prepare ---------------------------------------------------------------------------------
+    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+        client = self.client()
+        actions = []
+        with self.calls("the index check"):
+            client.info()
+            for batch in batches:
+                alias = self.index_of(batch.table)
+                wanted = {s.column: field_mapping(s) for s in specs[batch.table]}
+                state = self._meta(client, alias)
+                if state is None:
+                    if not batch.bootstrap:
+                        raise SinkError(
+                            f"{batch.table}: OpenSearch index {alias} does not exist, but this follower has applied the table before",
+                            f"run `cdc snapshot --tables {batch.table}` to give the table a new base; the follower then rebuilds the index",
+                        )
+                    actions.append(("create", batch, alias, None))
+                    continue
+                concrete, properties, meta = state
+                changed = any(
+                    (have := _mapped_type(properties, c)) is not None and have != m["type"]
+                    for c, m in wanted.items()
+                )
+                if changed:
+                    actions.append(("rebuild", batch, alias, (concrete, meta)))
+                    continue
+                added = {c: m for c, m in wanted.items() if _mapped_type(properties, c) is None}
+                actions.append(("update", batch, alias, (concrete, meta, added)))
+        with self.calls("an index change"):
+            for action, batch, alias, extra in actions:
+                if action == "create":
+                    self._create(client, alias, batch, specs[batch.table], {})
+                elif action == "rebuild":
+                    concrete, meta = extra
+                    new = self._create(client, alias, batch, specs[batch.table], meta)
+                    self._switch(client, alias, concrete, new, batch, copy=not batch.bootstrap)
+                else:
+                    concrete, meta, added = extra
+                    meta = meta | {"table": str(batch.table), "schema": batch.schema.to_json()}
+                    client.indices.put_mapping(
+                        index=alias, body={"_meta": {"cdc": meta}, "properties": added}
+                    )
+                    current = client.indices.get_settings(index=concrete, name="index.gc_deletes")
+                    if (
+                        current.get(concrete, {}).get("settings", {}).get("index", {}).get("gc_deletes")
+                        != self.settings.gc_deletes
+                    ):
+                        client.indices.put_settings(
+                            index=concrete, body={"index": {"gc_deletes": self.settings.gc_deletes}}
+                        )
+
+    # ---- apply -----------------------------------------------------------------------------------
+    def _write(
+        self,
+        batch: TableBatch,
+        frame: DataFrame,
+        layout: RowLayout,
+        truncate: int | None,
+        specs: list[FieldSpec],
+    ) -> SearchStats:
+        client = self.client()
+        index = self.index_of(batch.table)
+        with self.calls(f"the truncate of {index}"):
+            state = self._meta(client, index)
+            if state is None:
+                raise SinkError(
+                    f"{batch.table}: OpenSearch index {index} disappeared during the apply",
+                    "run `cdc apply` again",
+                )
+            meta = state[2]
+            recorded = int(meta.get("truncate_version", 0))
+            if truncate is not None and truncate >= recorded:
+                if truncate > recorded:
+                    meta["truncate_version"] = recorded = (
+                        truncate  # first remember it: older writes are dropped from now on
+                    )
+                    client.indices.put_mapping(index=index, body={"_meta": {"cdc": meta}})
+                client.indices.refresh(index=index)
+                done = client.delete_by_query(
+                    index=index,
+                    body={"query": {"range": {"_cdc_version": {"lt": truncate}}}},
+                    conflicts="proceed",
+                    refresh=True,
+                    slices="auto",
+                    request_timeout=max(3600.0, self.settings.timeout_s),
+                )
+                if done.get("failures"):
+                    raise SinkError(
+                        f"{batch.table}: emptying OpenSearch index {index} for a truncate failed: {_error_text(done['failures'][0])}",
+                        "the next `cdc apply` tries again",
+                    )
+        plan = BulkPlan(
+            tuple(self.hosts), self.settings.timeout_s, index, layout, recorded, self.settings.bulk_actions
+        )
+        stats = self.collect(
+            str(batch.table),
+            frame.rdd.mapPartitions(partial(bulk_partition, plan)),
+            f"OpenSearch index {index}",
+        )
+        with self.calls(f"the refresh of {index}"):
+            client.indices.refresh(index=index)
+        return stats
+
+    # ---- reads -----------------------------------------------------------------------------------
+    def stored_schema(self, table: TableName) -> TableSchema | None:
+        with self.calls("reading the index mapping"):
+            state = self._meta(self.client(), self.index_of(table))
+        if state is None or "schema" not in state[2]:
+            return None
+        return TableSchema.from_json(state[2]["schema"])
+
+    def documents(self, table: TableName) -> RDD:
+        index = self.index_of(table)
+        with self.calls("a refresh"):
+            self.client().indices.refresh(index=index)
+        slices = max(2, self.spark.sparkContext.defaultParallelism)
+        read = partial(read_slice, tuple(self.hosts), self.settings.timeout_s, index, slices)
+        return self.spark.sparkContext.parallelize(range(slices), slices).flatMap(read)
+
+    def search(
+        self, table: TableName, query: str, limit: int
+    ) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
+        from opensearchpy.exceptions import RequestError
+
+        client = self.client()
+        index = self.index_of(table)
+        with self.calls("the search"):
+            if not client.indices.exists(index=index):
+                raise SinkError(
+                    f"sink {self.name} has no index for {table} yet (index {index})", "run `cdc apply` first"
+                )
+            total = client.count(index=index)["count"]
+            if total == 0:
+                return 0, []
+            try:
+                resp = client.search(
+                    index=index,
+                    body={
+                        "query": {"query_string": {"query": query, "lenient": True}},
+                        "size": limit,
+                        "_source": {"excludes": ["_cdc_*"]},
+                    },
+                )
+            except RequestError as exc:
+                from pipelines.errors import UsageError
+
+                raise UsageError(
+                    f"invalid query {query!r}: {_error_text(exc.info.get('error') if isinstance(exc.info, dict) else exc.info)}"
+                ) from None
+        return total, [(hit["_score"] or 0.0, hit["_source"]) for hit in resp["hits"]["hits"]]

@@ -1,0 +1,90 @@
+"""`cdc search PIPELINE TABLE QUERY [--sink NAME] [--limit N]`: the top hits of a query in a
+search follower's index of one table, so a user can see the index working.
+
+The query uses the engine's own syntax: tantivy's query parser (`alice`, `name:alice`,
+`qty:[1 TO 5]`, `"two words"`, `a AND NOT b`; bare words search the text and keyword fields)
+or OpenSearch's `query_string` (the same forms; bare words search every field). Output: one
+header line (sink, engine, live documents, hits), then one line per hit with its rank, score,
+key and a short rendering of the row.
+
+No Spark: this reads the index directly (tantivy) or asks the cluster (OpenSearch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from cdc.tables import TableName
+from pipelines.config import Pipeline, SinkConfig, sink_tables
+from pipelines.errors import SinkError, UsageError
+from sinks.search.documents import render_row, show_key
+
+if TYPE_CHECKING:
+    from sinks.search.sink import SearchSink
+
+
+def _search_sink(pipeline: Pipeline, sink_name: str | None) -> SinkConfig:
+    if sink_name:
+        cfg = pipeline.sink(sink_name)  # unknown name: PipelineFileError listing the sinks
+        if cfg.kind != "search":
+            raise UsageError(
+                f"sink {sink_name!r} is a {cfg.kind} sink, not a search sink",
+                "name a sink with `search:` settings",
+            )
+        return cfg
+    for cfg in pipeline.sinks:
+        if cfg.kind == "search":
+            return cfg
+    raise UsageError(
+        f"pipeline {pipeline.name} has no search sink",
+        "add a sink with `search: {engine: tantivy, tables: [...]}`",
+    )
+
+
+def _table(cfg: SinkConfig, text: str) -> TableName:
+    try:
+        table = TableName.parse(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"bad table name {text!r}: {exc}", "give it as schema.table, e.g. public.customers"
+        ) from None
+    if not sink_tables(cfg, [table]):
+        raise UsageError(
+            f"sink {cfg.name} does not follow {table} (its tables: {', '.join(cfg.settings.tables)})",
+            "name one of the sink's tables",
+        )
+    return table
+
+
+def _open(pipeline: Pipeline, cfg: SinkConfig) -> SearchSink:
+    from sinks.search.sink import SearchSink
+
+    return SearchSink(cfg, pipeline, None)  # type: ignore[arg-type]  # no Spark needed to query
+
+
+def run_search(
+    pipeline: Pipeline, table: str, query: str, sink_name: str | None, limit: int
+) -> Iterator[str]:
+    cfg = _search_sink(pipeline, sink_name)
+    name = _table(cfg, table)
+    if not query.strip():
+        raise UsageError(
+            "the query is empty", 'give words to look for, e.g. cdc search shop.yml public.customers "alice"'
+        )
+    sink = _open(pipeline, cfg)
+    schema = sink.stored_schema(name)
+    if schema is None:
+        raise SinkError(f"sink {cfg.name} has no index for {name} yet", "run `cdc apply` first")
+    total, hits = sink.search(name, query, limit)
+    where = f"sink {cfg.name} ({sink.engine}), {name}"
+    if total == 0:
+        yield f"{where}: the index is empty (no documents), so nothing can match {query!r}"
+        return
+    shown = f", showing the top {limit}" if len(hits) == limit else ""
+    yield f"{where}: {len(hits)} hit(s) for {query!r} among {total:,} document(s){shown}"
+    columns = schema.column_names
+    key = list(schema.key)
+    for rank, (score, doc) in enumerate(hits, 1):
+        shown_key = show_key(key, [doc.get(k) for k in key])
+        yield f"{rank:>3}. {score:8.3f}  {shown_key}  {render_row(doc, columns, skip=key)}"

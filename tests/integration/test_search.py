@@ -1,0 +1,457 @@
+"""The search follower (sinks/search), both engines, against a real PostgreSQL and, for
+`engine: opensearch`, a REAL OpenSearch node (pipelines.devservices.opensearch).
+
+* inserts, updates (incl. unchanged TOAST values and a primary-key change), deletes and
+  truncates reach the index, and `cdc verify` says the index equals the source;
+* a replayed batch and a late batch with older positions change nothing (also after a
+  truncate, and a deleted key is never brought back);
+* OpenSearch down: only that follower fails, with a clear message, keeps its checkpoint, and
+  the next runs catch up; another sink of the pipeline advances meanwhile;
+* a row the engine rejects (mapping conflict) is named with table and key, the batch stays
+  pending, and after the field type is fixed the next apply goes through;
+* `cdc search` prints the top hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc.log import open_log_view
+from cdc.tables import TableName
+from pipelines.apply.changes import TableBatch
+from pipelines.checkpoints import load_checkpoint
+from pipelines.config import load_pipeline
+from pipelines.devservices.opensearch import LocalOpenSearch
+from pipelines.errors import SinkError
+from sinks.base import make_sink
+from sinks.search.query import run_search
+from tests.harness import apply_once, cdc, sql, verify, write_pipeline
+from tests.harness import stream_until_current as _stream
+
+pytestmark = pytest.mark.integration
+
+ENGINES = ["tantivy", "opensearch"]
+
+ITEMS_DDL = [
+    "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')",
+    """CREATE TABLE items (
+        id int PRIMARY KEY,
+        title text,
+        code varchar(20),
+        qty int,
+        price numeric(10,2),
+        score float8,
+        ok bool,
+        day date,
+        at timestamptz,
+        local timestamp,
+        ref uuid,
+        feeling mood,
+        doc jsonb,
+        tags text[],
+        blob bytea,
+        big text
+    )""",
+    "ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL",  # out of line, uncompressed: unchanged TOAST
+]
+
+
+def insert_items(dsn: str, first: int, last: int, title: str = "hello world") -> None:
+    sql(
+        dsn,
+        f"""INSERT INTO items
+        SELECT g, '{title} ' || g, 'C' || g, g, g * 1.5, g / 3.0, g % 2 = 0, DATE '2024-01-01' + g,
+               TIMESTAMPTZ '2024-01-01 00:00:00.123456+00' + g * interval '1 hour',
+               TIMESTAMP '2024-01-01 10:00:00' + g * interval '1 minute', md5(g::text)::uuid,
+               (ARRAY['sad','ok','happy'])[1 + g % 3]::mood, jsonb_build_object('n', g, 'tag', 'x' || g),
+               ARRAY['t' || g, NULL], decode(md5(g::text), 'hex'), repeat(md5(g::text), 100)
+        FROM generate_series({first}, {last}) g""",
+    )
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def flush_wal(dsn: str) -> None:
+    """The test server commits asynchronously; one synchronous commit makes all earlier ones durable,
+    so `--until current` sees them (see tests/integration/test_capture.py)."""
+    sql(dsn, "SET synchronous_commit = on", "CREATE TEMP TABLE cdc_test_flush(x int)")
+
+
+def stream(dsn: str, pipeline_file: Path) -> None:
+    flush_wal(dsn)
+    _stream(pipeline_file)
+
+
+def snapshot(pipeline_file: Path) -> None:
+    from snapshot.runner import run_snapshot
+
+    run_snapshot(load_pipeline(pipeline_file), progress=False, say=lambda _m: None)
+
+
+def search_sink(engine: str, request: pytest.FixtureRequest, name: str = "s", **extra: Any) -> dict:
+    settings: dict[str, Any] = {"engine": engine, "tables": ["public.items"]}
+    if engine == "opensearch":
+        node: LocalOpenSearch = request.getfixturevalue("opensearch")
+        settings |= {
+            "hosts": [node.url],
+            "index_prefix": f"t{abs(hash(request.node.name)) % 10**8}",
+            "replicas": 0,
+        }
+    settings |= extra
+    return {"name": name, "search": settings}
+
+
+def pipeline_file(
+    tmp_path: Path, dsn: str, sinks: list[dict], tables: tuple[str, ...] = ("public.items",)
+) -> Path:
+    return write_pipeline(
+        tmp_path, dsn, list(tables), sinks=sinks, spark={"conf": {"spark.sql.shuffle.partitions": 2}}
+    )
+
+
+def stats_of(runs: list, sink: str = "s") -> dict[str, Any]:
+    run = next(r for r in runs if r.sink == sink)
+    return {t.table: t for t in run.tables}
+
+
+def assert_verified(f: Path, spark, sink: str = "s") -> str:
+    code, report = verify(f, spark, sink)
+    assert code == 0, report
+    assert "identical" in report, report
+    return report
+
+
+def documents(f: Path, spark, table: str = "public.items", sink: str = "s") -> list:
+    pipeline = load_pipeline(f)
+    df = make_sink(pipeline.sink(sink), pipeline, spark).current(TableName.parse(table))
+    assert df is not None
+    return sorted((tuple(r) for r in df.collect()), key=lambda r: r[0])
+
+
+def table_batch(log, spark, table: TableName, after: int, upto: int) -> TableBatch:
+    """The log's events (after, upto] of a table, as the apply job reads them."""
+    schema = log.schema(table)
+    state = next(t for t in log.tables() if t.table == table)
+    raw = log.read_changes(spark, table, after, upto, schema)
+    return TableBatch(table, schema, raw, False, state.snapshot_lsn, after, upto, log.value_kind)
+
+
+def apply_batch(f: Path, spark, after: int, upto: int, table: str = "public.items", sink: str = "s"):
+    """Hand the sink a batch directly (a replay or a late batch, which the job itself never sends)."""
+    pipeline = load_pipeline(f)
+    log = open_log_view(pipeline)
+    try:
+        batch = table_batch(log, spark, TableName.parse(table), after, upto)
+        target = make_sink(pipeline.sink(sink), pipeline, spark)
+        target.prepare([batch])
+        changes = batch.net()
+        try:
+            return target.apply(batch, changes, 10**6)
+        finally:
+            changes.release()
+            batch.release()
+    finally:
+        log.close()
+
+
+def applied_end(f: Path, sink: str = "s", table: str = "public.items") -> tuple[int, int]:
+    ckpt = load_checkpoint(load_pipeline(f).state_path, sink)
+    base, end = ckpt.tables[table]
+    return base, end
+
+
+def hits(
+    f: Path, query: str, sink: str | None = None, table: str = "public.items", limit: int = 10
+) -> list[str]:
+    return list(run_search(load_pipeline(f), table, query, sink, limit))
+
+
+# ---- 1. changes reach the index --------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_changes_reach_the_index(engine: str, pg_db: str, tmp_path: Path, spark, request) -> None:
+    sql(pg_db, *ITEMS_DDL)
+    insert_items(pg_db, 1, 50)
+    sql(
+        pg_db,
+        "INSERT INTO items (id, score, title) VALUES (100, 'NaN', NULL), (101, '-Infinity', 'minus infinity')",
+    )
+    f = pipeline_file(tmp_path, pg_db, [search_sink(engine, request)])
+    snapshot(f)
+    runs = apply_once(f, spark)
+    first = stats_of(runs)["public.items"]
+    assert (first.inserted, first.updated, first.deleted) == (52, 0, 0), first.line()
+    assert_verified(f, spark)
+    lines = hits(f, "hello")
+    assert "52 document(s)" in lines[0] and "10 hit(s)" in lines[0], lines
+    if engine == "opensearch":  # deletes are remembered long enough to reject late writes
+        from sinks.search.opensearch_engine import OpenSearchSink
+
+        pipeline = load_pipeline(f)
+        sink = OpenSearchSink(pipeline.sink("s"), pipeline, spark)
+        settings = sink.client().indices.get_settings(index=sink.index_of(TableName("public", "items")))
+        assert [s["settings"]["index"]["gc_deletes"] for s in settings.values()] == ["7d"]
+
+    # updates (one leaves the TOASTed `big` unchanged), deletes, a key change, inserts, NaN
+    sql(
+        pg_db,
+        "UPDATE items SET title = 'changed ' || id, qty = qty + 1000 WHERE id <= 10",
+        "DELETE FROM items WHERE id BETWEEN 11 AND 15",
+        # a key change carries unchanged TOAST values as "unchanged" for a brand-new key, which no
+        # follower can resolve (see the report): change `big` along with the key
+        "UPDATE items SET id = 2000, big = 'moved' WHERE id = 20",
+        "UPDATE items SET score = 'NaN', tags = ARRAY['a', 'b'] WHERE id = 30",
+    )
+    insert_items(pg_db, 51, 60, "brand new")
+    stream(pg_db, f)
+    runs = apply_once(f, spark)
+    second = stats_of(runs)["public.items"]
+    # 10 title updates + id 30 updated; 11-15 and old key 20 deleted; 51-60 and 2000 inserted
+    assert (second.inserted, second.updated, second.deleted) == (11, 11, 6), second.line()
+    assert_verified(f, spark)
+    docs = {r[0]: r for r in documents(f, spark)}
+    assert (
+        docs[3][1] == "changed 3" and docs[3][-1] == hashlib.md5(b"3").hexdigest() * 100
+    )  # kept TOAST value
+    assert 20 not in docs and 2000 in docs and 11 not in docs
+    assert "5 hit(s)" in hits(f, "changed", limit=5)[0]
+    assert any("id=2000" in line for line in hits(f, "C20", limit=3))
+
+    # truncate, then rows in the same batch after it
+    sql(pg_db, "TRUNCATE items")
+    insert_items(pg_db, 1, 3, "after truncate")
+    stream(pg_db, f)
+    runs = apply_once(f, spark)
+    third = stats_of(runs)["public.items"]
+    assert third.inserted == 3, third.line()
+    assert_verified(f, spark)
+    assert [r[0] for r in documents(f, spark)] == [1, 2, 3]
+    lines = hits(f, "truncate")
+    assert "3 hit(s)" in lines[0] and "among 3 document(s)" in lines[0], lines
+
+
+# ---- 2. replays and late batches ---------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_replayed_and_late_batches_change_nothing(
+    engine: str, pg_db: str, tmp_path: Path, spark, request
+) -> None:
+    sql(pg_db, *ITEMS_DDL)
+    insert_items(pg_db, 1, 20)
+    f = pipeline_file(tmp_path, pg_db, [search_sink(engine, request)])
+    snapshot(f)
+    apply_once(f, spark)
+    base, snap_end = applied_end(f)
+
+    sql(
+        pg_db,
+        "UPDATE items SET title = 'second ' || id WHERE id <= 10",
+        "DELETE FROM items WHERE id BETWEEN 11 AND 15",
+    )
+    stream(pg_db, f)
+    apply_once(f, spark)
+    _, end = applied_end(f)
+    state = documents(f, spark)
+    assert len(state) == 15
+
+    # the same batch again: every change is not newer than the index
+    replay = apply_batch(f, spark, snap_end, end)
+    assert (replay.inserted, replay.updated, replay.deleted, replay.stale) == (0, 0, 0, 15), replay.line()
+    assert documents(f, spark) == state
+    # a late batch: the snapshot rows (older positions), including rows deleted since
+    late = apply_batch(f, spark, base - 1, snap_end)
+    assert (late.inserted, late.updated, late.deleted, late.stale) == (0, 0, 0, 20), late.line()
+    assert documents(f, spark) == state  # ids 11-15 stay deleted
+    assert_verified(f, spark)
+
+    # after a truncate, nothing older than it comes back
+    sql(pg_db, "TRUNCATE items")
+    insert_items(pg_db, 1, 2, "after truncate")
+    stream(pg_db, f)
+    apply_once(f, spark)
+    after = documents(f, spark)
+    assert [r[0] for r in after] == [1, 2]
+    for lo, hi in ((base - 1, snap_end), (snap_end, end)):
+        late = apply_batch(f, spark, lo, hi)
+        assert late.inserted == late.updated == late.deleted == 0, late.line()
+        assert documents(f, spark) == after
+    assert_verified(f, spark)
+
+
+# ---- 3. OpenSearch down -----------------------------------------------------------------------------
+@pytest.fixture
+def own_opensearch() -> Iterator[LocalOpenSearch]:
+    """A node of this test's own, stopped and started by the test."""
+    base = Path(tempfile.mkdtemp(prefix="cdc-test-opensearch-down-"))
+    node = LocalOpenSearch(base)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_opensearch_down_fails_only_that_follower(
+    own_opensearch: LocalOpenSearch, pg_db: str, tmp_path: Path, spark
+) -> None:
+    node = own_opensearch
+    sql(pg_db, *ITEMS_DDL)
+    insert_items(pg_db, 1, 10)
+    sinks = [
+        {"name": "local", "search": {"engine": "tantivy", "tables": ["public.items"]}},
+        {
+            "name": "os",
+            "search": {
+                "engine": "opensearch",
+                "tables": ["public.items"],
+                "hosts": [node.url],
+                "replicas": 0,
+                "timeout_s": 5,
+            },
+        },
+    ]
+    f = pipeline_file(tmp_path, pg_db, sinks)
+    snapshot(f)
+    apply_once(f, spark)
+    state = load_pipeline(f).state_path
+    before = load_checkpoint(state, "os")
+
+    node.stop()
+    sql(
+        pg_db, "UPDATE items SET title = 'while down ' || id WHERE id <= 5", "DELETE FROM items WHERE id = 10"
+    )
+    stream(pg_db, f)
+    run = cdc("apply", f, "--once", timeout=600)
+    assert run.code == 4, (run.out, run.err)
+    assert "Traceback" not in run.out + run.err and "Py4J" not in run.out + run.err
+    assert "sink local: applied cut" in run.out, run.out
+    assert f"sink os: FAILED: OpenSearch at {node.url} is unreachable (Connection refused)" in run.out, (
+        run.out
+    )
+    assert "fix: start OpenSearch" in run.out and "resumes" in run.out, run.out
+    local, failed = load_checkpoint(state, "local"), load_checkpoint(state, "os")
+    assert local.cut_id > before.cut_id  # the other follower advanced
+    assert failed.cut_id == before.cut_id and failed.pending is not None  # kept its place
+    assert_verified(f, spark, "local")
+
+    # more changes while down; then the node comes back and the next runs catch up
+    insert_items(pg_db, 11, 12, "late arrival")
+    stream(pg_db, f)
+    node.start()
+    apply_once(f, spark, "os")  # the cut that failed (pending) ...
+    apply_once(f, spark, "os")  # ... then the latest one
+    apply_once(f, spark, "local")
+    log = open_log_view(load_pipeline(f))
+    latest = log.latest_cut().id
+    log.close()
+    caught_up = load_checkpoint(state, "os")
+    assert caught_up.pending is None and caught_up.cut_id == latest
+    assert_verified(f, spark, "os")
+    assert_verified(f, spark, "local")
+    assert "2 hit(s)" in hits(f, '"late arrival"', "os")[0]
+
+
+# ---- 4. rejected documents ------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rejected_row_names_table_and_key(engine: str, pg_db: str, tmp_path: Path, spark, request) -> None:
+    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, '10'), (2, '20')")
+    sink = search_sink(engine, request, tables=["public.t"], fields={"public.t": {"v": "long"}})
+    f = pipeline_file(tmp_path, pg_db, [sink], tables=("public.t",))
+    snapshot(f)
+    apply_once(f, spark)  # numbers in text: fine as long
+    state = load_pipeline(f).state_path
+    before = load_checkpoint(state, "s")
+
+    sql(pg_db, "INSERT INTO t VALUES (3, 'abc'), (4, '40')", "UPDATE t SET v = '11' WHERE id = 1")
+    stream(pg_db, f)
+    with pytest.raises(SinkError) as failure:
+        apply_once(f, spark)
+    message = str(failure.value)
+    assert "public.t" in message and "id=3" in message, message
+    assert (
+        ("mapper_parsing_exception" in message)
+        if engine == "opensearch"
+        else ("column 'v' (field type long)" in message)
+    ), message
+    after = load_checkpoint(state, "s")
+    assert after.cut_id == before.cut_id and after.pending is not None  # not recorded as done
+    with pytest.raises(SinkError):
+        apply_once(f, spark)  # the same cut again: still rejected
+
+    # the remedy the error names: a field type that fits; the index is rebuilt and the batch goes through
+    doc = yaml.safe_load(f.read_text())
+    doc["sinks"][0]["search"]["fields"] = {"public.t": {"v": "keyword"}}
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    apply_once(f, spark)
+    assert load_checkpoint(state, "s").pending is None
+    assert_verified(f, spark)
+    assert "1 hit(s)" in hits(f, "v:abc", table="public.t")[0]
+
+
+# ---- 5. `cdc search` --------------------------------------------------------------------------------
+def test_cdc_search_command(pg_db: str, tmp_path: Path, spark) -> None:
+    sql(pg_db, *ITEMS_DDL)
+    insert_items(pg_db, 1, 30)
+    sql(pg_db, "CREATE TABLE empty (id int PRIMARY KEY, v text)")
+    sinks = [
+        {"name": "lake", "delta": {"path": "lake", "tables": ["public.empty"]}},
+        {"name": "s", "search": {"engine": "tantivy", "tables": ["public.items", "public.empty"]}},
+    ]
+    f = pipeline_file(tmp_path, pg_db, sinks, tables=("public.items", "public.empty"))
+    snapshot(f)
+
+    before = cdc("search", f, "public.items", "hello")
+    assert (
+        before.code == 4 and "has no index for public.items yet" in before.err and "cdc apply" in before.err
+    ), before
+
+    apply_once(f, spark, "s")
+    run = cdc("search", f, "public.items", "title:world AND qty:[5 TO 7]", "--limit", "5")
+    assert run.code == 0, run
+    lines = run.out.splitlines()
+    assert lines[0].startswith("sink s (tantivy), public.items: 3 hit(s)"), lines
+    assert sorted(line.split()[2] for line in lines[1:]) == ["id=5", "id=6", "id=7"], lines
+    assert "title=hello world 5" in run.out or "title=hello world 6" in run.out
+
+    empty = cdc("search", f, "public.empty", "anything")
+    assert empty.code == 0 and "the index is empty" in empty.out, empty
+    for args, expected in (
+        (("public.nope", "x"), "does not follow public.nope"),
+        (("public.items", "x", "--sink", "lake"), "is a delta sink, not a search sink"),
+        (("public.items", "x", "--sink", "zzz"), "no sink named 'zzz'"),
+        (("public.items", "title:("), "invalid query"),
+    ):
+        bad = cdc("search", f, *args)
+        assert bad.code == 2 and expected in bad.err and "Traceback" not in bad.err, (args, bad)
+
+
+def test_pipeline_file_search_options(tmp_path: Path) -> None:
+    from pipelines.config import parse_pipeline
+    from pipelines.errors import PipelineFileError
+
+    def parse(search: dict) -> None:
+        parse_pipeline(
+            {
+                "name": "p",
+                "source": {"postgres": {"dsn": "x", "tables": ["public.t"]}},
+                "sinks": [{"name": "s", "search": search}],
+            }
+        )
+
+    parse({"tables": ["public.t"], "fields": {"public.t": {"v": "keyword"}}, "gc_deletes": "12h"})
+    for bad, expected in (
+        ({"tables": ["public.t"], "colour": 1}, "unknown key 'colour'"),
+        ({"tables": ["public.t"], "fields": {"public.u": {"v": "text"}}}, "not among this sink's `tables`"),
+        ({"tables": ["public.t"], "fields": {"public.t": {"v": "blob"}}}, "fields.public.t.v"),
+        ({"tables": ["public.t"], "gc_deletes": "soon"}, "gc_deletes"),
+        ({"engine": "opensearch", "tables": ["public.t"]}, "needs `hosts`"),
+    ):
+        with pytest.raises(PipelineFileError) as exc:
+            parse(bad)
+        assert expected in str(exc.value), (bad, str(exc.value))
