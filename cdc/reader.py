@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg2
+from psycopg2 import sql
 
 from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter
 from cdc.lsn import format_lsn
-from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, tuple_end, tuple_prefix
+from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
+from cdc.pgoutput_encode import encode_tuple
 from cdc.schema import TypeCache, build_schema, column_extras
 from cdc.source import _slot, check_source, connect, flushed_wal_lsn, table_info
 from cdc.tables import TableName, TableSelector
@@ -125,7 +127,7 @@ class StreamReader:
     # ---- set-up ----------------------------------------------------------------------------------
     def _prepare(self):
         pg = self.pipeline.source.postgres
-        conn = connect(pg.dsn, application_name="cdc stream catalog")
+        conn = self._conn = connect(pg.dsn, application_name="cdc stream catalog")
         report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication)
         report.raise_if_problems()
         slot = _slot(conn, self.pipeline.slot)
@@ -391,6 +393,8 @@ class StreamReader:
             new_key = key_from_values(key_vals, rel.key_idx)
         if old_key is not None and old_key != new_key:
             # The key changed: the old row goes away and a new one appears (as Debezium does it).
+            if self._has_unchanged(new):
+                new = self._fill_unchanged(rel, new, old if old_kind == "O" else None)
             seq += 1
             rows.append((commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn))
             seq += 1
@@ -399,6 +403,42 @@ class StreamReader:
         seq += 1
         rows.append((commit_lsn, seq, "u", new_key, new, old, old_kind, rel.schema_version, xid, ts, elsn))
         return seq, 1
+
+    @staticmethod
+    def _has_unchanged(tuple_bytes: bytes) -> bool:
+        return any(v is UNCHANGED for v in decode_tuple(tuple_bytes, 0)[0])
+
+    def _fill_unchanged(self, rel: _Rel, new: bytes, old_full: bytes | None) -> bytes:
+        """A row whose key changed is a new row to followers, so it cannot say "keep the TOAST value
+        you have": take the values from the full old row (REPLICA IDENTITY FULL), else read them
+        back from the source by the new key. A value read back may be newer than this event; any
+        later change of it arrives as its own, newer event, so followers still end identical."""
+        values = list(decode_tuple(new, 0)[0])
+        missing = [i for i, v in enumerate(values) if v is UNCHANGED]
+        if old_full is not None:
+            old_values = decode_tuple(old_full, 0)[0]
+            for i in list(missing):
+                if old_values[i] is not UNCHANGED:
+                    values[i] = old_values[i]
+                    missing.remove(i)
+        if missing:
+            schema = self.log.schema_by_version(rel.table_id, rel.schema_version)
+            names = [schema.columns[i].name for i in missing]
+            keys = [schema.columns[i].name for i in rel.key_idx]
+            query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%%s', {c}) END").format(c=sql.Identifier(n)) for n in names
+                ),
+                sql.Identifier(rel.table.schema, rel.table.name),
+                sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in keys),
+            )
+            with self._conn.cursor() as cur:
+                cur.execute(query, [values[i].decode() for i in rel.key_idx])
+                row = cur.fetchone()
+            if row is not None:  # gone already: a later event in the stream deletes it anyway
+                for i, v in zip(missing, row, strict=True):
+                    values[i] = None if v is None else v.encode()
+        return encode_tuple(values)
 
     def _report(self, final: bool = False) -> None:
         s = self.stats

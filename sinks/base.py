@@ -44,10 +44,19 @@ class Sink(ABC):
         self.pipeline = pipeline
         self.spark = spark
 
+    log_id: str = ""  # set by the apply job: which log the cut ids belong to
+
     @property
     def app_id(self) -> str:
-        """Identifies this follower's writes (idempotence per cut id)."""
-        return f"cdc:{self.pipeline.name}:{self.name}"
+        """Identifies this follower's writes for idempotence per cut id. It names the log too: cut
+        ids start over with a new log (`cdc teardown` + `cdc snapshot`), and an old id must not
+        make a new cut look applied."""
+        return f"cdc:{self.pipeline.name}:{self.name}:{self.log_id}"
+
+    def has_table(self, table: TableName) -> bool:
+        """False when the follower lost a table it had (moved away, dropped by hand): the job then
+        rebuilds it from the log's base. Sinks that cannot tell keep the default."""
+        return True
 
     @property
     def settings(self) -> Any:

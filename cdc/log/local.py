@@ -23,6 +23,7 @@ import os
 import shutil
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -149,6 +150,8 @@ class LocalLog(LogWriter, LogReader):
             self.db.executescript(_DDL)
             if self._meta("format") is None:
                 self._set_meta("format", FORMAT_VERSION)
+            if self._meta("log_id") is None:
+                self._set_meta("log_id", uuid.uuid4().hex[:12])
         self._in_batch = False
         self._snapshot_lsn: dict[int, int] = {}
         self._schemas: dict[tuple[int, int], TableSchema] = {}
@@ -169,6 +172,11 @@ class LocalLog(LogWriter, LogReader):
 
     def meta(self, key: str) -> str | None:
         return self._meta(key)
+
+    @property
+    def log_id(self) -> str:
+        """A random id given to this log when it was created (cut ids are only unique within it)."""
+        return self._meta("log_id") or ""
 
     def set_meta(self, key: str, value: str) -> None:
         with self.write():

@@ -41,6 +41,7 @@ class SinkRun:
     error: CdcError | None = None
     up_to_date: bool = False
     seconds: float = 0.0
+    used_pending: bool = False  # this run finished a cut an earlier run had started
 
 
 def spark_error_line(exc: BaseException) -> str:
@@ -112,6 +113,8 @@ class ApplyJob:
                 run = SinkRun(sink_cfg.name)
                 try:
                     self._apply_sink(log, cut, sink_cfg, run)
+                    if run.used_pending and run.cut_id != cut.id:
+                        self._apply_sink(log, cut, sink_cfg, run)  # then on to the latest cut: --once drains
                 except CdcError as exc:
                     run.error = exc
                 except Exception as exc:  # one follower's failure must not stop the others
@@ -132,6 +135,7 @@ class ApplyJob:
         ckpt = load_checkpoint(state, sink_cfg.name)
         names = {t.table: t for t in log.tables()}
         by_name = {str(t): t for t in names}
+        run.used_pending = bool(ckpt.pending)
         if ckpt.pending:
             cut_id, cut_lsn, tables = _cut_from_pending(ckpt.pending)
             cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
@@ -148,6 +152,11 @@ class ApplyJob:
         if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
             # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
+        sink = make_sink(sink_cfg, self.pipeline, self.spark)
+        sink.log_id = getattr(log, "log_id", "")
+        for name in wanted:
+            if name in ckpt.tables and name in by_name and not sink.has_table(by_name[name]):
+                del ckpt.tables[name]  # the follower lost the table (moved away, dropped): rebuild it from the base
         plans = plan_ranges(ckpt, cut_tables, purged, wanted, *([log.rebuild_hint] if hasattr(log, "rebuild_hint") else []))
         batches = []
         for name, (after, upto, bootstrap) in plans.items():
@@ -163,7 +172,6 @@ class ApplyJob:
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
         save_checkpoint(state, ckpt)
         if batches:
-            sink = make_sink(sink_cfg, self.pipeline, self.spark)
             sink.prepare(batches)
             for batch in batches:
                 if run.tables:

@@ -79,6 +79,9 @@ class DeltaSink(Sink):
     def _exists(self, path: str) -> bool:
         return DeltaTable.isDeltaTable(self.spark, path)
 
+    def has_table(self, table: TableName) -> bool:
+        return self._exists(self.path_of(table))
+
     # ---- schema --------------------------------------------------------------------------------
     @property
     def scd2(self) -> bool:

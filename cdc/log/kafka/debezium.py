@@ -185,6 +185,10 @@ class DebeziumLogView:
         "or have the Debezium connector take a new snapshot; the next apply rebuilds the table from the topics"
     )
 
+    @property
+    def log_id(self) -> str:
+        return f"debezium:{self.prefix}"
+
     def __init__(self, pipeline):
         cfg = pipeline.log_config.kafka
         assert cfg is not None

@@ -194,7 +194,7 @@ class Publisher:
                 "snapshot_lsn": st.snapshot_lsn if st else None,
                 "schema_version": t.schema_version,
             }
-        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "tables": tables}
+        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
         self.producer.send(cuts_topic(self.prefix), key=CUT_KEY, value=orjson.dumps(value), partition=0).get(timeout=60)
 
     # ---- continuous --------------------------------------------------------------------------------

@@ -82,6 +82,12 @@ class KafkaLogView:
         tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
         return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
 
+    @property
+    def log_id(self) -> str:
+        if self._cut_body is None:
+            self.latest_cut()
+        return (self._cut_body or {}).get("log_id", "")
+
     def cut_tables(self) -> dict[str, dict]:
         """The latest cut's per-table entries: topic, base, end, snapshot_lsn, schema_version."""
         if self._cut_body is None:
