@@ -1,8 +1,10 @@
 """`cdc demo`: the whole path on embedded defaults, on a throwaway local PostgreSQL.
 
 PostgreSQL (from the Debian packages, started in a temp dir) -> snapshot + WAL stream into
-the local SQLite log -> Spark applies it to Delta tables -> verify. Everything the demo
-writes stays under --dir (default .cdc/demo) so it can be looked at afterwards.
+the local SQLite log -> Spark applies it to the three kinds of followers: Delta tables, an
+embedded tantivy search index and a Redis cache (a throwaway redis-server; skipped with a
+line saying so when the package is missing) -> `cdc verify` of every follower. Everything the
+demo writes stays under --dir (default .cdc/demo) so it can be looked at afterwards.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import psycopg2
 import yaml
 
 from cdc.session import libpq_options
 from pipelines.config import load_pipeline
 from pipelines.devservices.postgres import LocalPostgres
+from pipelines.errors import ServiceError
 
 SCHEMA = (Path(__file__).parent / "examples" / "shop.sql").read_text()
 
@@ -48,25 +52,33 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
     from cdc.log import open_log
     from cdc.reader import StreamReader
     from pipelines.apply.job import ApplyJob
+    from pipelines.devservices.redis import LocalRedis
     from pipelines.spark import spark_session
     from pipelines.verify import run_verify
     from snapshot.runner import run_snapshot
 
     started = time.monotonic()
-    step = _Steps(say, 6)
+    step = _Steps(say, 7)
     directory = directory.resolve()
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     server_dir = Path(tempfile.mkdtemp(prefix="cdc-demo-pg-"))
     server = LocalPostgres(server_dir, durable=False)
+    redis = LocalRedis(server_dir / "redis", appendonly=False)
     try:
-        step("starting a throwaway PostgreSQL (wal_level=logical) on 127.0.0.1")
+        step("starting a throwaway PostgreSQL (wal_level=logical) and Redis on 127.0.0.1")
         server.start()
         admin = server.dsn()
         _sql(admin, ["CREATE DATABASE shop"])
         dsn = server.dsn("shop")
-        say(f"      listening on port {server.port}; data in {server_dir}")
+        say(f"      PostgreSQL listening on port {server.port}; data in {server_dir}")
+        try:
+            redis.start()
+            say(f"      Redis listening on port {redis.port}")
+        except ServiceError as exc:
+            redis = None
+            say(f"      no Redis, so the demo skips the cache follower: {exc}")
 
         step("creating the shop schema: customers (2,000), products (200), orders (10,000)")
         _sql(dsn, [SCHEMA])
@@ -78,7 +90,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
                     "name": "shop",
                     "source": {"postgres": {"dsn": "${SHOP_DSN}", "tables": ["public.customers", "public.products", "public.orders"]}},
                     "state_dir": ".",
-                    "sinks": [{"name": "lake", "delta": {"path": "lake", "mode": "scd1"}}],
+                    "sinks": _sinks(redis.url if redis else None),
                     "spark": {"master": "local[2]"},
                 },
                 sort_keys=False,
@@ -103,7 +115,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         finally:
             log.close()
 
-        step("Spark applies the log to Delta tables (`cdc apply --once`)")
+        step("Spark applies the log to every follower (`cdc apply --once`)")
         spark = spark_session(pipeline)
         job = ApplyJob(pipeline, spark, lambda m: say(f"      {m}"))
         runs = job.run_once()
@@ -111,8 +123,11 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         if any(r.error for r in runs):
             return 4
 
-        step("`cdc verify`: every Delta table against the source")
+        step("`cdc verify`: every follower against the source")
         code = run_verify(pipeline, spark, None, 0, lambda m: say(f"      {m}"))
+
+        step("reading the followers: a search and a cache lookup")
+        _show_followers(pipeline, redis.url if redis else None, say)
 
         lake = directory / "lake"
         say("")
@@ -130,9 +145,52 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
     finally:
         if keep_server:
             say(f"PostgreSQL keeps running: SHOP_DSN={server.dsn('shop')} (stop: pg_ctl -D {server.data_dir} stop as user postgres)")
+            if redis:
+                say(f"Redis keeps running: REDIS_URL={redis.url} (stop: kill {redis.pid()})")
         else:
+            if redis:
+                redis.stop()
             server.stop()
             shutil.rmtree(server_dir, ignore_errors=True)
+
+
+def _sinks(redis_url: str | None) -> list[dict]:
+    sinks: list[dict] = [
+        {"name": "lake", "delta": {"path": "lake", "mode": "scd1"}},
+        {"name": "search", "search": {"engine": "tantivy", "path": "search", "tables": ["public.products", "public.customers"]}},
+    ]
+    if redis_url:
+        sinks.append({"name": "cache", "redis": {"url": redis_url, "tables": ["public.customers", "public.products"]}})
+    return sinks
+
+
+def _show_followers(pipeline, redis_url: str | None, say: Callable[[str], None]) -> None:
+    from sinks.search.query import run_search
+
+    say('      $ cdc search shop.yml public.products "oak lamp" --limit 3')
+    for line in run_search(pipeline, "public.products", "oak lamp", "search", 3):
+        say(f"      {line}")
+    if redis_url:
+        import redis as redis_client
+
+        client = redis_client.Redis.from_url(redis_url)
+        try:
+            value = client.get("public.customers:100")
+        finally:
+            client.close()
+        say("      $ redis-cli GET public.customers:100   (renamed; its long bio is a TOAST value the update left unchanged)")
+        say(f"      {_shorten(value)}")
+
+
+def _shorten(value: bytes | None) -> str:
+    """The cached JSON with long strings cut, so a 6 kB bio fits on a line."""
+    if value is None:
+        return "(missing)"
+    row = orjson.loads(value)
+    for k, v in row.items():
+        if isinstance(v, str) and len(v) > 40:
+            row[k] = f"{v[:24]}... ({len(v):,} chars)"
+    return orjson.dumps(row).decode()
 
 
 class _Steps:

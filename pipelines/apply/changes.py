@@ -123,6 +123,10 @@ class TableBatch:
             "rows": row["rows"],
         }
 
+    def check(self) -> None:
+        """Raise now if a value cannot be stored: the job checks every table before writing any."""
+        self._summary  # noqa: B018  (the summary pass raises the cast error)
+
     @property
     def truncate_position(self) -> tuple[int, int] | None:
         return self._summary["truncate"]

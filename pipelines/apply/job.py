@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
@@ -166,12 +167,25 @@ class ApplyJob:
             st = names[table]
             schema = log.schema(table)
             raw = log.read_changes(self.spark, table, after, upto, schema)
+            if not bootstrap and ckpt.lsn:
+                # Every transaction committed before the last applied cut's LSN is applied already:
+                # an event older than that in a later range is a copy (a producer retry, a replay).
+                # Dropping it keeps a follower without tombstones (SCD1 Delta) from bringing a
+                # since-deleted key back with it.
+                raw = raw.where(F.col("lsn") >= ckpt.lsn)
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
             batches.append(batch)
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
         save_checkpoint(state, ckpt)
         if batches:
+            try:
+                for batch in batches:
+                    batch.check()  # a value no follower type can hold stops the cut before any table is written
+            except BaseException:
+                for batch in batches:
+                    batch.release()
+                raise
             sink.prepare(batches)
             for batch in batches:
                 if run.tables:

@@ -11,7 +11,9 @@ CREATE TABLE orders (
 INSERT INTO customers (id, name, email, bio)
     SELECT g, 'customer ' || g, 'c' || g || '@example.com', CASE WHEN g % 100 = 0 THEN repeat(md5(g::text), 200) END
     FROM generate_series(1, 2000) g;
-INSERT INTO products SELECT g, 'product ' || g, round((random() * 100 + 1)::numeric, 2), ARRAY['tag' || (g % 5), 'demo']
+INSERT INTO products SELECT g,
+    (ARRAY['oak', 'steel', 'red', 'linen', 'glass'])[1 + g % 5] || ' ' || (ARRAY['lamp', 'chair', 'desk', 'mug', 'shelf', 'clock', 'kettle'])[1 + g % 7] || ' ' || g,
+    round((random() * 100 + 1)::numeric, 2), ARRAY['tag' || (g % 5), 'demo']
     FROM generate_series(1, 200) g;
 INSERT INTO orders (id, customer_id, product_id, qty, status)
     SELECT g, 1 + g % 2000, 1 + g % 200, 1 + g % 5, (ARRAY['new','paid','shipped']::order_status[])[1 + g % 3]

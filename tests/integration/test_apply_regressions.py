@@ -53,3 +53,25 @@ def test_follower_table_moved_away_is_rebuilt(pg_db: str, tmp_path: Path, spark)
     apply_once(file, spark)
     code, report = verify(file, spark)
     assert code == 0, report
+
+
+@pytest.mark.slow
+def test_demo_shows_all_three_followers(tmp_path: Path) -> None:
+    """`cdc demo` (the README's first command) ends with every follower verified identical and
+    prints a search hit and a cache lookup."""
+    import subprocess
+
+    from tests.harness import REPO
+
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "cdc"), "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "verify: all followers identical to the source" in out, out
+    for sink in ("lake", "search", "cache"):
+        assert f"sink {sink}: public.customers: identical" in out, out
+    assert "hit(s) for 'oak lamp'" in out and "name=oak lamp" in out, out
+    assert '"name":"customer 100 jr"' in out and '"bio":"' in out and "(6,400 chars)" in out, out
+    assert "Traceback" not in out, out
