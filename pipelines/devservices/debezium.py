@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, free_port, pid_alive, port_open
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 90.0
@@ -89,26 +86,6 @@ def debezium_jars_dir() -> Path:
     return folder
 
 
-def _proc_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
 def _escape(value: str) -> str:
     """A value for a .properties file (backslashes, and leading spaces, are special there)."""
     return value.replace("\\", "\\\\").replace("\n", "\\n")
@@ -135,7 +112,9 @@ def dsn_parts(dsn: str) -> dict[str, str]:
 
 
 @dataclass
-class LocalDebezium:
+class LocalDebezium(OwnedServerProcess):
+    """stop() sends SIGTERM: Connect stops the task and flushes its offsets (a restart resumes there)."""
+
     base_dir: Path
     bootstrap: str
     dsn: str
@@ -151,6 +130,9 @@ class LocalDebezium:
     rest_port: int = field(default=0, init=False)
     start_seconds: float | None = field(default=None, init=False)
 
+    stop_timeout = STOP_TIMEOUT
+    kill_timeout = 10.0
+
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).resolve()
         self.worker_file = self.base_dir / "worker.properties"
@@ -161,7 +143,6 @@ class LocalDebezium:
         self.pid_file = self.base_dir / "connect.pid"
         self.offsets_file = self.base_dir / "offsets.dat"
         self.port_file = self.base_dir / "rest_port"
-        self._proc: subprocess.Popen | None = None
         with contextlib.suppress(OSError, ValueError):
             self.rest_port = int(self.port_file.read_text())
 
@@ -192,16 +173,7 @@ class LocalDebezium:
         self._write_config()
         self._log_mark = self.log_file.stat().st_size if self.log_file.exists() else 0
         argv = [*self._java(jars), MAIN_CLASS, str(self.worker_file), str(self.connector_file)]
-        with open(self.out_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                argv,
-                cwd=self.base_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._spawn(argv, self.out_file)
         if wait:
             try:
                 self.wait_streaming()
@@ -210,34 +182,6 @@ class LocalDebezium:
                 raise
         self.start_seconds = time.monotonic() - began
         return self.env()
-
-    def stop(self) -> None:
-        pid = self.pid()
-        if pid is not None:
-            _signal(pid, signal.SIGTERM)  # Connect stops the task and flushes its offsets
-            if not self._wait_gone(pid, STOP_TIMEOUT):
-                _signal(pid, signal.SIGKILL)
-                self._wait_gone(pid, 10)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-            self._proc = None
-        self.pid_file.unlink(missing_ok=True)
-
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if not pid_alive(pid) or _is_zombie(pid):
-            return None
-        cmdline = _proc_cmdline(pid)
-        if MAIN_CLASS not in cmdline or str(self.worker_file) not in cmdline:
-            return None
-        return pid
-
-    def running(self) -> bool:
-        return self.pid() is not None
 
     def status(self) -> dict | None:
         """The connector's status from the worker's REST API (None while it does not answer)."""
@@ -298,6 +242,9 @@ class LocalDebezium:
         return "\n".join(parts) or "(no log output)"
 
     # -- internals ------------------------------------------------------------------------------
+    def _owns(self, cmdline: str) -> bool:
+        return MAIN_CLASS in cmdline and str(self.worker_file) in cmdline
+
     def _new_log(self) -> str:
         try:
             with open(self.log_file, "rb") as f:
@@ -387,13 +334,3 @@ class LocalDebezium:
             "-cp",
             f"{jars}/*",
         ]
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid and self._proc.poll() is not None:
-                return True
-            if not pid_alive(pid) or _is_zombie(pid):
-                return True
-            time.sleep(0.1)
-        return False

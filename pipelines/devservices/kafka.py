@@ -23,15 +23,13 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, free_port, pid_alive, port_open, run
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open, run
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 60.0
@@ -96,26 +94,6 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=").replace("-", "_")
 
 
-def _proc_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
 @contextlib.contextmanager
 def _quiet_kafka_python() -> Iterator[None]:
     """kafka-python logs every refused connection while the broker boots: not news here."""
@@ -129,7 +107,11 @@ def _quiet_kafka_python() -> Iterator[None]:
 
 
 @dataclass
-class LocalKafka:
+class LocalKafka(OwnedServerProcess):
+    """stop() is a controlled shutdown (SIGTERM: flushes logs, writes clean-shutdown markers);
+    kill() is a crash (SIGKILL: no controlled shutdown), whose logs the next start() recovers;
+    restart() stops and starts again on the same ports with the same data (a broker outage, for tests)."""
+
     base_dir: Path
     port: int = 0  # the broker (PLAINTEXT) listener; 0 = a free port, remembered for restarts
     settings: Mapping[str, str] | None = None  # server.properties overrides (e.g. log.segment.bytes)
@@ -137,6 +119,9 @@ class LocalKafka:
     start_timeout: float = START_TIMEOUT
     controller_port: int = field(default=0, init=False)
     start_seconds: float | None = field(default=None, init=False)  # how long the last start() took
+
+    stop_timeout = STOP_TIMEOUT
+    kill_timeout = 10.0
 
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).resolve()
@@ -148,7 +133,6 @@ class LocalKafka:
         self.out_file = self.base_dir / "kafka.out"
         self.pid_file = self.base_dir / "kafka.pid"
         self.ports_file = self.base_dir / "ports"
-        self._proc: subprocess.Popen | None = None
         if self.ports_file.exists():
             with contextlib.suppress(OSError, ValueError, KeyError):
                 saved = json.loads(self.ports_file.read_text())
@@ -179,17 +163,7 @@ class LocalKafka:
                     f"cannot start Kafka in {self.base_dir}: its {what} port {LOOPBACK}:{port} is taken by another process",
                     f"stop what listens there, or use a fresh --dir (ports are kept in {self.ports_file})",
                 )
-        argv = [*self._java(jars), MAIN_CLASS, str(self.config_file)]
-        with open(self.out_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                argv,
-                cwd=self.base_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._spawn([*self._java(jars), MAIN_CLASS, str(self.config_file)], self.out_file)
         try:
             self._wait_ready()
         except BaseException:
@@ -197,52 +171,6 @@ class LocalKafka:
             raise
         self.start_seconds = time.monotonic() - began
         return self.env()
-
-    def stop(self) -> None:
-        pid = self.pid()
-        if pid is not None:
-            _signal(pid, signal.SIGTERM)  # controlled shutdown: flushes logs, writes clean-shutdown markers
-            if not self._wait_gone(pid, STOP_TIMEOUT):
-                _signal(pid, signal.SIGKILL)
-                self._wait_gone(pid, 10)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)  # reap our child: no zombie left behind
-            self._proc = None
-        self.pid_file.unlink(missing_ok=True)
-
-    def restart(self) -> dict[str, str]:
-        """Stop and start again on the same ports with the same data (a broker outage, for tests)."""
-        self.stop()
-        return self.start()
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash: no controlled shutdown); start() recovers its logs."""
-        pid = self.pid()
-        if pid is not None:
-            _signal(pid, signal.SIGKILL)
-            self._wait_gone(pid, 10)
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-            self._proc = None
-        self.pid_file.unlink(missing_ok=True)
-
-    def pid(self) -> int | None:
-        """The broker's pid if the process we started still runs (a recycled pid is not ours)."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if not pid_alive(pid) or _is_zombie(pid):
-            return None
-        cmdline = _proc_cmdline(pid)
-        if MAIN_CLASS not in cmdline or str(self.config_file) not in cmdline:
-            return None
-        return pid
-
-    def running(self) -> bool:
-        return self.pid() is not None
 
     def log_tail(self, lines: int = 25) -> str:
         parts = []
@@ -258,6 +186,9 @@ class LocalKafka:
         return "\n".join(parts) or "(no log output)"
 
     # -- internals ------------------------------------------------------------------------------
+    def _owns(self, cmdline: str) -> bool:
+        return MAIN_CLASS in cmdline and str(self.config_file) in cmdline
+
     def _choose_ports(self) -> None:
         if not self.port:
             self.port = free_port()
@@ -383,13 +314,3 @@ class LocalKafka:
             f"Kafka did not serve requests on {self.bootstrap} within {self.start_timeout:.0f}s ({last_error}); see {self.log_file}\n{self.log_tail()}",
             "check the log above; on a loaded machine raise the start timeout",
         )
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid and self._proc.poll() is not None:
-                return True
-            if not pid_alive(pid) or _is_zombie(pid):
-                return True
-            time.sleep(0.1)
-        return False

@@ -21,22 +21,19 @@ One limit of the runner's main: it takes the first port that does not answer, se
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, free_port, pid_alive
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port
 from pipelines.errors import ServiceError
 
 MAIN_CLASS = "org.codelibs.opensearch.runner.OpenSearchRunner"
@@ -62,26 +59,6 @@ def java_bin() -> str:
     if not found:
         raise ServiceError("java is not installed", "run scripts/setup.sh (it installs openjdk-17-jre-headless)")
     return found
-
-
-def _proc_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-        os.kill(pid, sig)
 
 
 def _bindable(port: int) -> bool:
@@ -124,12 +101,18 @@ def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> dict:
 
 
 @dataclass
-class LocalOpenSearch:
+class LocalOpenSearch(OwnedServerProcess):
+    """stop() sends SIGTERM: the runner's shutdown hook closes the node cleanly (SIGKILL if it hangs);
+    kill() is a crash (SIGKILL, for crash tests): the translog makes acknowledged writes survive a restart."""
+
     base_dir: Path
     port: int = 0  # HTTP port (must be <= 9299, see module doc); 0 = a free one in 9201-9299
     transport_port: int = 0  # 0 = any free port
     heap: str = "512m"
     start_seconds: float | None = field(default=None, init=False)  # how long the last start() took
+
+    stop_timeout = STOP_TIMEOUT
+    kill_timeout = 5.0
 
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir)
@@ -139,7 +122,6 @@ class LocalOpenSearch:
         self.log_file = self.base_dir / "opensearch.log"  # the node's console output
         self.pid_file = self.base_dir / "opensearch.pid"
         self.port_file = self.base_dir / "port"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._explicit_port = bool(self.port)
         if not self.port and self.port_file.exists():
@@ -196,57 +178,10 @@ class LocalOpenSearch:
             "-clusterName", CLUSTER_NAME,
         ]
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        with open(self.log_file, "ab") as log:
-            try:
-                self._proc = subprocess.Popen(
-                    argv,
-                    cwd=self.base_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own process group, outlives `cdc dev up`
-                )
-            except OSError as exc:
-                raise ServiceError(f"could not run java: {exc}", "run scripts/setup.sh") from exc
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._spawn(argv, self.log_file)
         self._wait_ready(began)
         self.start_seconds = time.monotonic() - began
         return self.env()
-
-    def stop(self) -> None:
-        """SIGTERM: the runner's shutdown hook closes the node cleanly; SIGKILL if it hangs."""
-        pid = self.pid()
-        if pid is None:
-            self._forget()
-            return
-        _signal(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, STOP_TIMEOUT):
-            _signal(pid, signal.SIGKILL)
-            self._wait_gone(pid, 5)
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL the node (crash tests); its translog makes acknowledged writes survive a restart."""
-        pid = self.pid()
-        if pid is None:
-            return
-        _signal(pid, signal.SIGKILL)
-        self._wait_gone(pid, 5)
-        self._forget()
-
-    def restart(self) -> dict[str, str]:
-        self.stop()
-        return self.start()
-
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid if self._alive(pid) else None
-
-    def running(self) -> bool:
-        return self.pid() is not None
 
     def rss_bytes(self) -> int | None:
         """Resident memory of the node's JVM (from /proc), or None when it does not run."""
@@ -262,30 +197,8 @@ class LocalOpenSearch:
         return None
 
     # -- internals ------------------------------------------------------------------------------
-    def _alive(self, pid: int) -> bool:
-        if self._proc is not None and self._proc.pid == pid:
-            return self._proc.poll() is None
-        if not pid_alive(pid) or _is_zombie(pid):
-            return False
-        return MAIN_CLASS in _proc_cmdline(pid)  # never signal a recycled pid
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid:
-                try:
-                    self._proc.wait(timeout=0.1)
-                    return True
-                except subprocess.TimeoutExpired:
-                    continue
-            if not pid_alive(pid) or _is_zombie(pid):
-                return True
-            time.sleep(0.1)
-        return False
-
-    def _forget(self) -> None:
-        self._proc = None
-        self.pid_file.unlink(missing_ok=True)
+    def _owns(self, cmdline: str) -> bool:
+        return MAIN_CLASS in cmdline
 
     def _new_log(self) -> str:
         try:

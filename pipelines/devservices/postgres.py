@@ -21,6 +21,7 @@ from pipelines.devservices.base import (
     free_port,
     give_to,
     pid_alive,
+    read_pid,
     run,
     service_user,
     wait_for_port,
@@ -99,12 +100,8 @@ class LocalPostgres:
                     time.sleep(0.1)
 
     def pid(self) -> int | None:
-        pidfile = self.data_dir / "postmaster.pid"
-        try:
-            pid = int(pidfile.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid if pid_alive(pid) else None
+        pid = read_pid(self.data_dir / "postmaster.pid")
+        return pid if pid is not None and pid_alive(pid) else None
 
     def running(self) -> bool:
         return self.pid() is not None

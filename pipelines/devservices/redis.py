@@ -9,17 +9,13 @@ the foreground (daemonize no) in its own session, and we only ever signal the pi
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, free_port, pid_alive
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 30.0
@@ -31,26 +27,6 @@ def redis_server_bin() -> str:
     if not found:
         raise ServiceError("redis-server is not installed", "run scripts/setup.sh (it installs the Debian package redis-server)")
     return found
-
-
-def _proc_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-        os.kill(pid, sig)
 
 
 def ping(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> str | None:
@@ -70,7 +46,11 @@ def ping(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> str | None:
 
 
 @dataclass
-class LocalRedis:
+class LocalRedis(OwnedServerProcess):
+    """stop() is a graceful shutdown (SIGTERM: Redis flushes the AOF and exits), SIGKILL if it hangs;
+    kill() is a crash (SIGKILL, for crash tests): data written before it is in the AOF; restart()
+    stops if running and starts again on the same port with the same data."""
+
     base_dir: Path
     port: int = 0
     appendonly: bool = True  # AOF persistence: data survives kill -9 + restart
@@ -78,13 +58,16 @@ class LocalRedis:
     maxmemory: str | None = None  # e.g. "256mb"; None = unlimited
     start_seconds: float | None = field(default=None, init=False)  # how long the last start() took
 
+    stop_timeout = STOP_TIMEOUT
+    kill_timeout = 5.0
+    poll_interval = 0.05
+
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir)
         self.conf_file = self.base_dir / "redis.conf"
         self.log_file = self.base_dir / "redis.log"
         self.pid_file = self.base_dir / "redis.pid"
         self.port_file = self.base_dir / "port"
-        self._proc: subprocess.Popen[bytes] | None = None
         if not self.port and self.port_file.exists():
             try:
                 self.port = int(self.port_file.read_text())
@@ -113,86 +96,14 @@ class LocalRedis:
             )
         self.port_file.write_text(str(self.port))
         self._write_conf()
-        with open(self.log_file, "ab") as log:
-            try:
-                self._proc = subprocess.Popen(
-                    [redis_server_bin(), str(self.conf_file)],
-                    cwd=self.base_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own process group: a Ctrl-C in the shell that ran `cdc dev up` does not reach it
-                )
-            except OSError as exc:
-                raise ServiceError(f"could not run redis-server: {exc}", "run scripts/setup.sh") from exc
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._spawn([redis_server_bin(), str(self.conf_file)], self.log_file)
         self._wait_ready(began)
         self.start_seconds = time.monotonic() - began
         return self.env()
 
-    def stop(self) -> None:
-        """Graceful shutdown (SIGTERM: Redis flushes the AOF and exits), SIGKILL if it hangs."""
-        pid = self.pid()
-        if pid is None:
-            self._forget()
-            return
-        _signal(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, STOP_TIMEOUT):
-            _signal(pid, signal.SIGKILL)
-            self._wait_gone(pid, 5)
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL the server (crash tests). Data written before the kill is in the AOF."""
-        pid = self.pid()
-        if pid is None:
-            return
-        _signal(pid, signal.SIGKILL)
-        self._wait_gone(pid, 5)
-        self._forget()
-
-    def restart(self) -> dict[str, str]:
-        """Stop if running, then start again on the same port with the same data."""
-        self.stop()
-        return self.start()
-
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid if self._alive(pid) else None
-
-    def running(self) -> bool:
-        return self.pid() is not None
-
     # -- internals ------------------------------------------------------------------------------
-    def _alive(self, pid: int) -> bool:
-        if self._proc is not None and self._proc.pid == pid:
-            return self._proc.poll() is None
-        # Started by another process (`cdc dev up`): check that the pid is still our redis-server,
-        # so a recycled pid is never signalled.
-        if not pid_alive(pid) or _is_zombie(pid):
-            return False
-        return "redis-server" in _proc_cmdline(pid)
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid:
-                try:
-                    self._proc.wait(timeout=0.05)
-                    return True
-                except subprocess.TimeoutExpired:
-                    continue
-            if not pid_alive(pid) or _is_zombie(pid):
-                return True
-            time.sleep(0.05)
-        return False
-
-    def _forget(self) -> None:
-        self._proc = None
-        self.pid_file.unlink(missing_ok=True)
+    def _owns(self, cmdline: str) -> bool:
+        return "redis-server" in cmdline
 
     def _wait_ready(self, began: float) -> None:
         deadline = began + START_TIMEOUT
