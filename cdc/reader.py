@@ -36,7 +36,7 @@ from cdc.pgoutput_encode import encode_tuple
 from cdc.schema import TypeCache, build_schema, column_extras
 from cdc.source import _slot, check_source, connect, flushed_wal_lsn, table_info
 from cdc.tables import TableName, TableSelector
-from pipelines.errors import CdcError, LogError, SourceError, UsageError
+from pipelines.errors import CdcError, SourceError, UsageError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
 _BEGIN = struct.Struct(">QqI")
@@ -86,7 +86,7 @@ class StreamReader:
         progress_every_s: float = 10.0,
         install_signal_handlers: bool = True,
         ack_limit: Callable[[], int] | None = None,
-        publisher_alive: Callable[[], bool] | None = None,
+        check_publisher: Callable[[], None] | None = None,
     ):
         self.pipeline = pipeline
         self.log = log
@@ -102,7 +102,7 @@ class StreamReader:
         self._rels: dict[int, _Rel | None] = {}
         self._keys: dict[TableName, tuple[str, ...]] = {}
         self.ack_limit = ack_limit
-        self.publisher_alive = publisher_alive
+        self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
@@ -264,8 +264,8 @@ class StreamReader:
                         log.commit(flushed, None)  # a cut at the new position (no events): followers see progress
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
-                    if self.publisher_alive is not None and not self.publisher_alive():
-                        raise LogError("the Kafka publisher of this stream stopped", "see its output above; fix the cause and restart")
+                    if self.check_publisher is not None:
+                        self.check_publisher()
                     if target is not None:
                         if self._acked >= target:
                             break
@@ -457,28 +457,24 @@ def run_stream(pipeline, *, until: str | int | None = None, say: Callable[[str],
     from cdc.log import open_log
 
     log = open_log(pipeline)
-    publisher = stop_publisher = None
+    publisher = None
     try:
-        ack_limit = alive = None
+        ack_limit = None
         if pipeline.log_config.kafka is not None:
-            import multiprocessing
+            from cdc.log.kafka.child import PublisherProcess, check_broker
+            from cdc.log.kafka.publisher import published_lsn
 
-            from cdc.log.kafka.publisher import published_lsn, run_publisher_process
-
-            ctx = multiprocessing.get_context("spawn")
-            stop_publisher = ctx.Event()
-            publisher = ctx.Process(target=run_publisher_process, args=(pipeline, stop_publisher), name="cdc-publisher")
+            check_broker(pipeline)
+            publisher = PublisherProcess(pipeline)
             publisher.start()
             ack_limit = lambda: published_lsn(log)  # noqa: E731
-            alive = publisher.is_alive
-        reader = StreamReader(pipeline, log, until=until, say=say, ack_limit=ack_limit, publisher_alive=alive)
+        reader = StreamReader(
+            pipeline, log, until=until, say=say, ack_limit=ack_limit, check_publisher=publisher.check if publisher else None
+        )
         return reader.run()
     finally:
         if publisher is not None:
-            stop_publisher.set()
-            publisher.join(120)
-            if publisher.is_alive():
-                publisher.kill()
+            publisher.stop()
         log.close()
 
 

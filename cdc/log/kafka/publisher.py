@@ -198,25 +198,36 @@ class Publisher:
         self.producer.send(cuts_topic(self.prefix), key=CUT_KEY, value=orjson.dumps(value), partition=0).get(timeout=60)
 
     # ---- continuous --------------------------------------------------------------------------------
-    def run(self, should_stop: Callable[[], bool], idle_s: float = 0.2) -> None:
+    def run(
+        self, should_stop: Callable[[], bool], idle_s: float = 0.2, pause: Callable[[float], object] = time.sleep
+    ) -> bool:
         """Publish until should_stop(); a broker that goes away is retried with backoff (the
-        events wait in the staging log, and the slot is not acknowledged past them)."""
+        events wait in the staging log, and the slot is not acknowledged past them). `pause`
+        sleeps between attempts and returns early on a stop request. Returns whether the broker
+        answered last (False: stopped while it was away)."""
         while not should_stop():
-            for attempt in Retrying(
-                retry=retry_if_exception_type((KafkaError, LogError, OSError)),
-                wait=wait_exponential(multiplier=0.5, max=10),
-                stop=stop_after_delay(3600),
-                reraise=True,
-            ):
-                with attempt:
-                    try:
-                        produced = self.publish_once()
-                    except (KafkaError, LogError, OSError) as exc:
-                        self.say(f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying")
-                        self.close()
-                        raise
+            try:
+                for attempt in Retrying(
+                    retry=retry_if_exception_type((KafkaError, LogError, OSError)),
+                    wait=wait_exponential(multiplier=0.5, max=10),
+                    stop=stop_after_delay(3600) | (lambda _state: should_stop()),
+                    sleep=pause,
+                    reraise=True,
+                ):
+                    with attempt:
+                        try:
+                            produced = self.publish_once()
+                        except (KafkaError, LogError, OSError) as exc:
+                            self.say(f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying")
+                            self.close()
+                            raise
+            except (KafkaError, LogError, OSError):
+                if should_stop():
+                    return False
+                raise
             if not produced:
-                time.sleep(idle_s)
+                pause(idle_s)
+        return True
 
 
 @contextlib.contextmanager
@@ -236,21 +247,3 @@ def publisher_lock(staging: LocalLog, wait: bool = True):
             yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def run_publisher_process(pipeline, stop_event) -> None:
-    """Entry point of the publisher child process of `cdc stream` (multiprocessing, spawn)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    from cdc.log import open_log
-
-    staging = open_log(pipeline)
-    publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
-    try:
-        with publisher_lock(staging):
-            publisher.run(stop_event.is_set)
-            publisher.publish_once()  # whatever the stream made durable before it stopped
-    finally:
-        publisher.close()
-        staging.close()
