@@ -24,7 +24,7 @@ import shutil
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Container, Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -475,6 +475,42 @@ class LocalLog(LogWriter, LogReader):
             table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
             schema, xid, ts, elsn, sv,
         )
+
+    # ---- key history (read-only; the Kafka publisher fills unchanged TOAST values from it) ---------
+    def key_events_before(
+        self, table: TableName, keys: Collection[bytes], below: int
+    ) -> Iterator[tuple[int, bytes | None, str, bytes | None, int]]:
+        """(off, key, op, payload, sv) of the events of `keys` below offset `below`, newest first,
+        together with every truncate and snapshot marker (they bound a key's history). One
+        backward scan of the event table; close the iterator to stop it early."""
+        tid = self._require_table(table)
+        marks = ",".join("?" * len(keys))
+        cur = self.db.execute(
+            f"SELECT off, key, op, payload, sv FROM ev_{tid}"
+            f" WHERE off < ? AND (op IN ('t', 'S') OR key IN ({marks})) ORDER BY off DESC",
+            (below, *keys),
+        )
+        try:
+            yield from cur
+        finally:
+            cur.close()  # an unfinished statement would pin the WAL snapshot
+
+    def snapshot_rows(
+        self, table: TableName, segment_ids: Sequence[int], keys: Container[bytes], version: int
+    ) -> Iterator[tuple[bytes, list[str | None]]]:
+        """(key, values) of the snapshot rows whose key is in `keys`, reading each of these
+        segment files once; values are decoded only for matching rows. Segments gone from
+        the log are skipped."""
+        tid = self._require_table(table)
+        key_idx = self.schema_by_version(tid, version).key_indexes
+        for seg_id in segment_ids:
+            seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (seg_id,)).fetchone()
+            if seg is None or not (self.path / seg[0]).exists():
+                continue
+            for fields in iter_segment(self.path / seg[0]):
+                key = key_from_copy_fields(fields, key_idx)
+                if key in keys:
+                    yield key, copy_fields_to_values(fields)
 
     # ---- Spark-side reads (the apply job and verify; rows stay in executors) ------------------------
     value_kind = "pgtext"  # values are PostgreSQL text output (see pipelines.apply.sparktypes)

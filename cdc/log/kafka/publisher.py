@@ -30,6 +30,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from cdc.envelope import EnvelopeRenderer
 from cdc.log.kafka import client as kc
+from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
 from cdc.log.local import LocalLog
 from cdc.tables import TableName
@@ -159,7 +160,9 @@ class Publisher:
         send = self.producer.send
         first = last = None
         n = 0
-        for rec, key, value in renderer.records(self.staging.read(table, after, upto)):
+        # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
+        records = fill_unchanged(self.staging, table, self.staging.read(table, after, upto))
+        for rec, key, value in renderer.records(records):
             headers = [
                 ("cdc.lsn", str(rec.lsn).encode()),
                 ("cdc.seq", str(rec.seq).encode()),

@@ -1,0 +1,1155 @@
+"""The `kafka` log end to end, against a real Kafka 4 broker (KRaft), PostgreSQL 15 and Spark.
+
+Capture writes the embedded staging log; the publisher (a child process of `cdc stream`, or
+`cdc snapshot` itself) turns its cuts into one compacted topic per table plus a cut topic and a
+schema topic; `cdc apply` reads the topics with Spark's Kafka source. The tests read the topics
+back with plain kafka-python (not the product's client) and end with `cdc verify` exit 0 unless
+they are about a failure. Spark pays seconds per MERGE, so related checks share a pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+
+from cdc.keys import key_texts
+from cdc.lsn import format_lsn
+from pipelines.devservices.base import free_port
+from tests.harness import CdcRun, cdc, cdc_popen, sql, verify, write_pipeline
+from tests.integration.test_capture import (
+    BIG_TEXT,
+    UNAVAILABLE,
+    Writer,
+    assert_log_well_formed,
+    assert_txns_streamed,
+    flush_wal,
+    make_table,
+    no_traceback,
+    slot_info,
+    stream_events,
+    wait_slot,
+)
+
+pytestmark = pytest.mark.integration
+
+LAKE = {"name": "lake", "delta": {"path": "lake"}}
+TRUNCATE_KEY = {"__cdc_truncate": True}
+
+
+# ---- pipelines ------------------------------------------------------------------------------------
+@dataclass
+class KPipe:
+    """A pipeline with the `kafka` log: its file, its topics and its staging log."""
+
+    dir: Path
+    file: Path
+    dsn: str
+    tables: list[str]
+    bootstrap: str
+    prefix: str
+    name: str = "test"
+
+    @property
+    def slot(self) -> str:
+        return f"cdc_{self.name}"
+
+    @property
+    def log(self) -> Path:
+        """The staging log (the embedded log capture writes); named `log` so the capture tests'
+        helpers (assert_log_well_formed, stream_events, ...) read it."""
+        return self.dir / ".cdc" / self.name / "staging"
+
+    def topic(self, table: str) -> str:
+        return f"{self.prefix}.{table}"
+
+    @property
+    def cuts_topic(self) -> str:
+        return f"{self.prefix}._cdc_cuts"
+
+    @property
+    def schemas_topic(self) -> str:
+        return f"{self.prefix}._cdc_schemas"
+
+    def write(self, sinks: list[dict] | None = None, **kafka: Any) -> None:
+        """(Re)write the pipeline file: same source and topics, these sinks and kafka settings."""
+        log = {"kafka": {"bootstrap_servers": self.bootstrap, "topic_prefix": self.prefix, **kafka}}
+        write_pipeline(
+            self.dir, self.dsn, self.tables, name=self.name, log=log, sinks=[LAKE] if sinks is None else sinks
+        )
+
+
+def make_kpipe(
+    tmp_path: Path, dsn: str, tables: list[str], bootstrap: str, sinks: list[dict] | None = None, **kafka: Any
+) -> KPipe:
+    pipe = KPipe(tmp_path, tmp_path / "test.yml", dsn, tables, bootstrap, f"k{uuid.uuid4().hex[:10]}")
+    pipe.write(sinks, **kafka)
+    return pipe
+
+
+def ok(*args: Any, timeout: float = 300) -> CdcRun:
+    run = cdc(*args, timeout=timeout)
+    assert run.code == 0, (
+        f"cdc {' '.join(map(str, args))} exited {run.code}\nstdout:\n{run.out}\nstderr:\n{run.err}"
+    )
+    no_traceback(run)
+    return run
+
+
+def snapshot(pipe: KPipe) -> CdcRun:
+    return ok("snapshot", pipe.file, "--no-progress")
+
+
+def stream_until_current(pipe: KPipe) -> CdcRun:
+    """`cdc stream --until current`: returns once everything committed before is in Kafka (the
+    stream acknowledges, and stops, only at what the publisher has published)."""
+    flush_wal(pipe.dsn)
+    return ok("stream", pipe.file, "--until", "current")
+
+
+def apply_ok(pipe: KPipe, spark, sink: str | None = None) -> list:
+    from pipelines.apply.job import ApplyJob
+    from pipelines.config import load_pipeline
+
+    lines: list[str] = []
+    job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
+    runs = job.run_once(sink)
+    job.report(runs)
+    assert not [r for r in runs if r.error is not None], "apply failed:\n" + "\n".join(lines)
+    return runs
+
+
+def verified(pipe: KPipe, spark, sink: str | None = None) -> str:
+    code, report = verify(pipe.file, spark, sink)
+    if code != 0:
+        checkpoints = pipe.dir / ".cdc" / pipe.name / "checkpoints"
+        saved = {f.stem: json.loads(f.read_text()) for f in checkpoints.glob("*.json")}
+        cut = latest_cut(pipe)
+        raise AssertionError(f"cdc verify exited {code}:\n{report}\ncheckpoints: {saved}\nlatest cut: {cut}")
+    return report
+
+
+def start_stream(pipe: KPipe) -> subprocess.Popen:
+    """`cdc stream` in the background, returned once its replication connection is up."""
+    proc = cdc_popen("stream", pipe.file)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"cdc stream exited {proc.returncode} early:\n{out}\n{err}")
+        info = slot_info(pipe.dsn, pipe.slot)
+        if info is not None and info[0] is not None:
+            return proc
+        time.sleep(0.05)
+    kill_tree(proc)
+    raise AssertionError("cdc stream did not start streaming within 60s")
+
+
+def stop_stream(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    children = child_pids(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise AssertionError(f"cdc stream did not stop within {timeout}s after SIGTERM") from None
+    assert proc.returncode == 0, f"cdc stream exited {proc.returncode} after SIGTERM:\n{out}\n{err}"
+    no_traceback((out, err))
+    for pid in children:
+        assert wait_gone(pid, 10), f"process {pid} of cdc stream still runs 10s after it stopped"
+    return out, err
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of a process (the publisher child of `cdc stream`, multiprocessing helpers)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `cdc stream` and the children it started (a crash of the whole service)."""
+    children = child_pids(proc.pid)
+    for pid in [proc.pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    for pid in children:
+        wait_gone(pid, 10)
+
+
+# ---- the staging log ------------------------------------------------------------------------------
+def staging_db(pipe: KPipe) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{pipe.log / 'log.db'}?mode=ro", uri=True)
+
+
+def published(pipe: KPipe) -> dict | None:
+    """The publisher's record of what Kafka acknowledged (cut id, LSN, per-table offsets)."""
+    with staging_db(pipe) as db:
+        row = db.execute("SELECT v FROM meta WHERE k = 'kafka_published'").fetchone()
+    return orjson.loads(row[0]) if row else None
+
+
+def published_lsn(pipe: KPipe) -> int:
+    state = published(pipe)
+    return state["lsn"] if state else 0
+
+
+def staged_lsn(pipe: KPipe) -> int:
+    """How far capture has made the staging log durable: its latest cut's LSN."""
+    with staging_db(pipe) as db:
+        row = db.execute("SELECT max(lsn) FROM cuts").fetchone()
+    return row[0] or 0
+
+
+def staged_positions(pipe: KPipe, table: str) -> list[tuple[int, int, str]]:
+    """(lsn, seq, op) of the table's stream events in the staging log, in offset order."""
+    return [(e.lsn, e.seq, e.op) for e in stream_events(pipe, table)]
+
+
+def current_flush_lsn(dsn: str) -> int:
+    flush_wal(dsn)
+    return sql(dsn, "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint")[0][0]
+
+
+def wait_published(pipe: KPipe, lsn: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while published_lsn(pipe) < lsn:
+        assert time.monotonic() < deadline, (
+            f"the publisher did not reach {format_lsn(lsn)} within {timeout}s (at {format_lsn(published_lsn(pipe))})"
+        )
+        time.sleep(0.1)
+
+
+def wait_acknowledged(pipe: KPipe, lsn: int, timeout: float = 30) -> None:
+    """Until the slot's confirmed_flush_lsn reaches `lsn` (the stream acknowledges what Kafka holds)."""
+    deadline = time.monotonic() + timeout
+    while (slot_info(pipe.dsn, pipe.slot)[1] or 0) < lsn:
+        assert time.monotonic() < deadline, (
+            f"the slot did not reach {format_lsn(lsn)} within {timeout}s (at {slot_info(pipe.dsn, pipe.slot)})"
+        )
+        time.sleep(0.1)
+
+
+# ---- Kafka, read back with plain kafka-python ----------------------------------------------------
+@dataclass(frozen=True)
+class Rec:
+    """A table topic record: the key and value JSON, and the position headers."""
+
+    offset: int
+    key: Any
+    value: dict | None
+    lsn: int
+    seq: int
+
+    @property
+    def tombstone(self) -> bool:
+        return self.value is None
+
+    @property
+    def op(self) -> str | None:
+        return None if self.value is None else self.value["op"]
+
+    @property
+    def key_text(self) -> str:
+        return orjson.dumps(self.key, option=orjson.OPT_SORT_KEYS).decode()
+
+    def content(self) -> tuple:
+        """What a republished copy must repeat: everything but the envelope's render time."""
+        value = None if self.value is None else {k: v for k, v in self.value.items() if k != "ts_ms"}
+        return self.key_text, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def admin(bootstrap: str) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=[bootstrap], request_timeout_ms=30_000, client_id="test-admin")
+
+
+def topics_with_prefix(bootstrap: str, prefix: str) -> set[str]:
+    client = admin(bootstrap)
+    try:
+        return {t for t in client.list_topics() if t.startswith(prefix + ".")}
+    finally:
+        client.close()
+
+
+def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
+    client = admin(bootstrap)
+    try:
+        result = client.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        client.close()
+    return {k: v["value"] for k, v in result["topic"][topic].items()}
+
+
+def raw_records(bootstrap: str, topic: str) -> list:
+    """Every record of partition 0, oldest first (ConsumerRecords)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=[bootstrap],
+        enable_auto_commit=False,
+        request_timeout_ms=30_000,
+        client_id="test-reader",
+    )
+    try:
+        tp = TopicPartition(topic, 0)
+        end = consumer.end_offsets([tp])[tp]
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        out: list = []
+        deadline = time.monotonic() + 60
+        while consumer.position(tp) < end:
+            assert time.monotonic() < deadline, f"{topic}: could not read to offset {end} within 60s"
+            for batch in consumer.poll(timeout_ms=1000).values():
+                out.extend(r for r in batch if r.offset < end)
+        return out
+    finally:
+        consumer.close()
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(
+        bootstrap_servers=[bootstrap], request_timeout_ms=30_000, client_id="test-offsets"
+    )
+    try:
+        tp = TopicPartition(topic, 0)
+        return consumer.end_offsets([tp])[tp]
+    finally:
+        consumer.close()
+
+
+def table_records(bootstrap: str, topic: str) -> list[Rec]:
+    out = []
+    for r in raw_records(bootstrap, topic):
+        headers = dict(r.headers or [])
+        assert "cdc.lsn" in headers and "cdc.seq" in headers, (
+            f"{topic}@{r.offset}: no position headers: {headers}"
+        )
+        value = orjson.loads(r.value) if r.value is not None else None
+        out.append(
+            Rec(r.offset, orjson.loads(r.key), value, int(headers["cdc.lsn"]), int(headers["cdc.seq"]))
+        )
+    return out
+
+
+def cuts(bootstrap: str, topic: str) -> list[dict]:
+    records = raw_records(bootstrap, topic)
+    assert all(r.key == b"cut" for r in records), "the cut topic holds one key"
+    return [orjson.loads(r.value) for r in records]
+
+
+def latest_cut(pipe: KPipe) -> dict:
+    found = cuts(pipe.bootstrap, pipe.cuts_topic)
+    assert found, f"no cut in {pipe.cuts_topic}"
+    return found[-1]
+
+
+def check_order(records: Sequence[Rec], topic: str) -> dict[tuple, Rec]:
+    """Nothing reordered, nothing contradictory: positions appear for the first time in increasing
+    order (snapshot rows share theirs; a tombstone follows its delete); a position seen again is a
+    republished copy with the same key and value. Returns the first record per position."""
+    first: dict[tuple, Rec] = {}
+    high: tuple | None = None
+    for r in records:
+        ident = (r.lsn, r.seq, r.tombstone, r.key_text if r.op == "r" else None)
+        order = (r.lsn, r.seq, r.tombstone)
+        if ident in first:
+            assert first[ident].content() == r.content(), (
+                f"{topic}@{r.offset}: position {ident[:3]} republished with other content than at "
+                f"offset {first[ident].offset}:\n  {first[ident]}\n  {r}"
+            )
+            continue
+        assert high is None or order > high or (order == high and r.op == "r"), (
+            f"{topic}@{r.offset}: position {order} after {high}: out of commit order"
+        )
+        first[ident] = r
+        high = order
+    return first
+
+
+def check_shape(records: Sequence[Rec], topic: str, key: Sequence[str]) -> None:
+    """Keys are the primary key as JSON; a delete is followed right away by its tombstone."""
+    for i, r in enumerate(records):
+        if r.op == "t":
+            assert r.key == TRUNCATE_KEY, f"{topic}@{r.offset}: truncate key {r.key}"
+            continue
+        assert isinstance(r.key, dict) and sorted(r.key) == sorted(key), (
+            f"{topic}@{r.offset}: key {r.key} is not {key}"
+        )
+        if r.tombstone:
+            prev = records[i - 1] if i else None
+            assert (
+                prev is not None
+                and prev.op == "d"
+                and prev.key == r.key
+                and (prev.lsn, prev.seq) == (r.lsn, r.seq)
+            ), f"{topic}@{r.offset}: tombstone not right after its delete (before it: {prev})"
+            continue
+        assert set(r.value) >= {"before", "after", "source", "op", "ts_ms"}, (
+            f"{topic}@{r.offset}: not an envelope"
+        )
+        assert r.value["source"]["connector"] == "postgresql"
+        row = r.value["before"] if r.op == "d" else r.value["after"]
+        if row is not None:
+            assert {k: row[k] for k in key} == r.key, (
+                f"{topic}@{r.offset}: key {r.key} differs from the row {row}"
+            )
+        if r.op == "d":
+            nxt = records[i + 1] if i + 1 < len(records) else None
+            assert nxt is not None and nxt.tombstone and nxt.key == r.key, (
+                f"{topic}@{r.offset}: delete without a tombstone after it"
+            )
+
+
+def deduplicated(first: dict[tuple, Rec]) -> list[Rec]:
+    """The first copy of every record, in position order: the topic as a follower sees it after
+    deduplicating by position (a crash can split a delete from its tombstone in offset order)."""
+    return sorted(first.values(), key=lambda r: (r.lsn, r.seq, r.tombstone, r.offset))
+
+
+def expected_idents(pipe: KPipe, table: str) -> set[tuple]:
+    """The stream positions the staging log holds, as topic records: (lsn, seq, tombstone)."""
+    out = set()
+    for lsn, seq, op in staged_positions(pipe, table):
+        out.add((lsn, seq, False))
+        if op == "d":
+            out.add((lsn, seq, True))
+    return out
+
+
+def check_complete(pipe: KPipe, table: str, records: Sequence[Rec], snapshot_rows: int) -> dict[tuple, Rec]:
+    """Every staged event is in the topic once (up to republished copies), in order, nothing else."""
+    topic = pipe.topic(table)
+    first = check_order(records, topic)
+    stream = {k[:3] for k, r in first.items() if r.op != "r"}
+    want = expected_idents(pipe, table)
+    assert stream == want, (
+        f"{topic}: {len(want - stream)} staged events missing (e.g. {sorted(want - stream)[:3]}), "
+        f"{len(stream - want)} unknown (e.g. {sorted(stream - want)[:3]})"
+    )
+    assert sum(1 for r in first.values() if r.op == "r") == snapshot_rows, f"{topic}: snapshot rows"
+    return first
+
+
+# ---- 1. capture through Kafka ----------------------------------------------------------------------
+def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka, spark) -> None:
+    """Snapshot + inserts, updates (one leaving a TOAST value unchanged), key updates, deletes, a
+    truncate and an added column, through the Kafka log into Delta: verify finds the follower
+    identical. The topics have the documented layout, and `cdc status` shows the cut and the
+    follower's lag."""
+    sql(
+        pg_db,
+        "CREATE TABLE items(id int PRIMARY KEY, n int, big text, note text)",
+        "ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL",
+        f"INSERT INTO items SELECT g, 0, CASE WHEN g = 2 THEN 'small' ELSE {BIG_TEXT} END, 'n' || g FROM generate_series(1, 6) g",
+        "CREATE TABLE pairs(a int, b text, v text, PRIMARY KEY (a, b))",
+        "INSERT INTO pairs SELECT g, 'k' || g, 'v' || g FROM generate_series(1, 5) g",
+        "CREATE TABLE gone(id int PRIMARY KEY, v text)",
+        "INSERT INTO gone SELECT g, 'g' || g FROM generate_series(1, 4) g",
+    )
+    tables = ["public.items", "public.pairs", "public.gone"]
+    pipe = make_kpipe(tmp_path, pg_db, tables, kafka.bootstrap)
+    run = snapshot(pipe)
+    assert "published 15 records to Kafka" in run.out, run.out
+    sql(
+        pg_db,
+        f"INSERT INTO items VALUES (7, 0, {BIG_TEXT}, 'seven')",
+        "UPDATE items SET n = 1 WHERE id = 1",  # big unchanged: known from the snapshot
+        "UPDATE items SET n = 2, note = 'changed' WHERE id = 7",  # big unchanged: known from the stream
+        "UPDATE items SET id = 20 WHERE id = 2",  # key change: delete 2, create 20
+        "DELETE FROM items WHERE id IN (3, 4)",
+        "BEGIN",
+        "UPDATE pairs SET b = 'z1' WHERE a = 1",
+        "DELETE FROM pairs WHERE a = 5",
+        "INSERT INTO pairs VALUES (6, 'k6', 'v6')",
+        "COMMIT",
+        "TRUNCATE gone",
+        "INSERT INTO gone VALUES (10, 'after')",
+        "ALTER TABLE items ADD COLUMN extra text DEFAULT 'dflt'",
+        "INSERT INTO items(id, n, big, note, extra) VALUES (8, 0, 'small', 'eight', 'x')",
+        "UPDATE items SET extra = 'e5' WHERE id = 5",  # big unchanged, new schema version
+    )
+    stream_until_current(pipe)
+
+    # One compacted topic per table, plus the cut and schema topics.
+    assert topics_with_prefix(kafka.bootstrap, pipe.prefix) == {pipe.topic(t) for t in tables} | {
+        pipe.cuts_topic,
+        pipe.schemas_topic,
+    }
+    for topic in [pipe.topic(t) for t in tables] + [pipe.cuts_topic, pipe.schemas_topic]:
+        assert topic_config(kafka.bootstrap, topic)["cleanup.policy"] == "compact", topic
+
+    keys = {"public.items": ["id"], "public.pairs": ["a", "b"], "public.gone": ["id"]}
+    records = {t: table_records(kafka.bootstrap, pipe.topic(t)) for t in tables}
+    for table, recs in records.items():
+        check_shape(recs, pipe.topic(table), keys[table])
+        assert len(recs) == len(set(r.offset for r in recs)) == recs[-1].offset + 1, (
+            f"{table}: offsets not dense"
+        )
+    check_complete(pipe, "public.items", records["public.items"], 6)
+    check_complete(pipe, "public.pairs", records["public.pairs"], 5)
+    check_complete(pipe, "public.gone", records["public.gone"], 4)
+
+    items = [(r.op, r.key.get("id")) for r in records["public.items"] if r.op != "r"]
+    assert items == [
+        ("c", 7), ("u", 1), ("u", 7), ("d", 2), (None, 2), ("c", 20),
+        ("d", 3), (None, 3), ("d", 4), (None, 4), ("c", 8), ("u", 5),
+    ]  # fmt: skip
+    by_op = {(r.op, r.key.get("id")): r.value for r in records["public.items"] if r.value}
+    # Unchanged TOAST values are filled from the staging log before publishing (compaction may drop
+    # the record that held them); after ADD COLUMN (a new schema version) the placeholder stays.
+    assert by_op[("u", 1)]["after"]["big"] == by_op[("r", 1)]["after"]["big"] != UNAVAILABLE
+    assert by_op[("u", 7)]["after"]["big"] == by_op[("c", 7)]["after"]["big"] != UNAVAILABLE
+    assert by_op[("u", 5)]["after"]["big"] == UNAVAILABLE
+    assert by_op[("u", 5)]["after"]["extra"] == "e5"
+    pairs = [(r.op, r.key) for r in records["public.pairs"] if r.op != "r"]
+    assert pairs == [
+        ("d", {"a": 1, "b": "k1"}), (None, {"a": 1, "b": "k1"}), ("c", {"a": 1, "b": "z1"}),
+        ("d", {"a": 5, "b": "k5"}), (None, {"a": 5, "b": "k5"}), ("c", {"a": 6, "b": "k6"}),
+    ]  # fmt: skip
+    assert len({(r.lsn) for r in records["public.pairs"] if r.op != "r"}) == 1, (
+        "one transaction, one commit LSN"
+    )
+    gone = [(r.op, r.key) for r in records["public.gone"] if r.op != "r"]
+    assert gone == [("t", TRUNCATE_KEY), ("c", {"id": 10})]
+
+    # The cut topic: the latest cut names every table topic with its end offset.
+    cut = latest_cut(pipe)
+    assert cut["lsn"] == published_lsn(pipe) and cut["lsn"] >= staged_lsn(pipe) > 0
+    assert sorted(cut["tables"]) == sorted(tables)
+    for table in tables:
+        entry = cut["tables"][table]
+        assert entry["topic"] == pipe.topic(table)
+        assert entry["base"] == 0 and entry["end"] == end_offset(kafka.bootstrap, pipe.topic(table)) - 1, (
+            table,
+            entry,
+        )
+    schemas = [orjson.loads(r.value) for r in raw_records(kafka.bootstrap, pipe.schemas_topic)]
+    assert sorted((s["table"], s["version"]) for s in schemas) == [
+        ("public.gone", 1),
+        ("public.items", 1),
+        ("public.items", 2),
+        ("public.pairs", 1),
+    ], "every schema version of every table, once"
+    columns = next(s for s in schemas if s["version"] == 2)["schema"]["columns"]
+    assert [columns[-1][0], columns[-1][-1]] == ["extra", "dflt"], "the added column and its default"
+
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
+    lake = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / "items"))
+    row1 = lake.filter("id = 1").first()
+    assert row1 is not None and len(row1["big"]) > 8192 and row1["n"] == 1, "unchanged TOAST value kept"
+
+    # ---- 8. `cdc status` on a kafka pipeline: the cut, and each follower's lag ----
+    status = status_json(pipe)
+    cut = latest_cut(pipe)
+    assert status["log"]["kind"] == "kafka" and "error" not in status["log"], status["log"]
+    assert status["log"]["cut"]["id"] == cut["cut_id"] and status["log"]["cut"]["lsn"] == format_lsn(
+        cut["lsn"]
+    )
+    assert {t["table"]: t["end"] for t in status["log"]["tables"]} == {
+        t: cut["tables"][t]["end"] for t in tables
+    }
+    (lake_status,) = status["followers"]
+    assert lake_status["sink"] == "lake" and lake_status["events_behind_log"] == 0, lake_status
+    applied_lsn = lake_status["position"]
+    sql(pg_db, "UPDATE items SET n = 9 WHERE id = 1", "DELETE FROM pairs WHERE a = 3")
+    stream_until_current(pipe)
+    status = status_json(pipe)
+    (lake_status,) = status["followers"]
+    assert lake_status["position"] == applied_lsn
+    assert lake_status["events_behind_log"] == 3, lake_status  # an update; a delete and its tombstone
+    assert status["log"]["cut"]["lsn"] == format_lsn(latest_cut(pipe)["lsn"])
+    text = ok("status", pipe.file).out
+    assert f"log (kafka): cut {status['log']['cut']['id']} at {status['log']['cut']['lsn']}" in text, text
+    assert f"follower lake (delta): at {applied_lsn}" in text and "3 events behind the log" in text, text
+
+
+def status_json(pipe: KPipe) -> dict:
+    return json.loads(ok("status", pipe.file, "--json").out)
+
+
+# ---- 3. broker unreachable at start ------------------------------------------------------------------
+def test_unreachable_broker_fails_fast_and_clearly(pg_db: str, tmp_path: Path) -> None:
+    """bootstrap_servers pointing at a closed port: `cdc snapshot` and `cdc stream` exit 4 within a
+    bounded time, naming the address and the fix, without a traceback."""
+    make_table(pg_db, "t", 10)
+    address = f"127.0.0.1:{free_port()}"
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], address)
+    for args in (("snapshot", pipe.file, "--no-progress"), ("stream", pipe.file, "--until", "current")):
+        started = time.monotonic()
+        proc = cdc_popen(*args)
+        try:
+            out, err = proc.communicate(timeout=75)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise AssertionError(
+                f"cdc {args[0]} did not give up on an unreachable broker within 75s"
+            ) from None
+        took = time.monotonic() - started
+        assert proc.returncode == 4, f"cdc {args[0]} exited {proc.returncode}:\n{out}\n{err}"
+        assert took < 60, f"cdc {args[0]} took {took:.1f}s to report an unreachable broker"
+        no_traceback((out, err))
+        assert address in err and "fix:" in err and "bootstrap_servers" in err, err
+        print(f"cdc {args[0]}: exit 4 after {took:.1f}s")
+
+
+# ---- 4. a topic with cleanup.policy=delete -----------------------------------------------------------
+def delete_policy_topic(pipe: KPipe, table: str) -> str:
+    topic = pipe.topic(table)
+    client = admin(pipe.bootstrap)
+    try:
+        client.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "delete"})])
+    finally:
+        client.close()
+    return topic
+
+
+def assert_refused(run: CdcRun, what: str, topic: str) -> None:
+    assert run.code == 2, f"cdc {what} exited {run.code}:\n{run.out}\n{run.err}"
+    no_traceback(run)
+    assert f"Kafka topic {topic} exists with cleanup.policy=delete" in run.err, run.err
+    assert "fix_cleanup_policy: true" in run.err, run.err
+
+
+def test_topic_with_delete_policy_is_refused_unless_fixed(pg_db: str, tmp_path: Path, kafka) -> None:
+    """An existing table topic that deletes by age would lose rows new followers need: `cdc
+    snapshot` refuses it (exit 2, naming the topic) and leaves it alone; with
+    `fix_cleanup_policy: true` it is made compact and capture works."""
+    make_table(pg_db, "t", 10)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    topic = delete_policy_topic(pipe, "public.t")
+    assert_refused(cdc("snapshot", pipe.file, "--no-progress", timeout=180), "snapshot", topic)
+    assert topic_config(kafka.bootstrap, topic)["cleanup.policy"] == "delete", "a refused topic is left alone"
+    assert end_offset(kafka.bootstrap, topic) == 0, "nothing written into a refused topic"
+
+    pipe.write(fix_cleanup_policy=True)
+    snapshot(pipe)  # publishes the snapshot the refused run staged
+    assert topic_config(kafka.bootstrap, topic)["cleanup.policy"] == "compact"
+    sql(pg_db, "INSERT INTO t VALUES (11, 'new')", "DELETE FROM t WHERE id = 1")
+    stream_until_current(pipe)
+    records = table_records(kafka.bootstrap, topic)
+    check_shape(records, topic, ["id"])
+    check_complete(pipe, "public.t", records, 10)
+    assert [(r.op, r.key) for r in records if r.op != "r"] == [
+        ("c", {"id": 11}),
+        ("d", {"id": 1}),
+        (None, {"id": 1}),
+    ]
+
+
+def test_stream_refuses_topic_with_delete_policy(pg_db: str, tmp_path: Path, kafka) -> None:
+    """`cdc stream` refuses such a topic the same way: exit 2 naming the topic, no traceback
+    (the publisher runs in a child process; its error must still reach the user as one)."""
+    make_table(pg_db, "t", 10)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    topic = delete_policy_topic(pipe, "public.t")
+    assert_refused(cdc("snapshot", pipe.file, "--no-progress", timeout=180), "snapshot", topic)
+    assert_refused(cdc("stream", pipe.file, "--until", "current", timeout=180), "stream", topic)
+    assert topic_config(kafka.bootstrap, topic)["cleanup.policy"] == "delete"
+    assert end_offset(kafka.bootstrap, topic) == 0
+
+
+# ---- 7. `cdc log read` -----------------------------------------------------------------------------
+def test_log_read_prints_envelopes_in_commit_order(pg_db: str, tmp_path: Path, kafka) -> None:
+    """`cdc log read` on a kafka pipeline: the envelopes of every table merged in commit order
+    (snapshot rows first); `--keys` shows the records as the topics hold them, tombstones too."""
+    sql(
+        pg_db,
+        "CREATE TABLE a(id int PRIMARY KEY, v text)",
+        "CREATE TABLE b(id int PRIMARY KEY, v text)",
+        "INSERT INTO a VALUES (1, 'a1')",
+        "INSERT INTO b VALUES (1, 'b1')",
+    )
+    pipe = make_kpipe(tmp_path, pg_db, ["public.a", "public.b"], kafka.bootstrap)
+    snapshot(pipe)
+    sql(
+        pg_db,
+        "INSERT INTO b VALUES (2, 'b2')",
+        "BEGIN",
+        "INSERT INTO a VALUES (2, 'a2')",
+        "UPDATE b SET v = 'b1x' WHERE id = 1",
+        "UPDATE a SET v = 'a1x' WHERE id = 1",
+        "COMMIT",
+        "DELETE FROM b WHERE id = 2",
+        "BEGIN",
+        "DELETE FROM a WHERE id = 1",
+        "INSERT INTO b VALUES (3, 'b3')",
+        "COMMIT",
+        "UPDATE a SET v = 'a2x' WHERE id = 2",
+    )
+    stream_until_current(pipe)
+
+    events = [orjson.loads(line) for line in ok("log", "read", pipe.file).out.splitlines()]
+    got = [(e["source"]["table"], e["op"], (e["after"] or e["before"])["id"]) for e in events]
+    assert got[:2] == [("a", "r", 1), ("b", "r", 1)] or got[:2] == [("b", "r", 1), ("a", "r", 1)], got
+    assert got[2:] == [
+        ("b", "c", 2),
+        ("a", "c", 2), ("b", "u", 1), ("a", "u", 1),
+        ("b", "d", 2),
+        ("a", "d", 1), ("b", "c", 3),
+        ("a", "u", 2),
+    ], got  # fmt: skip
+    assert all(set(e) >= {"before", "after", "source", "op", "ts_ms"} for e in events)
+    assert events[-1]["after"] == {"id": 2, "v": "a2x"}
+    positions = [orjson.loads(e["source"]["sequence"]) for e in events[2:]]
+    assert positions == sorted(positions, key=lambda p: (int(p[0]), int(p[1]))), "commit order"
+
+    keyed = [orjson.loads(line) for line in ok("log", "read", pipe.file, "--keys").out.splitlines()]
+    assert all(set(k) == {"table", "offset", "key", "value"} for k in keyed)
+    tombstones = [(k["table"], k["key"]) for k in keyed if k["value"] is None]
+    assert tombstones == [("public.b", {"id": 2}), ("public.a", {"id": 1})], tombstones
+    for i, k in enumerate(keyed):
+        if k["value"] is None:
+            prev = keyed[i - 1]
+            assert (
+                prev["value"]["op"] == "d" and prev["key"] == k["key"] and prev["offset"] == k["offset"] - 1
+            )
+    a_offsets = [k["offset"] for k in keyed if k["table"] == "public.a"]
+    assert a_offsets == list(range(6)), a_offsets  # r, c, u, d, tombstone, u
+
+    only_b = [
+        orjson.loads(line)
+        for line in ok("log", "read", pipe.file, "--table", "public.b", "--limit", "3").out.splitlines()
+    ]
+    assert [(e["source"]["table"], e["op"]) for e in only_b] == [("b", "r"), ("b", "c"), ("b", "u")]
+
+
+# ---- 2. broker outage: the slot waits for Kafka, nothing lost or reordered ----------------------------
+@pytest.fixture(scope="module")
+def outage_kafka(kafka_factory):
+    """A broker of this module's own that tests stop and start (the session broker stays up)."""
+    return kafka_factory()
+
+
+@pytest.mark.slow
+def test_broker_outage_holds_the_slot_back_and_loses_nothing(
+    pg_db: str, tmp_path: Path, outage_kafka, spark
+) -> None:
+    """While the broker is down `cdc stream` keeps running and capturing into the staging log, but
+    the slot's confirmed_flush_lsn stays at or below the last cut Kafka acknowledged. After the
+    broker restarts the publisher resumes: everything is published in order, the slot advances,
+    and the follower ends identical."""
+    broker = outage_kafka
+    make_table(pg_db, "t", 300)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap)
+    snapshot(pipe)
+    snapshot_lsn = published_lsn(pipe)
+    writer = Writer(pg_db, "t", list(range(1, 301)), next_id=10_001, seed=2, pause=0.02)
+    proc = start_stream(pipe)
+    writer.start()
+    max_confirmed = 0
+    try:
+        writer.wait_txns(30)
+        wait_published(pipe, current_flush_lsn(pg_db))
+        wait_acknowledged(pipe, published_lsn(pipe))  # the slot follows Kafka while the broker is up
+        assert slot_info(pg_db, pipe.slot)[1] > snapshot_lsn
+
+        broker.stop()
+        outage = time.monotonic()
+        txns_at_stop = len(writer.txns)
+        early: int | None = None
+        while time.monotonic() - outage < 12:
+            confirmed = slot_info(pg_db, pipe.slot)[1]  # read before the published position: it only grows
+            acknowledged = published_lsn(pipe)
+            assert confirmed <= acknowledged, (
+                f"slot confirmed {format_lsn(confirmed)} past what Kafka acknowledged ({format_lsn(acknowledged)})"
+            )
+            max_confirmed = max(max_confirmed, confirmed)
+            if early is None and time.monotonic() - outage > 2:
+                early = acknowledged
+            assert proc.poll() is None, f"cdc stream died while Kafka was down: {proc.communicate()}"
+            time.sleep(0.2)
+        acknowledged = published_lsn(pipe)
+        assert acknowledged == early, "nothing can be acknowledged while the broker is down"
+        assert len(writer.txns) > txns_at_stop + 50, "the writer kept going"
+        assert staged_lsn(pipe) > acknowledged, "capture goes on into the staging log while Kafka is down"
+        assert max_confirmed <= acknowledged
+
+        restart_ms = time.time() * 1000
+        broker.start()
+        writer.wait_txns(len(writer.txns) + 30)
+        writer.finish()
+        wait_published(pipe, current_flush_lsn(pg_db), timeout=180)
+        wait_acknowledged(pipe, published_lsn(pipe))  # the slot advances again
+        stop_stream(proc)
+    finally:
+        writer.halt.set()
+        if proc.poll() is None:
+            kill_tree(proc)
+
+    # The slot never passed a cut that Kafka held before the restart.
+    held = [c["lsn"] for c in cuts(broker.bootstrap, pipe.cuts_topic) if c["ts_ms"] < restart_ms]
+    assert held and max_confirmed <= max(held)
+    records = table_records(broker.bootstrap, pipe.topic("public.t"))
+    first = check_complete(pipe, "public.t", records, 300)
+    check_shape(deduplicated(first), pipe.topic("public.t"), ["id"])
+    assert_txns_streamed(pipe, "public.t", writer.txns)  # the staging log holds every transaction whole
+    assert_log_well_formed(pipe)
+    assert sum(1 for k, r in first.items() if r.op in ("c", "u", "d")) == writer.changes
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
+
+
+def test_stream_stops_promptly_while_the_broker_is_down(pg_db: str, tmp_path: Path, outage_kafka) -> None:
+    """SIGTERM to `cdc stream` while Kafka is down (the publisher waiting for it) stops the stream
+    within a bounded time, acknowledges nothing Kafka does not hold, and a later stream publishes
+    everything once the broker is back."""
+    broker = outage_kafka
+    make_table(pg_db, "t", 20)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap)
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    try:
+        broker.stop()
+        sql(
+            pg_db,
+            "INSERT INTO t SELECT g, 'while down' FROM generate_series(21, 40) g",
+            "DELETE FROM t WHERE id <= 5",
+        )
+        deadline = time.monotonic() + 30
+        while len(stream_events(pipe, "public.t")) < 25:  # visible once committed with a cut
+            assert time.monotonic() < deadline, "the stream did not stage the changes while Kafka was down"
+            time.sleep(0.1)
+        time.sleep(2)  # the publisher is now waiting for the broker
+        acknowledged = published_lsn(pipe)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise AssertionError(
+                "cdc stream did not stop within 60s of SIGTERM while Kafka was down"
+            ) from None
+        took = time.monotonic() - started
+        no_traceback((out, err))
+        assert took < 30, f"cdc stream took {took:.0f}s to stop while Kafka was down"
+        staged = staged_lsn(pipe)
+        assert slot_info(pg_db, pipe.slot)[1] <= acknowledged < staged, "nothing acknowledged past Kafka"
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+        if not broker.running():
+            broker.start()
+    stream_until_current(pipe)
+    records = table_records(broker.bootstrap, pipe.topic("public.t"))
+    check_shape(deduplicated(check_complete(pipe, "public.t", records, 20)), pipe.topic("public.t"), ["id"])
+
+
+# ---- 5. compaction, and a new follower bootstrapping from the compacted topics ---------------------
+COMPACTING_BROKER = {
+    "log.segment.bytes": "1048576",  # the smallest Kafka 4 accepts; segment.ms below rolls them sooner
+    "log.cleaner.backoff.ms": "200",
+    "log.cleaner.min.cleanable.ratio": "0.01",
+}
+COMPACTING_TOPICS = {"min.compaction.lag.ms": "0", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}
+
+
+@pytest.fixture(scope="module")
+def compacting_kafka(kafka_factory):
+    """A broker whose cleaner runs at once (shared by this module's compaction tests)."""
+    return kafka_factory(COMPACTING_BROKER)
+
+
+def wait_compacted(bootstrap: str, topic: str, timeout: float = 120) -> list[Rec]:
+    """Until the cleaner has removed superseded records from the topic (offsets have gaps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = table_records(bootstrap, topic)
+        if records and records[0].offset > 0 and len(records) < records[-1].offset + 1:
+            return records
+        assert time.monotonic() < deadline, (
+            f"{topic} was not compacted within {timeout}s ({len(records)} records)"
+        )
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_new_follower_bootstraps_from_compacted_topics(
+    pg_db: str, tmp_path: Path, compacting_kafka, spark
+) -> None:
+    """With segments that roll fast and a cleaner that runs at once, Kafka really compacts the
+    table topic during the test (superseded snapshot rows and updates disappear, tombstones stay).
+    A follower that applied the uncompacted history and a new one that starts from the compacted
+    topic's base end with the same Delta table, both identical to the source."""
+    broker = compacting_kafka
+    make_table(pg_db, "c", 200)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.c"], broker.bootstrap, topic_config=COMPACTING_TOPICS)
+    topic = pipe.topic("public.c")
+    snapshot(pipe)
+    snapshot_lsn = published_lsn(pipe)
+    for r in range(4):
+        time.sleep(0.3)  # past segment.ms: this round's records start a new segment
+        sql(
+            pg_db,
+            f"UPDATE c SET v = 'r{r}-' || id WHERE id % 2 = {r % 2}",
+            f"DELETE FROM c WHERE id IN ({10 + r}, {20 + r})",
+            f"INSERT INTO c VALUES ({1000 + r}, 'new{r}')",
+            f"UPDATE c SET id = {2000 + r} WHERE id = {30 + r}",
+        )
+        stream_until_current(pipe)
+        if r == 1:
+            apply_ok(pipe, spark)  # the old follower applies this part before compaction
+    assert topic_config(broker.bootstrap, topic)["min.compaction.lag.ms"] == "0", (
+        "topic_config reaches the topic"
+    )
+
+    compacted = wait_compacted(broker.bootstrap, topic)
+    check_order(compacted, topic)
+    # What compaction must keep: per key ever written, its newest record (a deleted key: its tombstone).
+    newest = {orjson.dumps({"id": i}).decode(): (snapshot_lsn, 0, False) for i in range(1, 201)}
+    for ev in stream_events(pipe, "public.c"):
+        key = orjson.dumps({"id": int(key_texts(ev.key)[0])}).decode()
+        newest[key] = (ev.lsn, ev.seq, ev.op == "d")
+    survivors: dict[str, tuple[int, int, bool]] = {}
+    for r in compacted:
+        survivors[r.key_text] = (r.lsn, r.seq, r.tombstone)
+    assert survivors == newest, "compaction keeps exactly the newest record per key"
+    assert sum(1 for r in compacted if r.tombstone) == 12, "tombstones stay (delete.retention.ms)"
+    end = end_offset(broker.bootstrap, topic)
+    print(f"{topic}: {end} records written, {len(compacted)} left after compaction")
+    assert len(compacted) < end - 200, "superseded records are gone"
+
+    apply_ok(pipe, spark)  # the old follower: the rest, from a compacted range
+    pipe.write(sinks=[LAKE, {"name": "fresh", "delta": {"path": "fresh"}}], topic_config=COMPACTING_TOPICS)
+    runs = apply_ok(pipe, spark, "fresh")
+    assert runs[0].tables and runs[0].tables[0].inserted == 200 - 8 - 4 + 4 + 4, (
+        runs
+    )  # - deleted - moved + inserted + moved
+    verified(pipe, spark)
+    old, new = (
+        spark.read.format("delta").load(str(tmp_path / base / "public" / "c")).drop("_cdc_commit_ts")
+        for base in ("lake", "fresh")
+    )
+    assert sorted(map(tuple, old.collect())) == sorted(map(tuple, new.collect())), (
+        "old and new follower hold the same rows"
+    )
+
+
+@pytest.mark.slow
+def test_compaction_keeps_unchanged_toast_values_for_new_followers(
+    pg_db: str, tmp_path: Path, compacting_kafka, spark
+) -> None:
+    """An update that leaves a TOASTed value unchanged carries a placeholder, not the value. Once
+    Kafka has compacted away the record that held the value, a new follower bootstrapping from
+    the topic must still end with it (README Guarantees: compaction never loses such values)."""
+    broker = compacting_kafka
+    sql(
+        pg_db,
+        "CREATE TABLE tz(id int PRIMARY KEY, n int, big text)",
+        "ALTER TABLE tz ALTER COLUMN big SET STORAGE EXTERNAL",
+        f"INSERT INTO tz SELECT g, 0, {BIG_TEXT} FROM generate_series(1, 3) g",
+    )
+    pipe = make_kpipe(
+        tmp_path, pg_db, ["public.tz"], broker.bootstrap, sinks=[], topic_config=COMPACTING_TOPICS
+    )
+    topic = pipe.topic("public.tz")
+    snapshot(pipe)
+    for statement in ("UPDATE tz SET n = 1", "INSERT INTO tz VALUES (4, 0, 'small')"):
+        time.sleep(0.3)  # past segment.ms: a new segment, so the one before can be cleaned
+        sql(pg_db, statement)
+        stream_until_current(pipe)
+    compacted = wait_compacted(broker.bootstrap, topic)
+    updates = [r for r in compacted if r.op == "u"]
+    assert [r.key["id"] for r in updates] == [1, 2, 3] and not [
+        r for r in compacted if r.op == "r" and r.key["id"] < 4
+    ]
+    pipe.write(sinks=[{"name": "fresh", "delta": {"path": "fresh"}}], topic_config=COMPACTING_TOPICS)
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
+
+
+# ---- 6. kill -9 while publishing ----------------------------------------------------------------------
+def kill_while_publishing(proc: subprocess.Popen, pipe: KPipe, table: str, timeout: float) -> bool:
+    """SIGKILL `cdc stream` and its publisher once records are in the topic that no cut covers yet
+    (True), or after `timeout` anyway (False)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=[pipe.bootstrap], request_timeout_ms=30_000, client_id="test-watch"
+    )
+    tp = TopicPartition(pipe.topic(table), 0)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            end = consumer.end_offsets([tp])[tp]
+            state = published(pipe)
+            covered = state["tables"][table]["kafka_end"] if state and table in state["tables"] else -1
+            if end - 1 > covered:
+                kill_tree(proc)
+                return True
+            time.sleep(0.002)
+    finally:
+        consumer.close()
+    kill_tree(proc)
+    return False
+
+
+@pytest.mark.slow
+def test_kill_9_while_publishing_followers_end_identical(pg_db: str, tmp_path: Path, kafka, spark) -> None:
+    """`cdc stream` and its publisher are killed with SIGKILL while records are in flight to Kafka,
+    and restarted, three times: the topic may hold republished copies (same positions, same
+    content), the staging log holds each position once, and the follower ends identical."""
+    make_table(pg_db, "t", 1000)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)
+    writer = Writer(
+        pg_db, "t", list(range(1, 1001)), next_id=100_001, seed=6,
+        inserts=(20, 40), updates=(10, 30), deletes=(5, 15), max_txns=400, pause=0.01,
+    )  # fmt: skip
+    rng = random.Random(6)
+    writer.start()
+    proc = start_stream(pipe)
+    mid_publish = 0
+    try:
+        for _ in range(3):
+            time.sleep(rng.uniform(0.5, 2.0))
+            assert proc.poll() is None, f"cdc stream died on its own: {proc.communicate()}"
+            mid_publish += kill_while_publishing(proc, pipe, "public.t", timeout=15)
+            wait_slot(pg_db, pipe.slot, active=False)
+            proc = start_stream(pipe)
+        writer.finish()
+        wait_published(pipe, current_flush_lsn(pg_db), timeout=180)
+        wait_acknowledged(pipe, published_lsn(pipe))
+        stop_stream(proc)
+    finally:
+        writer.halt.set()
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert mid_publish >= 1, "no kill landed while records were in flight"
+
+    records = table_records(kafka.bootstrap, pipe.topic("public.t"))
+    first = check_complete(pipe, "public.t", records, 1000)  # republished copies carry the same content
+    check_shape(deduplicated(first), pipe.topic("public.t"), ["id"])
+    assert_log_well_formed(pipe)  # the staging log: each position once, in order
+    assert_txns_streamed(pipe, "public.t", writer.txns)
+    copies = Counter((r.lsn, r.seq, r.tombstone, r.key_text if r.op == "r" else None) for r in records)
+    print(
+        f"{mid_publish} kills mid-publish; {sum(n - 1 for n in copies.values())} republished records in the topic"
+    )
+    assert sum(1 for r in first.values() if r.op in ("c", "u", "d")) == writer.changes
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
+
+
+def test_publisher_does_not_outlive_a_killed_stream(pg_db: str, tmp_path: Path, kafka) -> None:
+    """kill -9 of the `cdc stream` process alone (not its children): its publisher child must not
+    run on as an orphan holding the publisher lock; a restarted stream publishes and stops promptly."""
+    make_table(pg_db, "t", 10)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    children = child_pids(proc.pid)
+    assert children, "cdc stream runs its publisher in a child process"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)  # not communicate(): a surviving child would hold the output pipes open
+    try:
+        leftover = [pid for pid in children if not wait_gone(pid, 20)]
+        assert not leftover, f"processes {leftover} of the killed cdc stream still run 20s later"
+    finally:
+        for pid in children:
+            if alive(pid) and "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                os.kill(pid, signal.SIGKILL)
+    wait_slot(pg_db, pipe.slot, active=False)
+    proc = start_stream(pipe)
+    try:
+        sql(pg_db, "INSERT INTO t VALUES (11, 'after the crash')")
+        wait_published(pipe, current_flush_lsn(pg_db), timeout=60)
+        started = time.monotonic()
+        stop_stream(proc, timeout=60)
+        assert time.monotonic() - started < 30, "stopping the restarted stream took too long"
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+
+
+# ---- verify when the slot lags behind Kafka ----------------------------------------------------------
+def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
+    """Capture into the staging log up to `upto` without acknowledging anything to PostgreSQL: the
+    state a stream leaves when it stops (or is killed) after publishing but before its next
+    acknowledgement."""
+    from cdc.log import open_log
+    from cdc.reader import StreamReader
+    from pipelines.config import load_pipeline
+
+    pipeline = load_pipeline(pipe.file)
+    log = open_log(pipeline)
+    reader = StreamReader(
+        pipeline, log, say=lambda _m: None, install_signal_handlers=False, ack_limit=lambda: 0
+    )
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            reader.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while staged_lsn(pipe) < upto:
+            assert not failure, f"the stream failed: {failure[0]!r}"
+            assert time.monotonic() < deadline, "the stream did not stage the changes within 60s"
+            time.sleep(0.05)
+    finally:
+        reader.request_stop()
+        thread.join(30)
+        log.close()
+    assert not failure, f"the stream failed: {failure[0]!r}"
+
+
+def test_verify_when_the_slot_lags_behind_kafka(pg_db: str, tmp_path: Path, kafka, spark) -> None:
+    """Kafka may hold transactions the slot has not confirmed yet (the stream stopped before its
+    next acknowledgement, `cdc snapshot` published staged events). PostgreSQL would resend them,
+    but they are in the log: verify must find the follower identical, not behind."""
+    make_table(pg_db, "t", 10)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)
+    confirmed = slot_info(pg_db, pipe.slot)[1]
+    sql(pg_db, "INSERT INTO t SELECT g, 'new' FROM generate_series(11, 20) g", "DELETE FROM t WHERE id <= 3")
+    target = current_flush_lsn(pg_db)
+    stage_without_acknowledging(pipe, target)
+    assert slot_info(pg_db, pipe.slot)[1] == confirmed
+    run = snapshot(pipe)  # nothing to snapshot: publishes what the stream staged
+    assert "nothing to snapshot" in run.out and published_lsn(pipe) >= target, run.out
+    assert slot_info(pg_db, pipe.slot)[1] == confirmed < latest_cut(pipe)["lsn"]
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
