@@ -454,9 +454,9 @@ class KafkaBench:
             )
         if s:
             # On a machine shared with other work the wall clock measures CPU share; CPU time does not.
-            cdc_cpu = s["cdc_stream_kafka"]["cpu_s"] + (s["cdc_stream_kafka"]["server_cpu_s"] or 0)
-            dbz_cpu = s["debezium"]["jvm_cpu_s"] + (s["debezium"]["server_cpu_s"] or 0)
-            recv_cpu = s["pg_recvlogical"]["cpu_s"] + (s["pg_recvlogical"]["server_cpu_s"] or 0)
+            cdc_cpu = s["cdc_stream_kafka"]["cpu_s"] + (s["cdc_stream_kafka"].get("server_cpu_s") or 0)
+            dbz_cpu = s["debezium"]["jvm_cpu_s"] + (s["debezium"].get("server_cpu_s") or 0)
+            recv_cpu = s["pg_recvlogical"]["cpu_s"] + (s["pg_recvlogical"].get("server_cpu_s") or 0)
             s["events_per_cpu_s"] = {
                 "pg_recvlogical": s["events"] / recv_cpu,
                 "cdc_stream_kafka": s["events"] / cdc_cpu,
@@ -469,7 +469,7 @@ class KafkaBench:
             )
         if n:
             cdc_cpu = n["cdc_snapshot_kafka"]["cpu_s"] + (n["cdc_snapshot_kafka"].get("server_cpu_s") or 0)
-            dbz_cpu = n["debezium"]["jvm_cpu_s"] + (n["debezium"]["server_cpu_s"] or 0)
+            dbz_cpu = n["debezium"]["jvm_cpu_s"] + (n["debezium"].get("server_cpu_s") or 0)
             n["rows_per_cpu_s"] = {"cdc_snapshot_kafka": n["rows"] / cdc_cpu, "debezium": n["rows"] / dbz_cpu}
             say(
                 f"snapshot, per CPU second (client + PostgreSQL): cdc {fmt_int(n['rows'] / cdc_cpu)} rows/CPU-s, "
