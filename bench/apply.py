@@ -152,7 +152,7 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
     }
 
 
-def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int) -> dict:
+def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int, confs: dict[str, str]) -> dict:
     from pipelines.apply.job import ApplyJob
     from pipelines.config import load_pipeline
     from pipelines.spark import spark_session
@@ -176,8 +176,11 @@ def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int) -> dict:
     )
     cdc("snapshot", str(pipe), "--no-progress")
     spark = spark_session(master="local[2]")
+    for key, value in confs.items():  # runtime SQL confs to try (--conf), e.g. spark.sql.shuffle.partitions=2
+        spark.conf.set(key, value)
     job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
     job.run_once()  # bootstrap outside the measured window
+    batch_s: list[float] = []
     stream = subprocess.Popen([str(REPO / ".venv/bin/cdc"), "stream", str(pipe)], stdout=subprocess.DEVNULL)
     commits: dict[int, float] = {}
     stop = threading.Event()
@@ -209,6 +212,7 @@ def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int) -> dict:
             started = time.monotonic()
             job.run_once()
             visible_at = time.time()
+            batch_s.append(time.monotonic() - started)
             newest = spark.read.format("delta").load(str(work / "fresh-lake/public/fresh")).agg({"ver": "max"}).first()[0] or 0
             for ver in range(seen + 1, newest + 1):
                 if ver in commits:
@@ -228,6 +232,10 @@ def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int) -> dict:
         "freshness_p50_s": round(statistics.median(samples), 2) if samples else None,
         "freshness_p99_s": round(samples[int(len(samples) * 0.99) - 1], 2) if samples else None,
         "freshness_max_s": round(samples[-1], 2) if samples else None,
+        "batches": len(batch_s),
+        "batch_s_p50": round(statistics.median(batch_s), 2) if batch_s else None,
+        "batch_s_max": round(max(batch_s), 2) if batch_s else None,
+        "confs": confs,
     }
 
 
@@ -239,6 +247,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--json")
     ap.add_argument("--only", choices=["throughput", "freshness"])
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="freshness: a runtime Spark SQL conf to try (repeatable)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-"))
     server = LocalPostgres(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
@@ -261,9 +270,13 @@ def main() -> None:
             )
         if args.only in (None, "freshness"):
             print(f"freshness: {args.rate:,} changes/s for {args.seconds}s, 1 s trigger", flush=True)
-            results["freshness"] = freshness(work, dsn, args.keys, args.rate, args.seconds)
+            results["freshness"] = freshness(work, dsn, args.keys, args.rate, args.seconds, dict(c.split("=", 1) for c in args.conf))
             f = results["freshness"]
-            print(f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s", flush=True)
+            print(
+                f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s "
+                f"({f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s)",
+                flush=True,
+            )
     finally:
         server.stop()
         shutil.rmtree(server.base_dir, ignore_errors=True)
