@@ -90,6 +90,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def remembered_port(port_file: Path) -> int:
+    """The port a service used last time (so restarts keep their address); 0 if none is remembered."""
+    try:
+        return int(port_file.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def read_pid(pid_file: Path) -> int | None:
     """The pid on the first line of `pid_file` (None if it is missing or holds no number)."""
     try:

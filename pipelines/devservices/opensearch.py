@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, remembered_port
 from pipelines.errors import ServiceError
 
 MAIN_CLASS = "org.codelibs.opensearch.runner.OpenSearchRunner"
@@ -124,11 +124,8 @@ class LocalOpenSearch(OwnedServerProcess):
         self.port_file = self.base_dir / "port"
         self._log_offset = 0
         self._explicit_port = bool(self.port)
-        if not self.port and self.port_file.exists():
-            try:
-                self.port = int(self.port_file.read_text())
-            except ValueError:
-                self.port = 0
+        if not self.port:
+            self.port = remembered_port(self.port_file)
 
     # -- public ---------------------------------------------------------------------------------
     @property

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port
+from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, remembered_port
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 30.0
@@ -68,11 +68,8 @@ class LocalRedis(OwnedServerProcess):
         self.log_file = self.base_dir / "redis.log"
         self.pid_file = self.base_dir / "redis.pid"
         self.port_file = self.base_dir / "port"
-        if not self.port and self.port_file.exists():
-            try:
-                self.port = int(self.port_file.read_text())
-            except ValueError:
-                self.port = 0
+        if not self.port:
+            self.port = remembered_port(self.port_file)
 
     # -- public ---------------------------------------------------------------------------------
     @property
