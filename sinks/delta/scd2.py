@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.apply.changes import NetChanges, TableBatch
+from sinks.delta.idempotent import follower_write
 
 SCD2_COLUMNS = {"_cdc_start_lsn": T.LongType(), "_cdc_end_lsn": T.LongType(), "_cdc_end_ts": T.TimestampType()}
 
@@ -98,10 +99,7 @@ def apply_scd2(
                     {"_cdc_end_lsn": F.lit(lsn), "_cdc_end_ts": F.timestamp_micros(F.lit(ts))},
                 )
         insert = {q(c): F.col(f"s.{q(c)}") for c in rows.columns}
-        conf = spark.conf
-        conf.set("spark.databricks.delta.write.txnAppId", app_id)
-        conf.set("spark.databricks.delta.write.txnVersion", str(cut_id))
-        try:
+        with follower_write(spark, app_id, cut_id):
             metrics = (
                 target.alias("t")
                 .merge(rows.alias("s"), f"{on_key} AND t._cdc_start_lsn = s._cdc_start_lsn")
@@ -109,9 +107,6 @@ def apply_scd2(
                 .execute()
                 .first()
             )
-        finally:
-            conf.unset("spark.databricks.delta.write.txnAppId")
-            conf.unset("spark.databricks.delta.write.txnVersion")
         return {"inserted": int(metrics["num_inserted_rows"]) if metrics else 0}
     finally:
         filled.unpersist()
