@@ -1,5 +1,5 @@
-"""kafka-python clients configured for the log: bounded timeouts, an idempotent producer with
-acks=all (no loss, no reordering), topic creation and cleanup-policy checks, clear errors."""
+"""kafka-python clients configured for the log: bounded timeouts, an idempotent batch producer
+with acks=all (no loss, no reordering), topic creation and cleanup-policy checks, clear errors."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from cdc.log.kafka.batch_producer import BatchProducer
 from pipelines.errors import LogError, UsageError
 
 TIMEOUT_MS = 15_000
@@ -36,26 +37,12 @@ def admin(bootstrap: str | list[str]) -> KafkaAdminClient:
         raise _unreachable(bootstrap, exc) from None
 
 
-def producer(bootstrap: str | list[str]) -> KafkaProducer:
-    """Idempotent, acks=all, ordered (at most 5 in flight with idempotence keeps order).
-    Needs the `crc32c` package (requirements): without it kafka-python computes every record
-    batch's CRC in pure Python, which costs more than everything else per record."""
+def producer(bootstrap: str | list[str]) -> BatchProducer:
+    """Idempotent, acks=all, one request in flight (cdc.log.kafka.batch_producer). Needs the
+    `crc32c` package (requirements): without it kafka-python computes every record batch's CRC
+    in pure Python, which costs more than everything else per record."""
     try:
-        return KafkaProducer(
-            bootstrap_servers=servers(bootstrap),
-            client_id="cdc-publisher",
-            acks="all",
-            enable_idempotence=True,
-            max_in_flight_requests_per_connection=5,
-            retries=2**31 - 1,
-            delivery_timeout_ms=300_000,
-            request_timeout_ms=TIMEOUT_MS,
-            linger_ms=20,
-            batch_size=1 << 20,
-            max_request_size=16 << 20,
-            max_block_ms=60_000,
-            bootstrap_timeout_ms=TIMEOUT_MS,
-        )
+        return BatchProducer(servers(bootstrap), client_id="cdc-publisher", request_timeout_ms=TIMEOUT_MS)
     except (KafkaError, OSError) as exc:
         raise _unreachable(bootstrap, exc) from None
 

@@ -148,41 +148,39 @@ class Publisher:
     def _publish_schemas(self, table: TableName, published: int) -> int:
         history = self.staging.schema_history(table)
         newest = history[-1][0] if history else 0
+        records = []
         for version, since, schema in history:
             if version > published:
                 value = {"table": str(table), "version": version, "since_lsn": since, "schema": schema.to_json()}
-                self.producer.send(schemas_topic(self.prefix), key=f"{table}/{version}".encode(), value=orjson.dumps(value), partition=0)
+                records.append((f"{table}/{version}".encode(), orjson.dumps(value), []))
+        if records:
+            self.producer.send(schemas_topic(self.prefix), records)
         return newest
 
     def _produce(self, table, topic, renderer, after, upto, progress) -> tuple[int | None, int | None, int]:
         if upto <= after:
             return None, None, 0
-        send = self.producer.send
-        first = last = None
-        n = 0
         # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
         records = fill_unchanged(self.staging, table, self.staging.read(table, after, upto))
-        for rec, key, value in renderer.records(records):
+        first, last, n = self.producer.send(topic, self._kafka_records(renderer.records(records), progress))
+        if progress is not None:
+            progress(n % 10000)
+        return first, last, n
+
+    @staticmethod
+    def _kafka_records(rendered, progress):
+        """(key, value, headers) bytes of each rendered record; `progress` every 10k records."""
+        dumps = orjson.dumps
+        for n, (rec, key, value) in enumerate(rendered, 1):
             headers = [
                 ("cdc.lsn", str(rec.lsn).encode()),
                 ("cdc.seq", str(rec.seq).encode()),
                 ("cdc.ts", str(rec.commit_ts or 0).encode()),
                 ("cdc.sv", str(rec.schema_version).encode()),
             ]
-            kbytes = orjson.dumps(key) if key is not None else TRUNCATE_KEY
-            future = send(topic, key=kbytes, value=None if value is None else orjson.dumps(value), headers=headers, partition=0)
-            if first is None:
-                first = future
-            last = future
-            n += 1
+            yield (dumps(key) if key is not None else TRUNCATE_KEY), (None if value is None else dumps(value)), headers
             if progress is not None and n % 10000 == 0:
                 progress(10000)
-        self.producer.flush()
-        if progress is not None:
-            progress(n % 10000)
-        if first is None:  # nothing in the range (an empty table's snapshot)
-            return None, None, 0
-        return first.get(timeout=60).offset, last.get(timeout=60).offset, n
 
     def _write_cut(self, cut, state: PublishedState) -> None:
         tables = {}
@@ -198,7 +196,7 @@ class Publisher:
                 "schema_version": t.schema_version,
             }
         value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
-        self.producer.send(cuts_topic(self.prefix), key=CUT_KEY, value=orjson.dumps(value), partition=0).get(timeout=60)
+        self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), [])])
 
     # ---- continuous --------------------------------------------------------------------------------
     def run(

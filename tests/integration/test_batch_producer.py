@@ -1,0 +1,111 @@
+"""The publisher's batch producer (cdc/log/kafka/batch_producer.py) against a real broker:
+records split over several batches arrive once, in order, with keys, values, tombstones and
+headers; the offsets it reports are the broker's; a batch sent twice (a retry after a lost
+answer) is written once; a restarted broker is waited for, not skipped."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from cdc.log.kafka import client as kc
+from cdc.log.kafka.batch_producer import BatchProducer
+from pipelines.devservices.kafka import LocalKafka
+
+pytestmark = pytest.mark.integration
+
+
+def new_topic(kafka: LocalKafka) -> str:
+    topic = f"bp_{uuid.uuid4().hex[:10]}"
+    admin = kc.admin(kafka.bootstrap)
+    try:
+        kc.ensure_topics(admin, {topic: {"cleanup.policy": "compact"}}, fix_policy=False, replication=1)
+    finally:
+        admin.close()
+    return topic
+
+
+def read_all(kafka: LocalKafka, topic: str) -> list:
+    consumer = KafkaConsumer(bootstrap_servers=[kafka.bootstrap], enable_auto_commit=False, consumer_timeout_ms=5000)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    end = consumer.end_offsets([tp])[tp]
+    records: list = []
+    deadline = time.monotonic() + 60
+    while len(records) < end and time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=1000).values():
+            records.extend(batch)
+    consumer.close()
+    return records
+
+
+def end_offset(kafka: LocalKafka, topic: str) -> int:
+    consumer = kc.consumer(kafka.bootstrap)
+    try:
+        return kc.end_offsets(consumer, [topic])[topic]
+    finally:
+        consumer.close()
+
+
+def test_records_over_many_batches_arrive_once_in_order(kafka: LocalKafka) -> None:
+    topic = new_topic(kafka)
+    producer = BatchProducer([kafka.bootstrap], batch_bytes=16 << 10)  # ~14 records per batch
+    records = [
+        (f'{{"id":{i}}}'.encode(), None if i % 7 == 0 else (b"v%d-" % i) * 100, [("cdc.lsn", str(i).encode())])
+        for i in range(1000)
+    ]
+    try:
+        first, last, n = producer.send(topic, iter(records))
+        again = producer.send(topic, iter(records[:3]))  # the sequence continues across sends
+    finally:
+        producer.close()
+    assert (first, last, n) == (0, 999, 1000)
+    assert again == (1000, 1002, 3)
+    got = read_all(kafka, topic)
+    assert [r.offset for r in got] == list(range(1003))
+    assert [(r.key, r.value, r.headers) for r in got[:1000]] == records
+    assert got[0].value is None  # a tombstone stays a tombstone
+
+
+def test_a_batch_sent_twice_is_written_once(kafka: LocalKafka) -> None:
+    """What makes retries safe: the same bytes (same producer id and sequence) sent again after
+    the first answer was lost are deduplicated by the broker, which answers with the same offset."""
+    topic = new_topic(kafka)
+    producer = BatchProducer([kafka.bootstrap])
+    try:
+        producer.send(topic, [(b"k0", b"v0", [])])
+        builder = producer._builder(topic)
+        builder.append(0, int(time.time() * 1000), b"k1", b"v1", [])
+        data = bytes(builder.build())
+        answers = []
+        for _ in range(2):
+            future = producer._produce(topic, data)
+            producer._client.poll(timeout_ms=15_000, future=future)
+            part = future.value.responses[0].partition_responses[0]
+            answers.append((part.error_code, part.base_offset))
+    finally:
+        producer.close()
+    assert answers == [(0, 1), (0, 1)]
+    assert end_offset(kafka, topic) == 2
+    assert [(r.key, r.value) for r in read_all(kafka, topic)] == [(b"k0", b"v0"), (b"k1", b"v1")]
+
+
+def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
+    topic = new_topic(kafka)
+    producer = BatchProducer([kafka.bootstrap], request_timeout_ms=5000, retry_s=120)
+    try:
+        producer.send(topic, [(b"a", b"1", [])])
+        restart = threading.Thread(target=kafka.restart)
+        restart.start()
+        time.sleep(0.5)  # the broker is going down while we send
+        result = producer.send(topic, [(b"b", b"2", []), (b"c", b"3", [])])
+        restart.join()
+    finally:
+        producer.close()
+    assert result == (1, 2, 2)
+    assert [(r.key, r.value) for r in read_all(kafka, topic)] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
