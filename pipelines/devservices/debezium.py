@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open
+from pipelines.devservices.jvm import java_bin, log4j2_properties, log_tail
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 90.0
@@ -42,30 +43,7 @@ MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 DEBEZIUM_VERSION = "3.7.0.Final"  # jars/debezium/pom.xml; docker-compose.yml uses the same tag
 
-LOG4J2 = """\
-status = warn
-name = cdc-dev-connect
-shutdownHook = disable
-appender.file.type = RollingFile
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.filePattern = {log}.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 20MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = org.apache.kafka
-logger.kafka.level = WARN
-logger.connect.name = org.apache.kafka.connect
-logger.connect.level = INFO
-logger.reflections.name = org.reflections
-logger.reflections.level = ERROR
-"""
+LOG_LEVELS = {"org.apache.kafka": "WARN", "org.apache.kafka.connect": "INFO", "org.reflections": "ERROR"}
 
 # Debezium's own log lines (io.debezium.pipeline.ChangeEventSourceCoordinator).
 STREAMING_STARTED = "Starting streaming"
@@ -229,17 +207,7 @@ class LocalDebezium(OwnedServerProcess):
         )
 
     def log_tail(self, lines: int = 30) -> str:
-        parts = []
-        for path in (self.out_file, self.log_file):
-            try:
-                text = path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            if text:
-                parts.append(
-                    f"--- {path.name} (last {min(lines, len(text))} lines)\n" + "\n".join(text[-lines:])
-                )
-        return "\n".join(parts) or "(no log output)"
+        return log_tail((self.out_file, self.log_file), lines)
 
     # -- internals ------------------------------------------------------------------------------
     def _owns(self, cmdline: str) -> bool:
@@ -317,13 +285,11 @@ class LocalDebezium(OwnedServerProcess):
             lines += [f"{k}={_escape(v)}" for k, v in props.items()]
             path.write_text("\n".join(lines) + "\n")
             path.chmod(0o600)  # holds the database password
-        self.log4j_file.write_text(LOG4J2.format(log=self.log_file))
+        self.log4j_file.write_text(log4j2_properties("cdc-dev-connect", self.log_file, LOG_LEVELS))
 
     def _java(self, jars: Path) -> list[str]:
-        from pipelines.devservices.kafka import java_bin
-
         return [
-            java_bin(),
+            java_bin("Kafka Connect"),
             "-Xms128m",
             f"-Xmx{self.heap}",
             "-XX:+UseG1GC",

@@ -21,8 +21,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -30,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open, run
+from pipelines.devservices.jvm import java_bin, log4j2_properties, log_tail
 from pipelines.errors import ServiceError
 
 START_TIMEOUT = 60.0
@@ -37,44 +36,8 @@ STOP_TIMEOUT = 30.0
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 
-# log4j2 (Kafka 4 logs through slf4j -> log4j2 only): everything to <base_dir>/kafka.log, rolled
-# by size so a long-running dev broker cannot fill the disk; the chatty request logger is muted.
-LOG4J2 = """\
-status = warn
-name = cdc-dev-kafka
-shutdownHook = disable
-appender.file.type = RollingFile
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.filePattern = {log}.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 20MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-logger.network.name = kafka.network.RequestChannel$
-logger.network.level = WARN
-logger.state.name = state.change.logger
-logger.state.level = WARN
-"""
-
-
-def java_bin() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise ServiceError(
-            "Kafka needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
-        )
-    return found
+# Kafka 4 logs through slf4j -> log4j2 only; the chatty request loggers are muted.
+LOG_LEVELS = {"kafka.request.logger": "WARN", "kafka.network.RequestChannel$": "WARN", "state.change.logger": "WARN"}
 
 
 def kafka_jars_dir() -> Path:
@@ -173,17 +136,7 @@ class LocalKafka(OwnedServerProcess):
         return self.env()
 
     def log_tail(self, lines: int = 25) -> str:
-        parts = []
-        for path in (self.out_file, self.log_file):
-            try:
-                text = path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            if text:
-                parts.append(
-                    f"--- {path.name} (last {min(lines, len(text))} lines)\n" + "\n".join(text[-lines:])
-                )
-        return "\n".join(parts) or "(no log output)"
+        return log_tail((self.out_file, self.log_file), lines)
 
     # -- internals ------------------------------------------------------------------------------
     def _owns(self, cmdline: str) -> bool:
@@ -241,11 +194,11 @@ class LocalKafka(OwnedServerProcess):
         lines = ["# written by pipelines.devservices.kafka (rewritten at every start)"]
         lines += [f"{k}={v}" for k, v in self._properties().items()]
         self.config_file.write_text("\n".join(lines) + "\n")
-        self.log4j_file.write_text(LOG4J2.format(log=self.log_file))
+        self.log4j_file.write_text(log4j2_properties("cdc-dev-kafka", self.log_file, LOG_LEVELS))
 
     def _java(self, jars: Path) -> list[str]:
         return [
-            java_bin(),
+            java_bin("Kafka"),
             "-Xms128m",
             f"-Xmx{self.heap}",
             "-XX:+UseG1GC",

@@ -22,10 +22,8 @@ One limit of the runner's main: it takes the first port that does not answer, se
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
 import socket
 import time
 import urllib.error
@@ -34,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, remembered_port
+from pipelines.devservices.jvm import java_bin
 from pipelines.errors import ServiceError
 
 MAIN_CLASS = "org.codelibs.opensearch.runner.OpenSearchRunner"
@@ -49,16 +48,6 @@ def opensearch_jars_dir() -> Path:
     from pipelines.spark import jars_dir  # CDC_JARS_DIR or <repo>/.jars
 
     return jars_dir() / "opensearch"
-
-
-def java_bin() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise ServiceError("java is not installed", "run scripts/setup.sh (it installs openjdk-17-jre-headless)")
-    return found
 
 
 def _bindable(port: int) -> bool:
@@ -157,7 +146,7 @@ class LocalOpenSearch(OwnedServerProcess):
         self._write_conf(transport)
         self.port_file.write_text(str(self.port))
         argv = [
-            java_bin(),
+            java_bin("OpenSearch"),
             f"-Xms{self.heap}",
             f"-Xmx{self.heap}",
             "-XX:+UseG1GC",
