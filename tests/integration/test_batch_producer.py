@@ -14,6 +14,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.batch_producer import BatchProducer
+from cdc.log.kafka.recordbatch import NO_HEADERS, RecordBatchWriter, encode_headers
 from pipelines.devservices.kafka import LocalKafka
 
 pytestmark = pytest.mark.integration
@@ -59,9 +60,10 @@ def test_records_over_many_batches_arrive_once_in_order(kafka: LocalKafka) -> No
         (f'{{"id":{i}}}'.encode(), None if i % 7 == 0 else (b"v%d-" % i) * 100, [("cdc.lsn", str(i).encode())])
         for i in range(1000)
     ]
+    encoded = [(k, v, encode_headers(h)) for k, v, h in records]
     try:
-        first, last, n = producer.send(topic, iter(records))
-        again = producer.send(topic, iter(records[:3]))  # the sequence continues across sends
+        first, last, n = producer.send(topic, iter(encoded))
+        again = producer.send(topic, iter(encoded[:3]))  # the sequence continues across sends
     finally:
         producer.close()
     assert (first, last, n) == (0, 999, 1000)
@@ -78,10 +80,10 @@ def test_a_batch_sent_twice_is_written_once(kafka: LocalKafka) -> None:
     topic = new_topic(kafka)
     producer = BatchProducer([kafka.bootstrap])
     try:
-        producer.send(topic, [(b"k0", b"v0", [])])
-        builder = producer._builder(topic)
-        builder.append(0, int(time.time() * 1000), b"k1", b"v1", [])
-        data = bytes(builder.build())
+        producer.send(topic, [(b"k0", b"v0", NO_HEADERS)])
+        batch = RecordBatchWriter(int(time.time() * 1000))
+        batch.append(b"k1", b"v1")
+        data = batch.build(producer._producer_id, producer._epoch, 1)
         answers = []
         for _ in range(2):
             future = producer._produce(topic, data)
@@ -99,11 +101,11 @@ def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
     topic = new_topic(kafka)
     producer = BatchProducer([kafka.bootstrap], request_timeout_ms=5000, retry_s=120)
     try:
-        producer.send(topic, [(b"a", b"1", [])])
+        producer.send(topic, [(b"a", b"1", NO_HEADERS)])
         restart = threading.Thread(target=kafka.restart)
         restart.start()
         time.sleep(0.5)  # the broker is going down while we send
-        result = producer.send(topic, [(b"b", b"2", []), (b"c", b"3", [])])
+        result = producer.send(topic, [(b"b", b"2", NO_HEADERS), (b"c", b"3", NO_HEADERS)])
         restart.join()
     finally:
         producer.close()

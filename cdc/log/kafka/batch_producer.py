@@ -2,10 +2,10 @@
 
 Why not KafkaProducer.send() per record: kafka-python's per-record path (size estimate,
 partitioner, accumulator lock, one future per record) cost ~30 µs of the publisher's ~45 µs
-per record, more than reading the staging log and rendering the envelope together. Here each
-record costs one append to kafka-python's own record-batch builder (DefaultRecordBatchBuilder,
-CRC32C in C), and whole batches go out as Produce requests through kafka-python's network
-client. The guarantees stay those of an idempotent producer with acks=all:
+per record, more than reading the staging log and rendering the envelope together. Here a
+record is one append to a record batch (cdc.log.kafka.recordbatch), and whole batches go out
+as Produce requests through kafka-python's network client and protocol classes. The
+guarantees stay those of an idempotent producer with acks=all:
 
 * One producer id (InitProducerId) and per-partition sequence numbers in every batch: a batch
   sent again after a timeout or a lost connection is written once (the broker dedupes it).
@@ -27,10 +27,10 @@ from kafka import TopicPartition
 from kafka.future import Future
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
-Headers = list[tuple[str, bytes]]
-Record = tuple[bytes | None, bytes | None, Headers]
+from cdc.log.kafka.recordbatch import RecordBatchWriter
+
+Record = tuple[bytes | None, bytes | None, bytes]  # key, value, encoded headers (recordbatch.encode_headers)
 
 SEQUENCE_WRAP = 1 << 31  # sequences are int32 and wrap to 0, as the broker expects
 POLL_EVERY = 256  # records appended between network polls (keeps the in-flight request moving)
@@ -75,20 +75,18 @@ class BatchProducer:
     # ---- public ------------------------------------------------------------------------------------
     def send(self, topic: str, records: Iterable[Record]) -> tuple[int | None, int | None, int]:
         self._acked = []
-        builder, in_batch, total = None, 0, 0
+        batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
+        total = 0
         for key, value, headers in records:
-            if builder is None:
-                builder, in_batch = self._builder(topic), 0
-            if builder.append(in_batch, self._now_ms, key, value, headers) is None:  # batch full
-                self._submit(topic, builder, in_batch)
-                builder, in_batch = self._builder(topic), 0
-                builder.append(0, self._now_ms, key, value, headers)
-            in_batch += 1
+            if not batch.append(key, value, headers):  # full
+                self._submit(topic, batch)
+                batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
+                batch.append(key, value, headers)
             total += 1
             if total % POLL_EVERY == 0:
                 self._client.poll(timeout_ms=0)
-        if builder is not None and in_batch:
-            self._submit(topic, builder, in_batch)
+        if len(batch):
+            self._submit(topic, batch)
         self._finish()
         if not self._acked:
             return None, None, 0
@@ -104,22 +102,12 @@ class BatchProducer:
     def _now_ms(self) -> int:
         return int(time.time() * 1000)
 
-    def _builder(self, topic: str) -> DefaultRecordBatchBuilder:
-        return DefaultRecordBatchBuilder(
-            magic=2,
-            compression_type=0,
-            is_transactional=False,
-            producer_id=self._producer_id,
-            producer_epoch=self._epoch,
-            base_sequence=self._sequence.get(topic, 0),
-            batch_size=self.batch_bytes,
-        )
-
-    def _submit(self, topic: str, builder: DefaultRecordBatchBuilder, count: int) -> None:
-        data = bytes(builder.build())
-        self._sequence[topic] = (self._sequence.get(topic, 0) + count) % SEQUENCE_WRAP
+    def _submit(self, topic: str, batch: RecordBatchWriter) -> None:
+        sequence = self._sequence.get(topic, 0)
+        data = batch.build(self._producer_id, self._epoch, sequence)
+        self._sequence[topic] = (sequence + len(batch)) % SEQUENCE_WRAP
         self._finish()  # one request in flight: the previous batch is acknowledged first
-        self._inflight = _InFlight(topic, data, count, self._produce(topic, data), time.monotonic())
+        self._inflight = _InFlight(topic, data, len(batch), self._produce(topic, data), time.monotonic())
         self._client.poll(timeout_ms=0)
 
     def _finish(self) -> None:

@@ -30,6 +30,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from cdc.envelope import EnvelopeRenderer
 from cdc.log.kafka import client as kc
+from cdc.log.kafka.recordbatch import NO_HEADERS, position_headers
 from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
 from cdc.log.local import LocalLog
@@ -152,7 +153,7 @@ class Publisher:
         for version, since, schema in history:
             if version > published:
                 value = {"table": str(table), "version": version, "since_lsn": since, "schema": schema.to_json()}
-                records.append((f"{table}/{version}".encode(), orjson.dumps(value), []))
+                records.append((f"{table}/{version}".encode(), orjson.dumps(value), NO_HEADERS))
         if records:
             self.producer.send(schemas_topic(self.prefix), records)
         return newest
@@ -172,12 +173,7 @@ class Publisher:
         """(key, value, headers) bytes of each rendered record; `progress` every 10k records."""
         dumps = orjson.dumps
         for n, (rec, key, value) in enumerate(rendered, 1):
-            headers = [
-                ("cdc.lsn", str(rec.lsn).encode()),
-                ("cdc.seq", str(rec.seq).encode()),
-                ("cdc.ts", str(rec.commit_ts or 0).encode()),
-                ("cdc.sv", str(rec.schema_version).encode()),
-            ]
+            headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
             yield (dumps(key) if key is not None else TRUNCATE_KEY), (None if value is None else dumps(value)), headers
             if progress is not None and n % 10000 == 0:
                 progress(10000)
@@ -196,7 +192,7 @@ class Publisher:
                 "schema_version": t.schema_version,
             }
         value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
-        self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), [])])
+        self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), NO_HEADERS)])
 
     # ---- continuous --------------------------------------------------------------------------------
     def run(
