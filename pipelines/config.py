@@ -71,6 +71,12 @@ class KafkaLog(_Strict):
     fix_cleanup_policy: bool = Field(
         default=False, description="change existing topics with cleanup.policy=delete to compact instead of refusing"
     )
+    publisher_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="processes rendering large backlogs and snapshots for Kafka (default: one per core, up to 4; 0: none)",
+    )
     transaction_topic: str | None = Field(
         default=None, description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)"
     )

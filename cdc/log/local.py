@@ -25,6 +25,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Collection, Container, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -109,11 +110,44 @@ def decode_text_tuple(payload: bytes | None) -> list | None:
     return [v.decode() if isinstance(v, bytes) else v for v in values]
 
 
-def iter_segment(path: Path) -> Iterator[list[bytes]]:
-    """Fields (still COPY-escaped) of each line of a segment file."""
+def iter_segment(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[bytes]]:
+    """Fields (still COPY-escaped) of each line of a segment file; with start/end only the lines
+    that begin at a byte in [start, end) (so slices of one file split it without overlap)."""
     with open(path, "rb") as f:
+        if start:
+            f.seek(start - 1)
+            pos = start - 1 + len(f.readline())  # the line holding byte start-1 belongs to the slice before
+        else:
+            pos = 0
         for line in f:
+            if end is not None and pos >= end:
+                return
+            pos += len(line)
             yield line.rstrip(b"\n").split(b"\t")
+
+
+@dataclass(frozen=True)
+class EventRun:
+    """Event rows after < off <= upto (snapshot markers excluded: their rows are SegmentSlices)."""
+
+    after: int
+    upto: int
+
+
+@dataclass(frozen=True)
+class SegmentSlice:
+    """The lines of a snapshot segment file (path relative to the log) starting in [start, end),
+    read as the rows of the marker at offset `off`."""
+
+    off: int
+    lsn: int
+    version: int
+    path: str
+    start: int
+    end: int
+
+
+ReadPart = EventRun | SegmentSlice
 
 
 def copy_fields_to_values(fields: list[bytes]) -> list[str | None]:
@@ -449,32 +483,59 @@ class LocalLog(LogWriter, LogReader):
 
     # ---- reading ---------------------------------------------------------------------------------
     def read(self, table: TableName, after: int, upto: int) -> Iterator[LogRecord]:
-        tid = self._require_table(table)
-        for row in self.db.execute(
-            f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? ORDER BY off", (after, upto)
-        ):
-            yield from self._records(table, tid, row)
+        for part in self.read_parts(table, after, upto):
+            yield from self.read_part(table, part)
 
-    def _records(self, table: TableName, tid: int, row: tuple) -> Iterator[LogRecord]:
-        off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn = row
-        schema = self.schema_by_version(tid, sv)
-        if op == "S":
+    def read_parts(
+        self, table: TableName, after: int, upto: int, events: int = 20_000, segment_bytes: int = 8 << 20
+    ) -> list[ReadPart]:
+        """The range after < offset <= upto as parts that can be read independently (in other
+        processes) and, read one after the other, give exactly `read(table, after, upto)`:
+        runs of at most `events` event rows, and snapshot segments in slices of about
+        `segment_bytes` (cut at line ends)."""
+        tid = self._require_table(table)
+        parts: list[ReadPart] = []
+
+        def events_between(first: int, last: int) -> None:  # offsets first < off <= last, no markers
+            while first < last:
+                parts.append(EventRun(first, min(first + events, last)))
+                first += events
+
+        previous = after
+        for off, lsn, sv, payload in self.db.execute(
+            f"SELECT off, lsn, sv, payload FROM ev_{tid} WHERE op = 'S' AND off > ? AND off <= ? ORDER BY off", (after, upto)
+        ).fetchall():
+            events_between(previous, off - 1)
+            previous = off
             if not payload:
-                return
+                continue
             seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
             if seg is None:
                 raise LogError(f"snapshot segment {int(payload)} of {table} is missing from the log")
+            size = (self.path / seg[0]).stat().st_size
+            for start in range(0, max(size, 1), segment_bytes):
+                parts.append(SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size)))
+        events_between(previous, upto)
+        return parts
+
+    def read_part(self, table: TableName, part: ReadPart) -> Iterator[LogRecord]:
+        tid = self._require_table(table)
+        if isinstance(part, SegmentSlice):
+            schema = self.schema_by_version(tid, part.version)
             key_idx = schema.key_indexes
-            for fields in iter_segment(self.path / seg[0]):
+            for fields in iter_segment(self.path / part.path, part.start, part.end):
                 yield LogRecord(
-                    table, off, lsn, 0, "r", key_from_copy_fields(fields, key_idx), copy_fields_to_values(fields),
-                    None, None, schema, None, None, lsn, sv,
+                    table, part.off, part.lsn, 0, "r", key_from_copy_fields(fields, key_idx), copy_fields_to_values(fields),
+                    None, None, schema, None, None, part.lsn, part.version,
                 )
             return
-        yield LogRecord(
-            table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
-            schema, xid, ts, elsn, sv,
-        )
+        for off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn in self.db.execute(
+            f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S' ORDER BY off", (part.after, part.upto)
+        ):
+            yield LogRecord(
+                table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
+                self.schema_by_version(tid, sv), xid, ts, elsn, sv,
+            )
 
     # ---- key history (read-only; the Kafka publisher fills unchanged TOAST values from it) ---------
     def key_events_before(

@@ -19,7 +19,7 @@ guarantees stay those of an idempotent producer with acks=all:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import kafka.errors as Errors
@@ -28,7 +28,7 @@ from kafka.future import Future
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
-from cdc.log.kafka.recordbatch import RecordBatchWriter
+from cdc.log.kafka.recordbatch import RecordBatchWriter, RecordsBody, frame_batch
 
 Record = tuple[bytes | None, bytes | None, bytes]  # key, value, encoded headers (recordbatch.encode_headers)
 
@@ -74,25 +74,35 @@ class BatchProducer:
 
     # ---- public ------------------------------------------------------------------------------------
     def send(self, topic: str, records: Iterable[Record]) -> tuple[int | None, int | None, int]:
+        """Produce (key, value, encoded headers) records to partition 0 of `topic` in order;
+        returns (first offset, last offset, count) once Kafka acknowledged them all."""
+        return self.send_bodies(topic, self._bodies(records))
+
+    def send_bodies(self, topic: str, bodies: Iterable[RecordsBody]) -> tuple[int | None, int | None, int]:
+        """The same for batches already encoded (e.g. by render workers), in order."""
         self._acked = []
-        batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
         total = 0
-        for key, value, headers in records:
-            if not batch.append(key, value, headers):  # full
-                self._submit(topic, batch)
-                batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
-                batch.append(key, value, headers)
-            total += 1
-            if total % POLL_EVERY == 0:
-                self._client.poll(timeout_ms=0)
-        if len(batch):
-            self._submit(topic, batch)
+        for body in bodies:
+            self._submit(topic, body)
+            total += body.count
         self._finish()
         if not self._acked:
             return None, None, 0
         first_base, _ = self._acked[0]
         last_base, last_count = self._acked[-1]
         return first_base, last_base + last_count - 1, total
+
+    def _bodies(self, records: Iterable[Record]) -> Iterator[RecordsBody]:
+        batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
+        for n, (key, value, headers) in enumerate(records, 1):
+            if not batch.append(key, value, headers):  # full
+                yield batch.body()
+                batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
+                batch.append(key, value, headers)
+            if n % POLL_EVERY == 0:
+                self._client.poll(timeout_ms=0)  # keeps the in-flight request moving
+        if len(batch):
+            yield batch.body()
 
     def close(self) -> None:
         self._client.close()
@@ -102,12 +112,12 @@ class BatchProducer:
     def _now_ms(self) -> int:
         return int(time.time() * 1000)
 
-    def _submit(self, topic: str, batch: RecordBatchWriter) -> None:
+    def _submit(self, topic: str, body: RecordsBody) -> None:
         sequence = self._sequence.get(topic, 0)
-        data = batch.build(self._producer_id, self._epoch, sequence)
-        self._sequence[topic] = (sequence + len(batch)) % SEQUENCE_WRAP
+        data = frame_batch(body, self._producer_id, self._epoch, sequence)
+        self._sequence[topic] = (sequence + body.count) % SEQUENCE_WRAP
         self._finish()  # one request in flight: the previous batch is acknowledged first
-        self._inflight = _InFlight(topic, data, len(batch), self._produce(topic, data), time.monotonic())
+        self._inflight = _InFlight(topic, data, body.count, self._produce(topic, data), time.monotonic())
         self._client.poll(timeout_ms=0)
 
     def _finish(self) -> None:

@@ -20,26 +20,41 @@ the epoch), cdc.sv (schema version of the table, to type the values).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import orjson
 from kafka.errors import KafkaError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from cdc.envelope import EnvelopeRenderer
 from cdc.log.kafka import client as kc
-from cdc.log.kafka.recordbatch import NO_HEADERS, position_headers
-from cdc.log.kafka.toast import fill_unchanged
+from cdc.log.kafka.recordbatch import NO_HEADERS, RecordsBody
+from cdc.log.kafka.render import RenderPool, RenderTask, render_bodies
 from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
 from cdc.log.local import LocalLog
 from cdc.tables import TableName
 from pipelines.errors import LogError
 
-TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
 STATE_KEY = "kafka_published"
 CUT_KEY = b"cut"
+BATCH_BYTES = 1 << 20  # record batch (and Produce request) size
+PART_EVENTS = 20_000  # a render task: this many events, or
+PART_BYTES = 8 << 20  # this much of a snapshot segment file
+
+
+def default_workers() -> int:
+    """Render workers when the pipeline file does not say: one per core, up to 4; none on one core."""
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 else min(cores, 4)
+
+
+def _counted(bodies: Iterable[RecordsBody], progress: Callable[[int], None] | None) -> Iterator[RecordsBody]:
+    for body in bodies:
+        yield body
+        if progress is not None:
+            progress(body.count)
 
 
 @dataclass
@@ -86,6 +101,12 @@ class Publisher:
         self.prefix = cfg.topic_prefix or pipeline.name
         self._producer = None
         self._admin = None
+        self._pool: RenderPool | None = None
+        self._database = ""
+        # Ranges larger than one part are rendered by `workers` processes (0: in this one).
+        self.workers = cfg.publisher_workers if cfg.publisher_workers is not None else default_workers()
+        self.part_events = PART_EVENTS
+        self.part_bytes = PART_BYTES
         self._ready_topics: set[str] = set()
 
     # ---- clients ---------------------------------------------------------------------------------
@@ -105,6 +126,9 @@ class Publisher:
         self._ready_topics |= set(todo)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for c in (self._producer, self._admin):
             if c is not None:
                 with contextlib.suppress(Exception):  # closing a broken client must not mask the real error
@@ -119,8 +143,7 @@ class Publisher:
         if cut is None or cut.id == state.cut_id:
             return 0
         self._ensure({cuts_topic(self.prefix): META_TOPIC_CONFIG, schemas_topic(self.prefix): META_TOPIC_CONFIG})
-        # source.name is the topic prefix, as Debezium's logical server name is.
-        renderer = EnvelopeRenderer(self.staging.meta("source_database") or "", self.prefix)
+        self._database = self.staging.meta("source_database") or ""
         produced = 0
         for table, rng in sorted(cut.tables.items()):
             name = str(table)
@@ -130,7 +153,7 @@ class Publisher:
             version = self._publish_schemas(table, prev.schema_version if prev else 0)
             new_base = prev is None or prev.local_base != rng.base
             after = rng.base - 1 if new_base else prev.local_end
-            first, last, n = self._produce(table, topic, renderer, after, rng.end, progress)
+            first, last, n = self._produce(table, topic, after, rng.end, progress)
             produced += n
             if new_base:
                 base = first if first is not None else kc.end_offsets(self._consumer(), [topic])[topic]
@@ -158,25 +181,23 @@ class Publisher:
             self.producer.send(schemas_topic(self.prefix), records)
         return newest
 
-    def _produce(self, table, topic, renderer, after, upto, progress) -> tuple[int | None, int | None, int]:
+    def _produce(self, table, topic, after, upto, progress) -> tuple[int | None, int | None, int]:
         if upto <= after:
             return None, None, 0
-        # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
-        records = fill_unchanged(self.staging, table, self.staging.read(table, after, upto))
-        first, last, n = self.producer.send(topic, self._kafka_records(renderer.records(records), progress))
-        if progress is not None:
-            progress(n % 10000)
-        return first, last, n
+        parts = self.staging.read_parts(table, after, upto, events=self.part_events, segment_bytes=self.part_bytes)
+        tasks = [
+            RenderTask(str(self.staging.path), str(table), part, self._database, self.prefix, BATCH_BYTES) for part in parts
+        ]
+        if len(tasks) > 1 and self.workers > 0:
+            bodies = self._render_pool().bodies(tasks)
+        else:
+            bodies = (body for task in tasks for body in render_bodies(task, self.staging))
+        return self.producer.send_bodies(topic, _counted(bodies, progress))
 
-    @staticmethod
-    def _kafka_records(rendered, progress):
-        """(key, value, headers) bytes of each rendered record; `progress` every 10k records."""
-        dumps = orjson.dumps
-        for n, (rec, key, value) in enumerate(rendered, 1):
-            headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
-            yield (dumps(key) if key is not None else TRUNCATE_KEY), (None if value is None else dumps(value)), headers
-            if progress is not None and n % 10000 == 0:
-                progress(10000)
+    def _render_pool(self) -> RenderPool:
+        if self._pool is None:
+            self._pool = RenderPool(self.workers)
+        return self._pool
 
     def _write_cut(self, cut, state: PublishedState) -> None:
         tables = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -113,25 +114,40 @@ class RecordBatchWriter:
         self._size += len(record)
         return True
 
+    def body(self) -> RecordsBody:
+        """The records without the batch header: what render workers hand to the producer,
+        which frames them with its producer id and sequence (frame_batch)."""
+        return RecordsBody(b"".join(self._records), len(self._records), self.timestamp)
+
     def build(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
-        count = len(self._records)
-        buf = bytearray(HEADER.size)
-        buf += b"".join(self._records)
-        HEADER.pack_into(
-            buf, 0,
-            0,  # base offset: the broker assigns it
-            len(buf) - 12,  # length after this field
-            0,  # partition leader epoch: the broker sets it
-            2,  # magic
-            0,  # crc, below
-            0,  # attributes: no compression, CreateTime, not transactional
-            count - 1,
-            self.timestamp,
-            self.timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            count,
-        )  # fmt: skip
-        struct.pack_into(">I", buf, CRC_AT, crc32c(memoryview(buf)[CRC_FROM:]))
-        return bytes(buf)
+        return frame_batch(self.body(), producer_id, producer_epoch, base_sequence)
+
+
+class RecordsBody(NamedTuple):
+    records: bytes
+    count: int
+    timestamp: int
+
+
+def frame_batch(body: RecordsBody, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    """The batch header in front of `body`, with its CRC."""
+    buf = bytearray(HEADER.size)
+    buf += body.records
+    HEADER.pack_into(
+        buf, 0,
+        0,  # base offset: the broker assigns it
+        len(buf) - 12,  # length after this field
+        0,  # partition leader epoch: the broker sets it
+        2,  # magic
+        0,  # crc, below
+        0,  # attributes: no compression, CreateTime, not transactional
+        body.count - 1,
+        body.timestamp,
+        body.timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        body.count,
+    )  # fmt: skip
+    struct.pack_into(">I", buf, CRC_AT, crc32c(memoryview(buf)[CRC_FROM:]))
+    return bytes(buf)

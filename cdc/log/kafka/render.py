@@ -1,0 +1,99 @@
+"""Staging-log ranges rendered as Kafka record batches, in the publisher or in worker processes.
+
+Rendering (read the staging log, fill unchanged TOAST values, build the envelope, JSON,
+headers, record encoding) is nearly all of the publisher's CPU; sending is a socket write per
+1 MB batch. So a large range is split into parts (LocalLog.read_parts: runs of events and
+slices of snapshot segment files) that a pool of worker processes renders in parallel, and
+the publisher sends the finished batches in part order: the topic gets exactly the records a
+single process would have produced, in the same order. Small ranges (one part) are rendered
+in the publisher itself, with no pool round trip.
+
+A worker opens the staging log read-only and keeps it; it never writes anything.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import orjson
+
+from cdc.envelope import EnvelopeRenderer
+from cdc.log.kafka.recordbatch import RecordBatchWriter, RecordsBody, position_headers
+from cdc.log.kafka.toast import fill_unchanged
+from cdc.log.local import LocalLog, ReadPart
+from cdc.tables import TableName
+
+TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
+
+
+@dataclass(frozen=True)
+class RenderTask:
+    log_path: str
+    table: str
+    part: ReadPart
+    database: str  # source.db of the envelope
+    name: str  # source.name (the topic prefix, as Debezium's logical server name)
+    batch_bytes: int
+
+
+def render_bodies(task: RenderTask, log: LocalLog) -> Iterator[RecordsBody]:
+    """The part's records as batches of at most task.batch_bytes: a tombstone after each
+    delete, the position in headers, updates' unchanged TOAST values filled in."""
+    table = TableName.parse(task.table)
+    renderer = EnvelopeRenderer(task.database, task.name)
+    dumps = orjson.dumps
+    batch = RecordBatchWriter(int(time.time() * 1000), task.batch_bytes)
+    # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
+    for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, task.part))):
+        kbytes = dumps(key) if key is not None else TRUNCATE_KEY
+        vbytes = None if value is None else dumps(value)
+        headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
+        if not batch.append(kbytes, vbytes, headers):
+            yield batch.body()
+            batch = RecordBatchWriter(int(time.time() * 1000), task.batch_bytes)
+            batch.append(kbytes, vbytes, headers)
+    if len(batch):
+        yield batch.body()
+
+
+_WORKER_LOGS: dict[str, LocalLog] = {}
+
+
+def _render_in_worker(task: RenderTask) -> list[RecordsBody]:
+    log = _WORKER_LOGS.get(task.log_path)
+    if log is None:
+        from pathlib import Path
+
+        log = _WORKER_LOGS[task.log_path] = LocalLog(Path(task.log_path), readonly=True)
+    return list(render_bodies(task, log))
+
+
+class RenderPool:
+    """`workers` spawned processes; bodies() yields the tasks' batches in task order, with at
+    most two tasks per worker rendered ahead (bounded memory when Kafka is slower)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool = multiprocessing.get_context("spawn").Pool(workers)
+
+    def bodies(self, tasks: Iterable[RenderTask]) -> Iterator[RecordsBody]:
+        todo = iter(tasks)
+        ahead: deque = deque()
+        for task in todo:
+            ahead.append(self._pool.apply_async(_render_in_worker, (task,)))
+            if len(ahead) >= 2 * self.workers:
+                break
+        while ahead:
+            bodies = ahead.popleft().get()
+            task = next(todo, None)
+            if task is not None:
+                ahead.append(self._pool.apply_async(_render_in_worker, (task,)))
+            yield from bodies
+
+    def close(self) -> None:
+        self._pool.terminate()
+        self._pool.join()
