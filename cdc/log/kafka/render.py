@@ -26,8 +26,10 @@ from cdc.log.kafka.recordbatch import RecordBatchWriter, RecordsBody, position_h
 from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.local import LocalLog, ReadPart
 from cdc.tables import TableName
+from pipelines.errors import LogError
 
 TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
+TASK_TIMEOUT_S = 600.0  # one part renders in seconds; this only catches a worker that is gone
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,14 @@ class RenderPool:
             if len(ahead) >= 2 * self.workers:
                 break
         while ahead:
-            bodies = ahead.popleft().get()
+            try:
+                bodies = ahead.popleft().get(timeout=TASK_TIMEOUT_S)
+            except multiprocessing.TimeoutError:  # a worker that died (e.g. killed) never answers
+                raise LogError(
+                    f"a Kafka render worker gave no result within {TASK_TIMEOUT_S:.0f}s",
+                    "restart the stream (what was not published is still in the staging log); "
+                    "`log.kafka.publisher_workers: 0` renders in the publisher itself",
+                ) from None
             task = next(todo, None)
             if task is not None:
                 ahead.append(self._pool.apply_async(_render_in_worker, (task,)))
