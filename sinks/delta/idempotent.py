@@ -21,22 +21,30 @@ from pyspark.sql import SparkSession
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+SOURCE_NOT_COPIED = {
+    "spark.databricks.delta.merge.materializeSource": "none",
+    "spark.databricks.delta.merge.failSourceCachedAfterMaterialization": "false",
+}
 
 
 @contextlib.contextmanager
 def source_not_copied(spark: SparkSession) -> Iterator[None]:
-    """MERGEs inside read their (persisted, deterministic) source directly."""
+    """MERGEs inside read their (persisted, deterministic) source directly. Delta then also
+    refuses a source holding a cached relation, because a cached *Delta* scan does not pin its
+    table version; ours holds only the batch's log read (never a Delta table), so that check
+    is turned off with it."""
     conf = spark.conf
-    previous = conf.get(MATERIALIZE_SOURCE, None)
-    conf.set(MATERIALIZE_SOURCE, "none")
+    previous = {key: conf.get(key, None) for key in SOURCE_NOT_COPIED}
+    for key, value in SOURCE_NOT_COPIED.items():
+        conf.set(key, value)
     try:
         yield
     finally:
-        if previous is None:
-            conf.unset(MATERIALIZE_SOURCE)
-        else:
-            conf.set(MATERIALIZE_SOURCE, previous)
+        for key, value in previous.items():
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)
 
 
 @contextlib.contextmanager
