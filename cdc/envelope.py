@@ -55,15 +55,10 @@ class EnvelopeRenderer:
         if values is None:
             return None
         names, convs, placeholders, _ = self._plan(schema)
-        out: dict[str, Any] = {}
-        for i, v in enumerate(values):
-            if v is None:
-                out[names[i]] = None
-            elif v is UNCHANGED:
-                out[names[i]] = placeholders[i]
-            else:
-                out[names[i]] = convs[i](v)
-        return out
+        return {
+            name: None if v is None else placeholder if v is UNCHANGED else conv(v)
+            for name, v, conv, placeholder in zip(names, values, convs, placeholders, strict=True)
+        }
 
     def key(self, record: LogRecord) -> dict[str, Any] | None:
         if record.op == "t":

@@ -153,7 +153,8 @@ ReadPart = EventRun | SegmentSlice
 def copy_fields_to_values(fields: list[bytes]) -> list[str | None]:
     from cdc.keys import unescape
 
-    return [None if f == b"\\N" else unescape(f).decode() for f in fields]
+    # Most fields hold no backslash: decoded without a function call each.
+    return [f.decode() if b"\\" not in f else None if f == b"\\N" else unescape(f).decode() for f in fields]
 
 
 def column_defaults(history: list[tuple[int, TableSchema]]) -> dict[str, tuple[int, str]]:

@@ -61,16 +61,15 @@ def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
 
 
 NO_HEADERS = encode_headers(())
-_POSITION_KEYS = [varint(len(k)) + k for k in (b"cdc.lsn", b"cdc.seq", b"cdc.ts", b"cdc.sv")]
+_LSN, _SEQ, _TS, _SV = (varint(len(k)) + k for k in (b"cdc.lsn", b"cdc.seq", b"cdc.ts", b"cdc.sv"))
+_FOUR = varint(4)
 
 
 def position_headers(lsn: int, seq: int, commit_ts: int, schema_version: int) -> bytes:
     """encode_headers of the publisher's headers cdc.lsn, cdc.seq, cdc.ts, cdc.sv (decimal text)."""
-    parts = [_SMALL[4]]
-    for key, number in zip(_POSITION_KEYS, (lsn, seq, commit_ts, schema_version), strict=True):
-        text = str(number).encode()
-        parts += [key, _SMALL[len(text)], text]
-    return b"".join(parts)
+    a, b, c, d = b"%d" % lsn, b"%d" % seq, b"%d" % commit_ts, b"%d" % schema_version
+    small = _SMALL
+    return b"".join((_FOUR, _LSN, small[len(a)], a, _SEQ, small[len(b)], b, _TS, small[len(c)], c, _SV, small[len(d)], d))
 
 
 class RecordBatchWriter:
