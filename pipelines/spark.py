@@ -4,6 +4,7 @@ Delta (and later Kafka) jars from the folder set-up resolved them into, nothing 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -38,8 +39,23 @@ def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
     return jars
 
 
+def master_cores(master: str) -> int | None:
+    """Cores a local master runs tasks on (local[N], local[*], local-cluster[N,C,M]); None otherwise."""
+    found = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if found:
+        threads = found.group(1)
+        return 1 if threads is None else (os.cpu_count() or 1) if threads == "*" else int(threads)
+    found = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    return int(found.group(1)) * int(found.group(2)) if found else None
+
+
 def base_conf(master: str) -> dict[str, str]:
-    return {
+    cores = master_cores(master)
+    # Delta rebuilds a table's snapshot (its file list) after every commit with this many tasks,
+    # 50 by default: on a few local cores that cost more than the MERGE of a small batch (a 10k-key
+    # batch into 100k rows: 5.7 s per batch with 50, 3.2 s with 2 on 2 cores). Clusters keep 50.
+    delta_snapshot = {"spark.databricks.delta.snapshotPartitions": str(cores)} if cores else {}
+    return delta_snapshot | {
         "spark.master": master,
         "spark.app.name": "cdc-apply",
         "spark.jars": ",".join(spark_jars(tuple(g for g in SPARK_JAR_GROUPS if (jars_dir() / g).exists()) or ("spark",))),

@@ -30,7 +30,7 @@ from cdc.tables import TableName
 from pipelines.apply.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
 from pipelines.errors import SinkError
 from sinks.base import ApplyStats, Sink
-from sinks.delta.idempotent import follower_write, source_not_copied
+from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 
@@ -192,7 +192,7 @@ class DeltaSink(Sink):
         for m in META_COLUMNS:
             update[q(m)] = F.col(f"s.{m}")
         insert = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}
-        with follower_write(self.spark, self.app_id, cut_id), source_not_copied(self.spark):
+        with follower_write(self.spark, self.app_id, cut_id):
             return (
                 target.alias("t")
                 .merge(changes.df.alias("s"), on)
