@@ -20,6 +20,7 @@ on (as ours writes cuts), and a producer tuned as ours is (1 MB batches, 20 ms l
 Debezium queue/batches); its JVM start-up is reported separately ("after first record").
 
     .venv/bin/python bench/capture_kafka.py [--rows N] [--json out.json] [--keep] [--only stream|snapshot]
+                                            [--publisher-workers N]
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class KafkaBench:
         self.pg = LocalPostgres(work / "pg", durable=True)
         self.kafka = LocalKafka(work / "kafka", heap="1g")
         self.results: dict[str, Any] = {"loadavg": {}}
+        self.publisher_workers: int | None = None
         self._consumer = None
 
     # -- plumbing ------------------------------------------------------------------------------------
@@ -129,12 +131,16 @@ class KafkaBench:
                     "publication": publication,
                 }
             },
-            "log": {"kafka": {"bootstrap_servers": self.kafka.bootstrap, "topic_prefix": prefix}},
+            "log": {"kafka": {"bootstrap_servers": self.kafka.bootstrap, "topic_prefix": prefix, **self.kafka_extra}},
             "state_dir": str(self.work / "state" / name),
         }
         path = self.work / f"{name}.yml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
+
+    @property
+    def kafka_extra(self) -> dict[str, Any]:
+        return {} if self.publisher_workers is None else {"publisher_workers": self.publisher_workers}
 
     def cdc(self, name: str, *args: str | Path) -> Timed:
         return self.timed([str(BIN / "cdc"), *map(str, args)], {**os.environ, "BENCH_DSN": self.dsn}, name)
@@ -508,11 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=["stream", "snapshot"], action="append", help="run only these parts"
     )
+    parser.add_argument(
+        "--publisher-workers", type=int, help="log.kafka.publisher_workers of our pipelines (default: the product's)"
+    )
     args = parser.parse_args(argv)
     parts = args.only or ["stream", "snapshot"]
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-kafka-"))
     os.chmod(work, 0o755)
     bench = KafkaBench(args.rows, work)
+    bench.publisher_workers = args.publisher_workers
     started = time.perf_counter()
     try:
         bench.start()
