@@ -48,6 +48,7 @@ from pathlib import Path
 import psycopg2
 import redis
 import yaml
+from common import COLUMNS, say
 
 from cdc.session import libpq_options
 from pipelines.devservices.postgres import LocalPostgres
@@ -58,18 +59,6 @@ BIN = Path(sys.executable).parent
 DB = "bench"
 TABLE = "public.bench_cache"
 TXN = 1000
-COLUMNS = """
-    id         bigint PRIMARY KEY,
-    qty        integer NOT NULL,
-    price      numeric(12,2),
-    score      float8,
-    note       text,
-    code       varchar(32),
-    flag       boolean,
-    updated_at timestamptz,
-    day        date,
-    ref        uuid
-"""
 ROW_EXPR = """
     g, mod(g, 100000)::int, (mod(g, 10000000) / 100.0)::numeric(12,2), g * 0.731::float8,
     left(md5(g::text), 20), 'code-' || mod(g, 9973)::text, mod(g, 3) = 0,
@@ -81,10 +70,6 @@ UPDATE_SET = """
     flag = NOT flag, updated_at = updated_at + interval '1 minute'
 """
 REPORT = re.compile(r"sink (\w+): applied cut \d+ \([^)]*\) in ([\d.]+)s: (.*)")
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
 
 
 CPU = {"last": 0.0}  # user+sys CPU seconds of the last command's process tree

@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg2
 import yaml
+from common import COLUMNS, run_sql, say
 
 from cdc.session import libpq_options
 from pipelines.devservices.postgres import LocalPostgres, pg_bin_dir
@@ -66,18 +67,6 @@ SNAPSHOT_CONFIGS: tuple[tuple[str, int | None], ...] = (
     ("parallel 4", 4),
 )
 
-COLUMNS = """
-    id         bigint PRIMARY KEY,
-    qty        integer NOT NULL,
-    price      numeric(12,2),
-    score      float8,
-    note       text,
-    code       varchar(32),
-    flag       boolean,
-    updated_at timestamptz,
-    day        date,
-    ref        uuid
-"""
 # One row per g: every column filled, text ~20 chars, values spread out. No '%' (psycopg2 params).
 ROW_EXPR = """
     g, mod(g, 100000)::int, (mod(g, 10000000) / 100.0)::numeric(12,2), g * 0.731::float8,
@@ -89,10 +78,6 @@ UPDATE_SET = """
     qty = qty + 1, price = price + 0.01, score = score * 1.5, note = left(md5((id + 7)::text), 20),
     flag = NOT flag, updated_at = updated_at + interval '1 minute'
 """
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
 
 
 def fmt_int(value: float | None) -> str:
@@ -266,17 +251,7 @@ class Bench:
         return self.pg.dsn(DB)
 
     def sql(self, *statements: str, params: tuple | None = None) -> list[tuple]:
-        conn = psycopg2.connect(self.dsn, options=libpq_options())
-        conn.autocommit = True
-        rows: list[tuple] = []
-        try:
-            with conn.cursor() as cur:
-                for i, stmt in enumerate(statements):
-                    cur.execute(stmt, params if i == len(statements) - 1 else None)
-                    rows = cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
-        return rows
+        return run_sql(self.dsn, *statements, params=params)
 
     def pg_env(self) -> dict[str, str]:
         """libpq environment for pg_recvlogical and psql, with cdc's session settings (same text output)."""

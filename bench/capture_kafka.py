@@ -42,7 +42,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capture import COLUMNS, ROW_EXPR, UPDATE_SET, Timed, checked, cluster_cpu_s, fmt_int, run_timed
+from capture import ROW_EXPR, UPDATE_SET, Timed, checked, cluster_cpu_s, fmt_int, run_timed
+from common import COLUMNS, run_sql, say
 
 from cdc.session import libpq_options
 from pipelines.devservices.debezium import DEBEZIUM_VERSION, LocalDebezium
@@ -70,10 +71,6 @@ DEBEZIUM_TUNING = {
 }
 
 
-def say(message: str) -> None:
-    print(message, flush=True)
-
-
 class KafkaBench:
     def __init__(self, rows: int, work: Path):
         self.rows = rows
@@ -90,17 +87,7 @@ class KafkaBench:
         return self.pg.dsn(DB)
 
     def sql(self, *statements: str, params: tuple | None = None) -> list[tuple]:
-        conn = psycopg2.connect(self.dsn, options=libpq_options())
-        conn.autocommit = True
-        rows: list[tuple] = []
-        try:
-            with conn.cursor() as cur:
-                for i, stmt in enumerate(statements):
-                    cur.execute(stmt, params if i == len(statements) - 1 else None)
-                    rows = cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
-        return rows
+        return run_sql(self.dsn, *statements, params=params)
 
     def load(self, where: str) -> float:
         load = float(Path("/proc/loadavg").read_text().split()[0])

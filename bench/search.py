@@ -55,6 +55,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import COLUMNS, say  # noqa: E402
+
 from cdc.session import libpq_options  # noqa: E402
 from pipelines.devservices.opensearch import LocalOpenSearch  # noqa: E402
 from pipelines.devservices.postgres import LocalPostgres  # noqa: E402
@@ -65,18 +67,6 @@ TABLE = "public.bench_search"
 TXN = 1000
 UPDATES, DELETES = 900, 50  # per transaction; as many inserts as deletes
 
-COLUMNS = """
-    id         bigint PRIMARY KEY,
-    qty        integer NOT NULL,
-    price      numeric(12,2),
-    score      float8,
-    note       text,
-    code       varchar(32),
-    flag       boolean,
-    updated_at timestamptz,
-    day        date,
-    ref        uuid
-"""
 ROW_EXPR = """
     g, mod(g, 100000)::int, (mod(g, 10000000) / 100.0)::numeric(12,2), g * 0.731::float8,
     'note ' || left(md5(g::text), 15), 'code-' || mod(g, 9973)::text, mod(g, 3) = 0,
@@ -87,10 +77,6 @@ UPDATE_SET = """
     qty = qty + 1, price = price + 0.01, score = score * 1.5, note = 'edit ' || left(md5((id + %(k)s)::text), 15),
     flag = NOT flag, updated_at = updated_at + interval '1 minute'
 """
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
 
 
 @dataclass
