@@ -42,9 +42,9 @@ from typing import Any
 
 import psycopg2
 import yaml
-from common import COLUMNS, run_sql, say
+from common import COLUMNS, say
 
-from cdc.session import libpq_options
+from cdc.session import libpq_options, run_sql
 from pipelines.devservices.postgres import LocalPostgres, pg_bin_dir
 
 REPO = Path(__file__).resolve().parents[1]

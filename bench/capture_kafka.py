@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture import ROW_EXPR, UPDATE_SET, Timed, checked, cluster_cpu_s, fmt_int, run_timed
-from common import COLUMNS, run_sql, say
+from common import COLUMNS, say
 
-from cdc.session import libpq_options
+from cdc.session import libpq_options, run_sql
 from pipelines.devservices.debezium import DEBEZIUM_VERSION, LocalDebezium
 from pipelines.devservices.kafka import LocalKafka
 from pipelines.devservices.postgres import LocalPostgres, pg_bin_dir

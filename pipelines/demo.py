@@ -16,10 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-import psycopg2
 import yaml
 
-from cdc.session import libpq_options
+from cdc.session import run_sql
 from pipelines.config import load_pipeline
 from pipelines.devservices.postgres import LocalPostgres
 from pipelines.errors import ServiceError
@@ -35,17 +34,6 @@ BURST = [
     ("customer ids renumbered (primary key change)", "UPDATE customers SET id = id + 100000 WHERE id BETWEEN 1 AND 20"),
     ("new customers", "INSERT INTO customers (id, name, email) SELECT g, 'customer ' || g, NULL FROM generate_series(2001, 2500) g"),
 ]
-
-
-def _sql(dsn: str, statements: list[str]) -> None:
-    conn = psycopg2.connect(dsn, options=libpq_options())
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for stmt in statements:
-                cur.execute(stmt)
-    finally:
-        conn.close()
 
 
 def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> int:
@@ -70,7 +58,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         step("starting a throwaway PostgreSQL (wal_level=logical) and Redis on 127.0.0.1")
         server.start()
         admin = server.dsn()
-        _sql(admin, ["CREATE DATABASE shop"])
+        run_sql(admin, "CREATE DATABASE shop")
         dsn = server.dsn("shop")
         say(f"      PostgreSQL listening on port {server.port}; data in {server_dir}")
         try:
@@ -81,7 +69,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
             say(f"      no Redis, so the demo skips the cache follower: {exc}")
 
         step("creating the shop schema: customers (2,000), products (200), orders (10,000)")
-        _sql(dsn, [SCHEMA])
+        run_sql(dsn, SCHEMA)
 
         pipeline_file = directory / "shop.yml"
         pipeline_file.write_text(
@@ -107,7 +95,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
 
         step("a burst of changes on the source, then `cdc stream --until current`")
         for label, stmt in BURST:
-            _sql(dsn, [stmt])
+            run_sql(dsn, stmt)
             say(f"      {label}")
         log = open_log(pipeline)
         try:

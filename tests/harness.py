@@ -17,7 +17,7 @@ from psycopg2 import sql as pgsql
 from cdc.log.base import LogRecord
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
-from cdc.session import libpq_options
+from cdc.session import libpq_options, run_sql
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,19 +63,7 @@ def cdc_popen(*args: str | os.PathLike[str], env: dict[str, str] | None = None, 
     )
 
 
-def sql(dsn: str, *statements: str, params: Sequence[Any] | None = None) -> list[tuple]:
-    """Run statements in autocommit mode; return the last one's rows (if any)."""
-    conn = psycopg2.connect(dsn, options=libpq_options())
-    conn.autocommit = True
-    rows: list[tuple] = []
-    try:
-        with conn.cursor() as cur:
-            for i, stmt in enumerate(statements):
-                cur.execute(stmt, params if i == len(statements) - 1 else None)
-                rows = cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
-    return rows
+sql = run_sql  # statements in autocommit mode; the last one's rows (if any)
 
 
 def source_rows(dsn: str, table: str, key: Sequence[str]) -> dict[tuple, dict[str, str | None]]:
