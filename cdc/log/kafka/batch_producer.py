@@ -19,7 +19,7 @@ guarantees stay those of an idempotent producer with acks=all:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import kafka.errors as Errors
@@ -28,12 +28,11 @@ from kafka.future import Future
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
-from cdc.log.kafka.recordbatch import RecordBatchWriter, RecordsBody, frame_batch
+from cdc.log.kafka.recordbatch import RecordsBody, batched, frame_batch
 
 Record = tuple[bytes | None, bytes | None, bytes]  # key, value, encoded headers (recordbatch.encode_headers)
 
 SEQUENCE_WRAP = 1 << 31  # sequences are int32 and wrap to 0, as the broker expects
-POLL_EVERY = 256  # records appended between network polls (keeps the in-flight request moving)
 
 
 @dataclass
@@ -76,7 +75,7 @@ class BatchProducer:
     def send(self, topic: str, records: Iterable[Record]) -> tuple[int | None, int | None, int]:
         """Produce (key, value, encoded headers) records to partition 0 of `topic` in order;
         returns (first offset, last offset, count) once Kafka acknowledged them all."""
-        return self.send_bodies(topic, self._bodies(records))
+        return self.send_bodies(topic, batched(records, self.batch_bytes))
 
     def send_bodies(self, topic: str, bodies: Iterable[RecordsBody]) -> tuple[int | None, int | None, int]:
         """The same for batches already encoded (e.g. by render workers), in order."""
@@ -92,26 +91,10 @@ class BatchProducer:
         last_base, last_count = self._acked[-1]
         return first_base, last_base + last_count - 1, total
 
-    def _bodies(self, records: Iterable[Record]) -> Iterator[RecordsBody]:
-        batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
-        for n, (key, value, headers) in enumerate(records, 1):
-            if not batch.append(key, value, headers):  # full
-                yield batch.body()
-                batch = RecordBatchWriter(self._now_ms, self.batch_bytes)
-                batch.append(key, value, headers)
-            if n % POLL_EVERY == 0:
-                self._client.poll(timeout_ms=0)  # keeps the in-flight request moving
-        if len(batch):
-            yield batch.body()
-
     def close(self) -> None:
         self._client.close()
 
     # ---- batches -----------------------------------------------------------------------------------
-    @property
-    def _now_ms(self) -> int:
-        return int(time.time() * 1000)
-
     def _submit(self, topic: str, body: RecordsBody) -> None:
         sequence = self._sequence.get(topic, 0)
         data = frame_batch(body, self._producer_id, self._epoch, sequence)

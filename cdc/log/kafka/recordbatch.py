@@ -22,7 +22,8 @@ Varints are zigzag-encoded; a null key or value has length -1.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from crc32c import crc32c
@@ -120,6 +121,19 @@ class RecordBatchWriter:
 
     def build(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
         return frame_batch(self.body(), producer_id, producer_epoch, base_sequence)
+
+
+def batched(records: Iterable[tuple[bytes | None, bytes | None, bytes]], limit: int) -> Iterator[RecordsBody]:
+    """(key, value, encoded headers) records as batch bodies of at most `limit` bytes (a larger
+    record alone), each stamped with the time it was started."""
+    batch = RecordBatchWriter(int(time.time() * 1000), limit)
+    for key, value, headers in records:
+        if not batch.append(key, value, headers):
+            yield batch.body()
+            batch = RecordBatchWriter(int(time.time() * 1000), limit)
+            batch.append(key, value, headers)
+    if len(batch):
+        yield batch.body()
 
 
 class RecordsBody(NamedTuple):

@@ -14,7 +14,6 @@ A worker opens the staging log read-only and keeps it; it never writes anything.
 from __future__ import annotations
 
 import multiprocessing
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 import orjson
 
 from cdc.envelope import EnvelopeRenderer
-from cdc.log.kafka.recordbatch import RecordBatchWriter, RecordsBody, position_headers
+from cdc.log.kafka.recordbatch import RecordsBody, batched, position_headers
 from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.local import LocalLog, ReadPart
 from cdc.tables import TableName
@@ -45,21 +44,20 @@ class RenderTask:
 def render_bodies(task: RenderTask, log: LocalLog) -> Iterator[RecordsBody]:
     """The part's records as batches of at most task.batch_bytes: a tombstone after each
     delete, the position in headers, updates' unchanged TOAST values filled in."""
+    return batched(_records(task, log), task.batch_bytes)
+
+
+def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | None, bytes]]:
     table = TableName.parse(task.table)
     renderer = EnvelopeRenderer(task.database, task.name)
     dumps = orjson.dumps
-    batch = RecordBatchWriter(int(time.time() * 1000), task.batch_bytes)
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
     for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, task.part))):
-        kbytes = dumps(key) if key is not None else TRUNCATE_KEY
-        vbytes = None if value is None else dumps(value)
-        headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
-        if not batch.append(kbytes, vbytes, headers):
-            yield batch.body()
-            batch = RecordBatchWriter(int(time.time() * 1000), task.batch_bytes)
-            batch.append(kbytes, vbytes, headers)
-    if len(batch):
-        yield batch.body()
+        yield (
+            dumps(key) if key is not None else TRUNCATE_KEY,
+            None if value is None else dumps(value),
+            position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version),
+        )
 
 
 _WORKER_LOGS: dict[str, LocalLog] = {}
