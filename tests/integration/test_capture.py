@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,10 +227,13 @@ def wait_slot(dsn: str, slot: str, *, active: bool, timeout: float = 30) -> None
     )
 
 
-def start_stream(pipe: Pipe) -> subprocess.Popen:
-    """`cdc stream` (no --until) in the background, returned once its replication connection is up."""
+def start_stream(
+    pipe: Pipe, timeout: float = 30, kill: Callable[[subprocess.Popen], None] = subprocess.Popen.kill
+) -> subprocess.Popen:
+    """`cdc stream` (no --until) in the background, returned once its replication connection is
+    up; `kill` ends it if that does not happen within `timeout` seconds."""
     proc = cdc_popen("stream", pipe.file)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             out, err = proc.communicate()
@@ -239,8 +242,8 @@ def start_stream(pipe: Pipe) -> subprocess.Popen:
         if info is not None and info[0] is not None:
             return proc
         time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("cdc stream did not start streaming within 30s")
+    kill(proc)
+    raise AssertionError(f"cdc stream did not start streaming within {timeout:.0f}s")
 
 
 def stop_stream(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[str, str]:

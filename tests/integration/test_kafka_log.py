@@ -47,6 +47,9 @@ from tests.integration.test_capture import (
     stream_events,
     wait_slot,
 )
+from tests.integration.test_capture import (
+    start_stream as start_capture_stream,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -147,19 +150,9 @@ def verified(pipe: KPipe, spark, sink: str | None = None) -> str:
 
 
 def start_stream(pipe: KPipe) -> subprocess.Popen:
-    """`cdc stream` in the background, returned once its replication connection is up."""
-    proc = cdc_popen("stream", pipe.file)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"cdc stream exited {proc.returncode} early:\n{out}\n{err}")
-        info = slot_info(pipe.dsn, pipe.slot)
-        if info is not None and info[0] is not None:
-            return proc
-        time.sleep(0.05)
-    kill_tree(proc)
-    raise AssertionError("cdc stream did not start streaming within 60s")
+    """`cdc stream` in the background, returned once its replication connection is up (killed
+    with its publisher child if not within 60 s)."""
+    return start_capture_stream(pipe, timeout=60, kill=kill_tree)  # KPipe has the file, dsn and slot it uses
 
 
 def stop_stream(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
