@@ -43,6 +43,7 @@ from tests.integration.test_capture import (
     flush_wal,
     make_table,
     no_traceback,
+    ok,
     slot_info,
     stream_events,
     wait_slot,
@@ -105,15 +106,6 @@ def make_kpipe(
     pipe = KPipe(tmp_path, tmp_path / "test.yml", dsn, tables, bootstrap, f"k{uuid.uuid4().hex[:10]}")
     pipe.write(sinks, **kafka)
     return pipe
-
-
-def ok(*args: Any, timeout: float = 300) -> CdcRun:
-    run = cdc(*args, timeout=timeout)
-    assert run.code == 0, (
-        f"cdc {' '.join(map(str, args))} exited {run.code}\nstdout:\n{run.out}\nstderr:\n{run.err}"
-    )
-    no_traceback(run)
-    return run
 
 
 def snapshot(pipe: KPipe) -> CdcRun:

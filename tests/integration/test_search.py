@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from pipelines.devservices.opensearch import LocalOpenSearch
 from pipelines.errors import SinkError
 from sinks.base import make_sink
 from sinks.search.query import run_search
+from tests.fixtures.opensearch import opensearch_node
 from tests.harness import apply_once, cdc, sql, verify, write_pipeline
 from tests.harness import stream_until_current as _stream
 
@@ -287,14 +286,8 @@ def test_replayed_and_late_batches_change_nothing(
 @pytest.fixture
 def own_opensearch() -> Iterator[LocalOpenSearch]:
     """A node of this test's own, stopped and started by the test."""
-    base = Path(tempfile.mkdtemp(prefix="cdc-test-opensearch-down-"))
-    node = LocalOpenSearch(base)
-    try:
-        node.start()
+    with opensearch_node("cdc-test-opensearch-down-") as node:
         yield node
-    finally:
-        node.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_opensearch_down_fails_only_that_follower(
