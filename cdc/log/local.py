@@ -494,7 +494,12 @@ class LocalLog(LogWriter, LogReader):
         processes) and, read one after the other, give exactly `read(table, after, upto)`:
         runs of at most `events` event rows, and snapshot segments in slices of about
         `segment_bytes` (cut at line ends)."""
-        tid = self._require_table(table)
+        return self.read_parts_by_id(self._require_table(table), after, upto, events, segment_bytes)
+
+    def read_parts_by_id(
+        self, tid: int, after: int, upto: int, events: int = 20_000, segment_bytes: int = 8 << 20
+    ) -> list[ReadPart]:
+        """read_parts for the table with id `tid` (Spark's log source knows tables by id)."""
         parts: list[ReadPart] = []
 
         def events_between(first: int, last: int) -> None:  # offsets first < off <= last, no markers
@@ -512,7 +517,7 @@ class LocalLog(LogWriter, LogReader):
                 continue
             seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
             if seg is None:
-                raise LogError(f"snapshot segment {int(payload)} of {table} is missing from the log")
+                raise LogError(f"snapshot segment {int(payload)} of table id {tid} is missing from the log")
             size = (self.path / seg[0]).stat().st_size
             for start in range(0, max(size, 1), segment_bytes):
                 parts.append(SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size)))

@@ -21,6 +21,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
 EVENTS_PER_PARTITION = 200_000
+WHOLE_SEGMENTS = 1 << 62  # segment_bytes for read_parts: one partition per segment file
 BATCH_ROWS = 8192
 COLUMN_NAMES = ["off", "lsn", "seq", "op", "key", "vals", "unch", "ts"]
 
@@ -38,8 +39,11 @@ class EventRange(InputPartition):
 
 
 class Segment(InputPartition):
-    def __init__(self, off: int, lsn: int, version: int, path: str):
+    """Lines of a snapshot segment file starting at a byte in [start, end)."""
+
+    def __init__(self, off: int, lsn: int, version: int, path: str, start: int, end: int):
         self.off, self.lsn, self.version, self.path = off, lsn, version, path
+        self.start, self.end = start, end
 
 
 class LocalLogSource(DataSource):
@@ -74,25 +78,20 @@ class LocalLogReader(DataSourceReader):
         self.missing: list[str | None] = json.loads(options.get("missing") or "null") or [None] * len(self.columns)
 
     def partitions(self) -> list[InputPartition]:
-        conn = _connect(self.path)
-        try:
-            t = f"ev_{self.table_id}"
-            parts: list[InputPartition] = []
-            for off, lsn, sv, payload in conn.execute(
-                f"SELECT off, lsn, sv, payload FROM {t} WHERE op = 'S' AND off > ? AND off <= ? ORDER BY off",
-                (self.after, self.upto),
-            ):
-                if payload:
-                    (path,) = conn.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
-                    parts.append(Segment(off, lsn, sv, str(Path(self.path) / path)))
-            first = self.after
-            while first < self.upto:
-                last = min(first + EVENTS_PER_PARTITION, self.upto)
-                parts.append(EventRange(first, last))
-                first = last
-            return parts or [EventRange(self.after, self.after)]
+        from cdc.log.local import EventRun, LocalLog
+
+        log = LocalLog(Path(self.path), readonly=True)
+        try:  # whole segment files, as their snapshot chunks made them
+            parts = log.read_parts_by_id(self.table_id, self.after, self.upto, EVENTS_PER_PARTITION, WHOLE_SEGMENTS)
         finally:
-            conn.close()
+            log.close()
+        out: list[InputPartition] = [
+            EventRange(p.after, p.upto)
+            if isinstance(p, EventRun)
+            else Segment(p.off, p.lsn, p.version, str(Path(self.path) / p.path), p.start, p.end)
+            for p in parts
+        ]
+        return out or [EventRange(self.after, self.after)]
 
     def read(self, partition: InputPartition) -> Iterator:
         """Arrow record batches of BATCH_ROWS rows: values are built as Python lists per column and
@@ -121,6 +120,7 @@ class LocalLogReader(DataSourceReader):
         # Imports here: this runs in executor Python workers.
         from cdc.keys import key_from_copy_fields, unescape
         from cdc.log.base import TableSchema
+        from cdc.log.local import iter_segment
         from cdc.pgoutput import UNCHANGED, decode_tuple
 
         conn = _connect(self.path)
@@ -141,14 +141,12 @@ class LocalLogReader(DataSourceReader):
         try:
             if isinstance(partition, Segment):
                 index, key_idx = layout(partition.version)
-                with open(partition.path, "rb") as f:
-                    for line in f:
-                        fields = line.rstrip(b"\n").split(b"\t")
-                        vals = [
-                            missing[j] if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
-                            for j, i in enumerate(index)
-                        ]
-                        yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], None)
+                for fields in iter_segment(Path(partition.path), partition.start, partition.end):
+                    vals = [
+                        missing[j] if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
+                        for j, i in enumerate(index)
+                    ]
+                    yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], None)
                 return
             assert isinstance(partition, EventRange)
             for off, lsn, seq, op, key, payload, before, sv, ts in conn.execute(
