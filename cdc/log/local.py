@@ -263,19 +263,27 @@ class LocalLog(LogWriter, LogReader):
         if tid is not None:
             return tid
         with self.write():
+            tid = self.table_id(table)  # again under the write lock: another process may have added it
+            if tid is not None:
+                return tid
             cur = self.db.execute("INSERT INTO tables(schema_name, table_name) VALUES (?, ?)", (table.schema, table.name))
             tid = int(cur.lastrowid)
             self.db.execute(_EV_DDL.format(id=tid))
         return tid
 
     def schema_version(self, table_id: int, schema: TableSchema, since_lsn: int) -> int:
-        latest = self._latest_version.get(table_id) or self._load_latest_version(table_id)
+        latest = self._latest_version.get(table_id)
         if latest is not None and latest[1] == schema:
             return latest[0]
-        # An equal older version (e.g. a column dropped then re-added the same way) is not reused:
-        # versions only grow, which keeps "which layout does this row have" a simple lookup.
-        version = (latest[0] + 1) if latest else 1
         with self.write():
+            # Read again under the write lock: another process (a `cdc snapshot --tables` next to
+            # `cdc stream`) may have added a version since this one cached the table's latest.
+            latest = self._load_latest_version(table_id)
+            if latest is not None and latest[1] == schema:
+                return latest[0]
+            # An equal older version (e.g. a column dropped then re-added the same way) is not reused:
+            # versions only grow, which keeps "which layout does this row have" a simple lookup.
+            version = (latest[0] + 1) if latest else 1
             self.db.execute(
                 "INSERT INTO schemas(table_id, version, body, since_lsn) VALUES (?, ?, ?, ?)",
                 (table_id, version, orjson.dumps(schema.to_json()).decode(), since_lsn),

@@ -14,6 +14,8 @@ from cdc.pgoutput import UNCHANGED
 from cdc.pgoutput_encode import encode_tuple
 from cdc.tables import TableName
 
+pytestmark = pytest.mark.unit
+
 T = TableName("public", "tz")
 TYPES = {23: {"oid": 23, "name": "int4", "kind": "base"}, 25: {"oid": 25, "name": "text", "kind": "base"}}
 V1 = TableSchema((Column("id", 23, -1), Column("n", 23, -1), Column("big", 25, -1)), ("id",), TYPES)
