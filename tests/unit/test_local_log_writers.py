@@ -22,7 +22,7 @@ V3 = TableSchema((Column("id", 23, -1), Column("m", 23, -1)), ("id",), TYPES)
 
 @pytest.fixture
 def two(tmp_path: Path):
-    stream, snapshot = LocalLog(tmp_path / "log.db"), LocalLog(tmp_path / "log.db")
+    stream, snapshot = LocalLog(tmp_path / "log"), LocalLog(tmp_path / "log")
     yield stream, snapshot
     stream.close()
     snapshot.close()
