@@ -51,12 +51,12 @@ def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys
             if limit is not None and count >= limit:
                 return
             if with_keys:
-                for record, key, value in renderer.records(iter([rec])):
+                for record, key, value in renderer.records([rec]):
                     yield orjson.dumps(
-                        {"table": str(record.table), "offset": record.offset, "key": key, "value": value}
+                        {"table": str(record.table), "offset": record.offset, "key": _json(key), "value": _json(value)}
                     ).decode()
             else:
-                yield orjson.dumps(renderer.value(rec)).decode()
+                yield renderer.value_json(rec).decode()
     finally:
         log.close()
 
@@ -113,3 +113,7 @@ def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, wit
                 yield orjson.dumps(value).decode()
     finally:
         view.close()
+
+
+def _json(encoded: bytes | None) -> orjson.Fragment | None:
+    return None if encoded is None else orjson.Fragment(encoded)

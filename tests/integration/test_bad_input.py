@@ -450,6 +450,10 @@ def test_odd_identifiers(pg_db: str, tmp_path: Path) -> None:
     assert {r["value"]["source"]["table"] for r in records if r["value"]} == {'Tab"le, ü'}
     assert {'Id "k"'} == {k for r in records for k in r["key"]}
     last = [r for r in records if r["key"] == {'Id "k"': 2000}][-1]["value"]["after"]
+    plain = cdc("log", "read", path, "--table", ODD_TABLE)  # values only: the same envelopes, no tombstones
+    check_output(plain, 0)
+    drop_ts = [{**orjson.loads(line), "ts_ms": 0} for line in plain.out.splitlines()]
+    assert drop_ts == [{**r["value"], "ts_ms": 0} for r in records if r["value"] is not None]
     assert last == {'Id "k"': 2000, 'Col "x"': "tab\there", "a.b, c": None, "ÄÖÜ": None}
 
     state = materialize(tmp_path / ".cdc" / "test" / "log")

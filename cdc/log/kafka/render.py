@@ -18,8 +18,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import orjson
-
 from cdc.envelope import EnvelopeRenderer
 from cdc.log.kafka.recordbatch import RecordsBody, batched, position_headers
 from cdc.log.kafka.toast import fill_unchanged
@@ -50,14 +48,14 @@ def render_bodies(task: RenderTask, log: LocalLog) -> Iterator[RecordsBody]:
 def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | None, bytes]]:
     table = TableName.parse(task.table)
     renderer = EnvelopeRenderer(task.database, task.name)
-    dumps = orjson.dumps
+    position: tuple = ()
+    headers = b""
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
     for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, task.part))):
-        yield (
-            dumps(key) if key is not None else TRUNCATE_KEY,
-            None if value is None else dumps(value),
-            position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version),
-        )
+        if position != (rec.lsn, rec.seq, rec.commit_ts, rec.schema_version):  # a snapshot's rows share one
+            position = (rec.lsn, rec.seq, rec.commit_ts, rec.schema_version)
+            headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
+        yield key if key is not None else TRUNCATE_KEY, value, headers
 
 
 _WORKER_LOGS: dict[str, LocalLog] = {}
