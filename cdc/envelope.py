@@ -135,14 +135,10 @@ class EnvelopeRenderer:
             now_ms if now_ms is not None else int(time.time() * 1000),
         )
 
-    def value(self, record: LogRecord, now_ms: int | None = None) -> dict[str, Any]:
-        """value_json as a dict (for printing and tests; publishing uses the bytes)."""
-        return orjson.loads(self.value_json(record, now_ms))
-
     def records(self, records: Iterable[LogRecord]) -> Iterator[tuple[LogRecord, bytes | None, bytes | None]]:
         """(record, key JSON, value JSON) as a keyed topic holds them: deletes followed by a
         tombstone (value None). The key is None only for truncates."""
-        now_ms = int(time.time() * 1000)
+        now_ms = 0
         for n, record in enumerate(records):
             if not n & 1023:  # ts_ms is the time of rendering; one clock read per 1024 records is close enough
                 now_ms = int(time.time() * 1000)

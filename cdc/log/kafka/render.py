@@ -52,9 +52,10 @@ def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | N
     headers = b""
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
     for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, task.part))):
-        if position != (rec.lsn, rec.seq, rec.commit_ts, rec.schema_version):  # a snapshot's rows share one
-            position = (rec.lsn, rec.seq, rec.commit_ts, rec.schema_version)
-            headers = position_headers(rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
+        here = (rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
+        if here != position:  # a snapshot's rows all share one position: their headers are encoded once
+            position = here
+            headers = position_headers(*here)
         yield key if key is not None else TRUNCATE_KEY, value, headers
 
 
