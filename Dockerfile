@@ -4,7 +4,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     CDC_SKIP_SERVERS=1 \
     PYTHON=python3
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless maven make procps \
+ && apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless maven make procps gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/cdc
 COPY . .

@@ -15,6 +15,7 @@ Unchanged TOAST values are never sent as a value: they carry Debezium's placehol
 from __future__ import annotations
 
 import base64
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,15 +26,26 @@ from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
 from cdc.schema import schema_types
 from cdc.tables import TableName
-from cdc.typemap import Converter, converter
+from cdc.typemap import Converter, c_kind, converter
+
+try:  # the optional C speedup, built by `pip install -e .` (setup.py)
+    from cdc import _render
+except ImportError:  # pragma: no cover - no C compiler at install time
+    _render = None  # type: ignore[assignment]
 
 UNAVAILABLE = "__debezium_unavailable_value"
 UNAVAILABLE_BYTES = base64.b64encode(UNAVAILABLE.encode()).decode()
 CONNECTOR_VERSION = "pgcdc-0.1.0"
+TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
 
 
 def _placeholder(type_name: str) -> str:
     return UNAVAILABLE_BYTES if type_name == "bytea" else UNAVAILABLE
+
+
+def speedups() -> bool:
+    """Whether rows are rendered by cdc._render (C): built, and CDC_PURE_PYTHON not set."""
+    return _render is not None and not os.environ.get("CDC_PURE_PYTHON")
 
 
 class EnvelopeRenderer:
@@ -50,6 +62,7 @@ class EnvelopeRenderer:
         self.name = name
         self._cache: dict[int, tuple[list[str], list[Converter], list[str], tuple[int, ...]]] = {}
         self._templates: dict[tuple[TableName, bool], bytes] = {}
+        self._c_plans: dict[int, tuple[TableSchema, Any]] = {}
 
     def _plan(self, schema: TableSchema) -> tuple[list[str], list[Converter], list[str], tuple[int, ...]]:
         plan = self._cache.get(id(schema))
@@ -60,6 +73,24 @@ class EnvelopeRenderer:
             placeholders = [_placeholder(types[c.type_oid].name) for c in schema.columns]
             plan = self._cache[id(schema)] = (names, convs, placeholders, schema.key_indexes)
         return plan
+
+    def c_plan(self, schema: TableSchema):
+        """The cdc._render.Plan of a schema (only when speedups() is true)."""
+        entry = self._c_plans.get(id(schema))
+        if entry is None or entry[0] is not schema:
+            names, convs, placeholders, key_idx = self._plan(schema)
+            kinds = [c_kind(conv) for conv in convs]
+            plan = _render.Plan(
+                bytes(kind for kind, _ in kinds),
+                bytes(precision for _, precision in kinds),
+                tuple(orjson.dumps(name) + b":" for name in names),
+                tuple(convs),
+                tuple(orjson.dumps(p) for p in placeholders),
+                tuple(key_idx),
+                orjson.dumps,
+            )
+            entry = self._c_plans[id(schema)] = (schema, plan)
+        return entry[1]
 
     def row(self, schema: TableSchema, values: list[Any] | None) -> dict[str, Any] | None:
         if values is None:
@@ -122,17 +153,43 @@ class EnvelopeRenderer:
         if op in ("u", "d") and record.before is not None:
             before = dumps(self.row(record.schema, record.before))
         after = dumps(self.row(record.schema, record.values)) if op in ("c", "u", "r") else b"null"
-        event_lsn = record.event_lsn if record.event_lsn is not None else record.lsn
-        return self._template(record.table, op == "r") % (
+        return self.value_from_parts(
+            record.table,
+            op,
             before,
             after,
-            b"null" if record.commit_ts is None else b"%d" % (record.commit_ts // 1000),
+            record.commit_ts,
             record.lsn,
+            record.event_lsn,
+            record.xid,
+            now_ms if now_ms is not None else int(time.time() * 1000),
+        )
+
+    def value_from_parts(
+        self,
+        table: TableName,
+        op: str,
+        before: bytes,
+        after: bytes,
+        commit_ts: int | None,
+        lsn: int,
+        event_lsn: int | None,
+        xid: int | None,
+        now_ms: int,
+    ) -> bytes:
+        """The envelope around the before and after row JSON (b"null" for none)."""
+        if event_lsn is None:
+            event_lsn = lsn
+        return self._template(table, op == "r") % (
+            before,
+            after,
+            b"null" if commit_ts is None else b"%d" % (commit_ts // 1000),
+            lsn,
             event_lsn,
-            b"null" if record.xid is None else b"%d" % record.xid,
+            b"null" if xid is None else b"%d" % xid,
             event_lsn,
             op.encode(),
-            now_ms if now_ms is not None else int(time.time() * 1000),
+            now_ms,
         )
 
     def records(self, records: Iterable[LogRecord]) -> Iterator[tuple[LogRecord, bytes | None, bytes | None]]:
@@ -140,7 +197,9 @@ class EnvelopeRenderer:
         tombstone (value None). The key is None only for truncates."""
         now_ms = 0
         for n, record in enumerate(records):
-            if not n & 1023:  # ts_ms is the time of rendering; one clock read per 1024 records is close enough
+            if (
+                not n & 1023
+            ):  # ts_ms is the time of rendering; one clock read per 1024 records is close enough
                 now_ms = int(time.time() * 1000)
             key = self.key_json(record)
             yield record, key, self.value_json(record, now_ms)

@@ -390,7 +390,7 @@ def _timestamptz_converter(precision: int) -> Converter:
 
     def convert(text: str) -> str:
         n = len(text)
-        # Fast path: what TimeZone=UTC prints for years 1000..9999: 'YYYY-MM-DD HH:MM:SS[.ffffff]+00'.
+        # Fast path (in C too: cdc/_render.c): what TimeZone=UTC prints for years 1000..9999: 'YYYY-MM-DD HH:MM:SS[.ffffff]+00'.
         if n >= 22 and text[n - 3 :] == "+00" and text[4] == "-" and text[10] == " " and (n == 22 or text[19] == "."):
             micros = int(text[20 : n - 3].ljust(6, "0")) if n > 22 else 0
             return f"{text[0:10]}T{text[11:19]}{fraction(micros)}Z"
@@ -408,6 +408,7 @@ def _timestamptz_converter(precision: int) -> Converter:
         hh, rest = divmod(seconds, 3600)
         return f"{_format_year(year)}-{month:02d}-{day:02d}T{hh:02d}:{rest // 60:02d}:{rest % 60:02d}{fraction(micros)}Z"
 
+    convert.precision = precision  # type: ignore[attr-defined]  # read by c_kind
     return convert
 
 
@@ -601,6 +602,26 @@ def converter(t: PgType, typmod: int = -1) -> Converter:
             return _timestamptz_converter(own if 0 <= own <= 6 else 6)
         return _BASE_CONVERTERS.get(t.name, str)
     return str  # enum, composite, range, multirange, pseudo, other: the text as is
+
+
+# Kinds of cdc._render.Plan: the converters whose canonical inputs the C speedup converts itself.
+C_GENERIC, C_INT, C_STRING, C_BOOL, C_TIMESTAMPTZ, C_DATE = range(6)
+
+
+def c_kind(conv: Converter) -> tuple[int, int]:
+    """(kind, timestamptz precision) of a converter for cdc._render (C_GENERIC: it calls `conv`)."""
+    if conv is int:
+        return C_INT, 0
+    if conv is str:
+        return C_STRING, 0
+    if conv is _bool:
+        return C_BOOL, 0
+    if conv is _date:
+        return C_DATE, 0
+    precision = getattr(conv, "precision", None)
+    if precision is not None:
+        return C_TIMESTAMPTZ, precision
+    return C_GENERIC, 0
 
 
 def to_json_value(t: PgType, text: str | None, typmod: int = -1) -> JsonValue:

@@ -110,9 +110,9 @@ def decode_text_tuple(payload: bytes | None) -> list | None:
     return [v.decode() if isinstance(v, bytes) else v for v in values]
 
 
-def iter_segment(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[bytes]]:
-    """Fields (still COPY-escaped) of each line of a segment file; with start/end only the lines
-    that begin at a byte in [start, end) (so slices of one file split it without overlap)."""
+def iter_segment_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The lines (newline kept) of a segment file; with start/end only the lines that begin at a
+    byte in [start, end) (so slices of one file split it without overlap)."""
     with open(path, "rb") as f:
         if start:
             f.seek(start - 1)
@@ -123,7 +123,32 @@ def iter_segment(path: Path, start: int = 0, end: int | None = None) -> Iterator
             if end is not None and pos >= end:
                 return
             pos += len(line)
-            yield line.rstrip(b"\n").split(b"\t")
+            yield line
+
+
+def iter_segment(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[bytes]]:
+    """Fields (still COPY-escaped) of each line of iter_segment_lines."""
+    for line in iter_segment_lines(path, start, end):
+        yield line.rstrip(b"\n").split(b"\t")
+
+
+def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, line: bytes) -> LogRecord:
+    """One line (newline removed) of a snapshot segment slice as the 'r' record read_part gives."""
+    fields = line.split(b"\t")
+    key = key_from_copy_fields(fields, schema.key_indexes)
+    values = copy_fields_to_values(fields)
+    return LogRecord(
+        table, part.off, part.lsn, 0, "r", key, values, None, None, schema, None, None, part.lsn, part.version
+    )
+
+
+def event_record(table: TableName, row: tuple, schema: TableSchema) -> LogRecord:
+    """One stored event row (columns _EV_COLUMNS) as the record read_part gives."""
+    off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn = row
+    values, before_values = decode_text_tuple(payload), decode_text_tuple(before)
+    return LogRecord(
+        table, off, lsn, seq, op, key, values, before_values, before_kind, schema, xid, ts, elsn, sv
+    )
 
 
 @dataclass(frozen=True)
@@ -536,20 +561,24 @@ class LocalLog(LogWriter, LogReader):
         tid = self._require_table(table)
         if isinstance(part, SegmentSlice):
             schema = self.schema_by_version(tid, part.version)
-            key_idx = schema.key_indexes
-            for fields in iter_segment(self.path / part.path, part.start, part.end):
-                yield LogRecord(
-                    table, part.off, part.lsn, 0, "r", key_from_copy_fields(fields, key_idx), copy_fields_to_values(fields),
-                    None, None, schema, None, None, part.lsn, part.version,
-                )
+            for line in self.segment_lines(part):
+                yield snapshot_record(table, part, schema, line)
             return
-        for off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn in self.db.execute(
-            f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S' ORDER BY off", (part.after, part.upto)
-        ):
-            yield LogRecord(
-                table, off, lsn, seq, op, key, decode_text_tuple(payload), decode_text_tuple(before), before_kind,
-                self.schema_by_version(tid, sv), xid, ts, elsn, sv,
-            )
+        for row in self.event_rows(table, part):
+            yield event_record(table, row, self.schema_by_version(tid, row[8]))
+
+    def segment_lines(self, part: SegmentSlice) -> Iterator[bytes]:
+        """The slice's COPY text lines, newline removed (read_part's rows, not yet decoded)."""
+        for line in iter_segment_lines(self.path / part.path, part.start, part.end):
+            yield line.rstrip(b"\n")
+
+    def event_rows(self, table: TableName, part: EventRun) -> Iterator[tuple]:
+        """The run's stored rows (columns _EV_COLUMNS), not yet decoded: see event_record."""
+        tid = self._require_table(table)
+        return self.db.execute(
+            f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S' ORDER BY off",
+            (part.after, part.upto),
+        )
 
     # ---- key history (read-only; the Kafka publisher fills unchanged TOAST values from it) ---------
     def key_events_before(

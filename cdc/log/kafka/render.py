@@ -18,14 +18,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from cdc.envelope import EnvelopeRenderer
+from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, speedups
+from cdc.log.kafka import fastpath
 from cdc.log.kafka.recordbatch import RecordsBody, batched, position_headers
 from cdc.log.kafka.toast import fill_unchanged
-from cdc.log.local import LocalLog, ReadPart
+from cdc.log.local import LocalLog, ReadPart, SegmentSlice
 from cdc.tables import TableName
 from pipelines.errors import LogError
 
-TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
 TASK_TIMEOUT_S = 600.0  # one part renders in seconds; this only catches a worker that is gone
 
 
@@ -48,10 +48,23 @@ def render_bodies(task: RenderTask, log: LocalLog) -> Iterator[RecordsBody]:
 def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | None, bytes]]:
     table = TableName.parse(task.table)
     renderer = EnvelopeRenderer(task.database, task.name)
+    if speedups():  # the same records, rendered by cdc._render (C) where it can
+        if isinstance(task.part, SegmentSlice):
+            return fastpath.snapshot_records(renderer, log, table, task.part)
+        records = fastpath.event_records(renderer, log, table, task.part)
+        if records is not None:
+            return iter(records)
+    return python_records(renderer, log, table, task.part)
+
+
+def python_records(
+    renderer: EnvelopeRenderer, log: LocalLog, table: TableName, part: ReadPart
+) -> Iterator[tuple[bytes, bytes | None, bytes]]:
+    """The part's records rendered in Python, unchanged TOAST values filled."""
     position: tuple = ()
     headers = b""
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
-    for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, task.part))):
+    for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, part))):
         here = (rec.lsn, rec.seq, rec.commit_ts or 0, rec.schema_version)
         if here != position:  # a snapshot's rows all share one position: their headers are encoded once
             position = here

@@ -1,0 +1,531 @@
+/* cdc._render: the Kafka publisher's per-row hot path in C (optional speedup).
+ *
+ * One call turns a row image, as the staging log stores it (pgoutput TupleData, or one line of
+ * a COPY text segment), into the envelope's JSON for that row image and for its key: exactly
+ * the bytes the pure-Python path (cdc.envelope.EnvelopeRenderer.row/key + orjson.dumps) gives.
+ * tests/unit/test_render_speedups.py checks that byte for byte, for every type and for odd
+ * input. No I/O here: bytes in, bytes out.
+ *
+ * Only the common, canonical forms are converted in C: integers, strings, booleans,
+ * timestamptz and dates as PostgreSQL prints them under cdc.session's settings. Any other
+ * type, or a value not in its canonical form, goes through the column's Python converter and
+ * orjson.dumps (the "generic" kind), so the C code never has to reproduce an edge case. When a
+ * row cannot be rendered here at all (a NULL or unchanged key column, binary or malformed
+ * tuple data, invalid UTF-8, a field count that does not match), render() returns None and
+ * the caller renders that row in Python, which raises the proper error where there is one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_COLUMNS 1664 /* PostgreSQL allows 1600 columns per table */
+
+enum Kind { K_GENERIC = 0, K_INT = 1, K_STRING = 2, K_BOOL = 3, K_TIMESTAMPTZ = 4, K_DATE = 5 };
+enum Format { F_TUPLEDATA = 0, F_COPY = 1 };
+enum Flags { WANT_KEY = 1, WANT_ROW = 2, ALLOW_UNCHANGED = 4 };
+
+/* ---- growable output buffer ------------------------------------------------------------ */
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+    char local[2048];
+} Buf;
+
+static void buf_init(Buf *b) { b->p = b->local; b->len = 0; b->cap = sizeof(b->local); }
+static void buf_free(Buf *b) { if (b->p != b->local) PyMem_Free(b->p); }
+
+static int buf_reserve(Buf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    Py_ssize_t cap = b->cap * 2;
+    while (cap < b->len + extra) cap *= 2;
+    char *p = b->p == b->local ? PyMem_Malloc(cap) : PyMem_Realloc(b->p, cap);
+    if (p == NULL) { PyErr_NoMemory(); return -1; }
+    if (b->p == b->local) memcpy(p, b->local, b->len);
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_putc(Buf *b, char c) { return buf_put(b, &c, 1); }
+
+static PyObject *buf_bytes(Buf *b) { return PyBytes_FromStringAndSize(b->p, b->len); }
+
+/* ---- one column value as a span of (unescaped) bytes ------------------------------------------ */
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+    char kind; /* 't' text, 'n' NULL, 'u' unchanged TOAST */
+} Span;
+
+/* ---- the per-table plan ------------------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t ncols, nkeys;
+    unsigned char *kinds, *precisions;
+    Py_ssize_t *key_idx;
+    PyObject *names;        /* tuple of bytes: each column's name JSON-encoded, followed by ':' */
+    PyObject *convs;        /* tuple of callables: the Python converters */
+    PyObject *placeholders; /* tuple of bytes: the JSON of each column's unchanged-TOAST placeholder */
+    PyObject *dumps;        /* orjson.dumps */
+} Plan;
+
+static void plan_dealloc(Plan *self) {
+    PyMem_Free(self->kinds);
+    PyMem_Free(self->precisions);
+    PyMem_Free(self->key_idx);
+    Py_XDECREF(self->names);
+    Py_XDECREF(self->convs);
+    Py_XDECREF(self->placeholders);
+    Py_XDECREF(self->dumps);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int check_bytes_tuple(PyObject *t, Py_ssize_t n, const char *what) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "Plan: %s must be a tuple of %zd items", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(t, i))) {
+            PyErr_Format(PyExc_TypeError, "Plan: %s must hold bytes", what);
+            return -1;
+        }
+    return 0;
+}
+
+/* Plan(kinds: bytes, precisions: bytes, names: tuple[bytes], convs: tuple, placeholders: tuple[bytes],
+ *      key_indexes: tuple[int], dumps) */
+static int plan_init(Plan *self, PyObject *args, PyObject *kwds) {
+    Py_buffer kinds, precisions;
+    PyObject *names, *convs, *placeholders, *key_idx, *dumps;
+    if (!PyArg_ParseTuple(args, "y*y*O!O!O!O!O:Plan", &kinds, &precisions, &PyTuple_Type, &names, &PyTuple_Type,
+                          &convs, &PyTuple_Type, &placeholders, &PyTuple_Type, &key_idx, &dumps))
+        return -1;
+    int rc = -1;
+    Py_ssize_t n = kinds.len;
+    if (n > MAX_COLUMNS || precisions.len != n) {
+        PyErr_SetString(PyExc_ValueError, "Plan: kinds and precisions must have one byte per column (<= 1664)");
+        goto done;
+    }
+    if (check_bytes_tuple(names, n, "names") < 0 || check_bytes_tuple(placeholders, n, "placeholders") < 0) goto done;
+    if (PyTuple_GET_SIZE(convs) != n) {
+        PyErr_SetString(PyExc_ValueError, "Plan: convs must have one converter per column");
+        goto done;
+    }
+    self->ncols = n;
+    self->nkeys = PyTuple_GET_SIZE(key_idx);
+    self->kinds = PyMem_Malloc(n + 1);
+    self->precisions = PyMem_Malloc(n + 1);
+    self->key_idx = PyMem_Malloc(sizeof(Py_ssize_t) * (self->nkeys + 1));
+    if (!self->kinds || !self->precisions || !self->key_idx) { PyErr_NoMemory(); goto done; }
+    memcpy(self->kinds, kinds.buf, n);
+    memcpy(self->precisions, precisions.buf, n);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (self->kinds[i] > K_DATE || self->precisions[i] > 6) {
+            PyErr_SetString(PyExc_ValueError, "Plan: unknown kind or precision");
+            goto done;
+        }
+    for (Py_ssize_t j = 0; j < self->nkeys; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(key_idx, j));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= n) {
+            PyErr_SetString(PyExc_ValueError, "Plan: key index out of range");
+            goto done;
+        }
+        self->key_idx[j] = i;
+    }
+    Py_INCREF(names); Py_XSETREF(self->names, names);
+    Py_INCREF(convs); Py_XSETREF(self->convs, convs);
+    Py_INCREF(placeholders); Py_XSETREF(self->placeholders, placeholders);
+    Py_INCREF(dumps); Py_XSETREF(self->dumps, dumps);
+    rc = 0;
+done:
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&precisions);
+    return rc;
+}
+
+/* ---- JSON strings, escaped exactly as orjson escapes them ------------------------------------- */
+static const char HEX[] = "0123456789abcdef";
+
+/* 0 ok, -1 Python error, 1 not valid UTF-8 (the caller falls back to Python) */
+static int put_json_string(Buf *b, const char *s, Py_ssize_t n) {
+    int ascii = 1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] >= 0x80) { ascii = 0; break; }
+    if (!ascii) { /* validate as Python's bytes.decode() does (strict UTF-8, no surrogates) */
+        PyObject *u = PyUnicode_DecodeUTF8(s, n, NULL);
+        if (u == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+            PyErr_Clear();
+            return 1;
+        }
+        Py_DECREF(u);
+    }
+    if (buf_reserve(b, n * 6 + 2) < 0) return -1;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') { *o++ = (char)c; continue; }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\t': *o++ = 't'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\r': *o++ = 'r'; break;
+        default:
+            *o++ = 'u'; *o++ = '0'; *o++ = '0';
+            *o++ = HEX[c >> 4]; *o++ = HEX[c & 15];
+        }
+    }
+    *o++ = '"';
+    b->len = o - b->p;
+    return 0;
+}
+
+/* ---- canonical forms converted in C ------------------------------------------------------------ */
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* -?(0|[1-9][0-9]{0,17}): what PostgreSQL prints for an integer that surely fits int64. */
+static int canonical_int(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = (n > 0 && s[0] == '-') ? 1 : 0;
+    Py_ssize_t digits = n - i;
+    if (digits < 1 || digits > 18) return 0;
+    if (s[i] == '0' && (digits > 1 || i == 1)) return 0; /* leading zero, or "-0" */
+    for (; i < n; i++)
+        if (!is_digit(s[i])) return 0;
+    return 1;
+}
+
+static int64_t floordiv(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* cdc.typemap.days_from_civil */
+static int64_t days_from_civil(int64_t year, int64_t month, int64_t day) {
+    int64_t shifted;
+    if (month <= 2) { year -= 1; shifted = month + 9; }
+    else shifted = month - 3;
+    int64_t era = floordiv(year, 400);
+    int64_t yoe = year - era * 400;
+    int64_t doy = floordiv(153 * shifted + 2, 5) + day - 1;
+    int64_t doe = yoe * 365 + floordiv(yoe, 4) - floordiv(yoe, 100) + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int64_t digits_value(const char *s, int n) {
+    int64_t v = 0;
+    for (int i = 0; i < n; i++) v = v * 10 + (s[i] - '0');
+    return v;
+}
+
+/* 'YYYY-MM-DD', all ASCII digits: cdc.typemap._date's common case. 1 when written. */
+static int put_date(Buf *b, const char *s, Py_ssize_t n) {
+    if (n != 10 || s[4] != '-' || s[7] != '-') return 0;
+    for (int i = 0; i < 10; i++)
+        if (i != 4 && i != 7 && !is_digit(s[i])) return 0;
+    int64_t days = days_from_civil(digits_value(s, 4), digits_value(s + 5, 2), digits_value(s + 8, 2));
+    char tmp[32];
+    int len = snprintf(tmp, sizeof(tmp), "%lld", (long long)days);
+    return buf_put(b, tmp, len) < 0 ? -1 : 1;
+}
+
+/* 'YYYY-MM-DD HH:MM:SS[.f{1,6}]+00': the fast path of cdc.typemap._timestamptz_converter.
+ * 1 when written, 0 when not this form, -1 error. */
+static int put_timestamptz(Buf *b, const char *s, Py_ssize_t n, int precision) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] >= 0x80) return 0; /* Python indexes characters, we bytes */
+    if (n < 22 || s[n - 3] != '+' || s[n - 2] != '0' || s[n - 1] != '0' || s[4] != '-' || s[10] != ' ') return 0;
+    char frac[6] = {'0', '0', '0', '0', '0', '0'};
+    if (n > 22) {
+        if (s[19] != '.') return 0;
+        Py_ssize_t digits = n - 23;
+        if (digits < 1 || digits > 6) return 0;
+        for (Py_ssize_t i = 0; i < digits; i++) {
+            if (!is_digit(s[20 + i])) return 0;
+            frac[i] = s[20 + i];
+        }
+    }
+    char out[40];
+    memcpy(out, s, 10);
+    out[10] = 'T';
+    memcpy(out + 11, s + 11, 8);
+    int len = 19;
+    if (precision > 0) {
+        out[len++] = '.';
+        memcpy(out + len, frac, precision);
+        len += precision;
+    }
+    out[len++] = 'Z';
+    int rc = put_json_string(b, out, len);
+    return rc == 0 ? 1 : rc == 1 ? 0 : -1; /* not UTF-8 (odd verbatim bytes): let Python decide */
+}
+
+/* The column's Python converter, then orjson.dumps. 0 ok, -1 error, 1 fall back (not UTF-8). */
+static int put_generic(Plan *plan, Py_ssize_t col, Buf *b, const char *s, Py_ssize_t n) {
+    PyObject *text = PyUnicode_DecodeUTF8(s, n, NULL);
+    if (text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    PyObject *value = PyObject_CallOneArg(PyTuple_GET_ITEM(plan->convs, col), text);
+    Py_DECREF(text);
+    if (value == NULL) return -1;
+    PyObject *json = PyObject_CallOneArg(plan->dumps, value);
+    Py_DECREF(value);
+    if (json == NULL) return -1;
+    int rc = PyBytes_Check(json) ? buf_put(b, PyBytes_AS_STRING(json), PyBytes_GET_SIZE(json)) : -1;
+    if (rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Plan: dumps must return bytes");
+    Py_DECREF(json);
+    return rc;
+}
+
+/* One non-NULL, changed value. 0 ok, -1 error, 1 fall back. */
+static int put_value(Plan *plan, Py_ssize_t col, Buf *b, const char *s, Py_ssize_t n) {
+    int rc;
+    switch (plan->kinds[col]) {
+    case K_INT:
+        if (canonical_int(s, n)) return buf_put(b, s, n);
+        break;
+    case K_STRING:
+        return put_json_string(b, s, n);
+    case K_BOOL:
+        if (n == 1 && s[0] == 't') return buf_put(b, "true", 4);
+        if (n == 1 && s[0] == 'f') return buf_put(b, "false", 5);
+        break;
+    case K_TIMESTAMPTZ:
+        rc = put_timestamptz(b, s, n, plan->precisions[col]);
+        if (rc != 0) return rc < 0 ? -1 : 0;
+        break;
+    case K_DATE:
+        rc = put_date(b, s, n);
+        if (rc != 0) return rc < 0 ? -1 : 0;
+        break;
+    }
+    return put_generic(plan, col, b, s, n);
+}
+
+static int put_name(Plan *plan, Py_ssize_t col, Buf *b, int first) {
+    PyObject *name = PyTuple_GET_ITEM(plan->names, col);
+    if (buf_putc(b, first ? '{' : ',') < 0) return -1;
+    return buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
+}
+
+/* {"name":value,...} of the row image. 0 ok, -1 error, 1 fall back. */
+static int put_row(Plan *plan, const Span *spans, Buf *b) {
+    if (plan->ncols == 0) return buf_put(b, "{}", 2);
+    for (Py_ssize_t i = 0; i < plan->ncols; i++) {
+        if (put_name(plan, i, b, i == 0) < 0) return -1;
+        int rc = 0;
+        if (spans[i].kind == 'n') rc = buf_put(b, "null", 4);
+        else if (spans[i].kind == 'u') {
+            PyObject *ph = PyTuple_GET_ITEM(plan->placeholders, i);
+            rc = buf_put(b, PyBytes_AS_STRING(ph), PyBytes_GET_SIZE(ph));
+        } else rc = put_value(plan, i, b, spans[i].p, spans[i].n);
+        if (rc != 0) return rc;
+    }
+    return buf_putc(b, '}');
+}
+
+/* {"key column":value,...}; 1 (fall back) when a key column is NULL or unchanged. */
+static int put_key(Plan *plan, const Span *spans, Buf *b) {
+    if (plan->nkeys == 0) return buf_put(b, "{}", 2);
+    for (Py_ssize_t j = 0; j < plan->nkeys; j++) {
+        Py_ssize_t i = plan->key_idx[j];
+        if (spans[i].kind != 't') return 1;
+        if (put_name(plan, i, b, j == 0) < 0) return -1;
+        int rc = put_value(plan, i, b, spans[i].p, spans[i].n);
+        if (rc != 0) return rc;
+    }
+    return buf_putc(b, '}');
+}
+
+/* ---- row images into spans --------------------------------------------------------------------- */
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* pgoutput TupleData. 0 ok, 1 fall back (binary values, cut off, column count differs). */
+static int spans_of_tupledata(const char *data, Py_ssize_t len, Py_ssize_t ncols, Span *spans) {
+    const unsigned char *p = (const unsigned char *)data;
+    if (len < 2) return 1;
+    Py_ssize_t count = (p[0] << 8) | p[1];
+    if (count != ncols) return 1;
+    Py_ssize_t off = 2;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (off >= len) return 1;
+        unsigned char kind = p[off];
+        if (kind == 'n' || kind == 'u') {
+            spans[i].kind = (char)kind;
+            spans[i].p = NULL;
+            spans[i].n = 0;
+            off += 1;
+        } else if (kind == 't') {
+            if (off + 5 > len) return 1;
+            uint32_t n = be32(p + off + 1);
+            if (n > (uint32_t)(len - off - 5)) return 1;
+            spans[i].kind = 't';
+            spans[i].p = data + off + 5;
+            spans[i].n = (Py_ssize_t)n;
+            off += 5 + (Py_ssize_t)n;
+        } else return 1;
+    }
+    return off == len ? 0 : 1;
+}
+
+/* One COPY text line (no newline): fields split at tabs, `\N` NULL, backslash escapes undone as
+ * cdc.keys.unescape does, into `scratch` (at least len bytes). 0 ok, 1 fall back. */
+static int spans_of_copy_line(const char *line, Py_ssize_t len, Py_ssize_t ncols, Span *spans, char *scratch) {
+    Py_ssize_t col = 0, i = 0;
+    char *o = scratch;
+    for (;;) {
+        Py_ssize_t start = i;
+        int escaped = 0;
+        while (i < len && line[i] != '\t') { /* every raw tab separates, as bytes.split does */
+            if (line[i] == '\\') escaped = 1;
+            i++;
+        }
+        if (col >= ncols) return 1;
+        Span *s = &spans[col++];
+        if (!escaped) {
+            s->kind = 't'; s->p = line + start; s->n = i - start;
+        } else if (i - start == 2 && line[start + 1] == 'N') {
+            s->kind = 'n'; s->p = NULL; s->n = 0;
+        } else {
+            s->kind = 't'; s->p = o;
+            for (Py_ssize_t k = start; k < i; k++) {
+                char c = line[k];
+                if (c == '\\' && k + 1 < i) {
+                    char e = line[++k];
+                    switch (e) {
+                    case 'b': c = '\b'; break;
+                    case 'f': c = '\f'; break;
+                    case 'n': c = '\n'; break;
+                    case 'r': c = '\r'; break;
+                    case 't': c = '\t'; break;
+                    case 'v': c = '\v'; break;
+                    default: c = e;
+                    }
+                }
+                *o++ = c;
+            }
+            s->n = o - s->p;
+        }
+        if (i >= len) break;
+        i++; /* the tab */
+    }
+    return col == ncols ? 0 : 1;
+}
+
+/* Plan.render(data, format, flags) -> (key JSON | None, row JSON | None), or None when Python
+ * must render this row, or False when the row has an unchanged TOAST value and flags lack
+ * ALLOW_UNCHANGED (the caller then fills it first). */
+static PyObject *plan_render(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "render(data: bytes, format: int, flags: int)");
+        return NULL;
+    }
+    long format = PyLong_AsLong(args[1]);
+    long flags = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    const char *data = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Span spans[MAX_COLUMNS];
+    char local[4096];
+    char *scratch = NULL;
+    int rc;
+    if (format == F_COPY) {
+        scratch = len <= (Py_ssize_t)sizeof(local) ? local : PyMem_Malloc(len + 1);
+        if (scratch == NULL) return PyErr_NoMemory();
+        rc = spans_of_copy_line(data, len, self->ncols, spans, scratch);
+    } else rc = spans_of_tupledata(data, len, self->ncols, spans);
+    PyObject *result = NULL, *key = NULL, *row = NULL;
+    if (rc != 0) goto fallback;
+    if (!(flags & ALLOW_UNCHANGED))
+        for (Py_ssize_t i = 0; i < self->ncols; i++)
+            if (spans[i].kind == 'u') { result = Py_False; Py_INCREF(result); goto done; }
+    Buf b;
+    if (flags & WANT_KEY) {
+        buf_init(&b);
+        rc = put_key(self, spans, &b);
+        if (rc == 0) key = buf_bytes(&b);
+        buf_free(&b);
+        if (rc < 0) goto done;
+        if (rc > 0) goto fallback;
+        if (key == NULL) goto done;
+    }
+    if (flags & WANT_ROW) {
+        buf_init(&b);
+        rc = put_row(self, spans, &b);
+        if (rc == 0) row = buf_bytes(&b);
+        buf_free(&b);
+        if (rc < 0) goto done;
+        if (rc > 0) goto fallback;
+        if (row == NULL) goto done;
+    }
+    result = PyTuple_Pack(2, key ? key : Py_None, row ? row : Py_None);
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(row);
+    if (scratch != NULL && scratch != local) PyMem_Free(scratch);
+    return result;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"render", (PyCFunction)(void (*)(void))plan_render, METH_FASTCALL,
+     "render(data, format, flags) -> (key JSON | None, row JSON | None) | None | False"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cdc._render.Plan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "How to render one table schema's row images (see cdc/fastrender.py).",
+    .tp_methods = plan_methods,
+    .tp_init = (initproc)plan_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cdc._render", "Row images to envelope JSON in C (see cdc/fastrender.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__render(void) {
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "TUPLEDATA", F_TUPLEDATA) < 0 || PyModule_AddIntConstant(m, "COPY", F_COPY) < 0 ||
+        PyModule_AddIntConstant(m, "WANT_KEY", WANT_KEY) < 0 || PyModule_AddIntConstant(m, "WANT_ROW", WANT_ROW) < 0 ||
+        PyModule_AddIntConstant(m, "ALLOW_UNCHANGED", ALLOW_UNCHANGED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
