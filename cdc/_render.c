@@ -489,6 +489,116 @@ done:
     return result;
 }
 
+/* ---- Kafka records (message format v2), as cdc/log/kafka/recordbatch.py encodes them --------- */
+static int varint_len(int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 1;
+    while (z > 0x7f) { z >>= 7; n++; }
+    return n;
+}
+
+static char *put_varint(char *o, int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (z > 0x7f) { *o++ = (char)((z & 0x7f) | 0x80); z >>= 7; }
+    *o++ = (char)z;
+    return o;
+}
+
+#define BATCH_HEADER_SIZE 61 /* recordbatch.HEADER.size */
+
+/* encode_batch(records, start, limit) -> (bytes, count): the records from index `start` of a list
+ * of (key, value, encoded headers) tuples (key/value None: null), encoded one after the other,
+ * as many as fit in a batch of `limit` bytes (at least one): RecordBatchWriter.append's rule. */
+static PyObject *encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "encode_batch(records: list, start: int, limit: int)");
+        return NULL;
+    }
+    PyObject *records = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t total = PyList_GET_SIZE(records);
+    if (start < 0 || start > total) {
+        PyErr_SetString(PyExc_IndexError, "encode_batch: start out of range");
+        return NULL;
+    }
+    Buf b;
+    buf_init(&b);
+    Py_ssize_t size = BATCH_HEADER_SIZE, count = 0;
+    for (Py_ssize_t i = start; i < total; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 3) goto bad;
+        PyObject *key = PyTuple_GET_ITEM(rec, 0), *value = PyTuple_GET_ITEM(rec, 1), *headers = PyTuple_GET_ITEM(rec, 2);
+        if ((key != Py_None && !PyBytes_Check(key)) || (value != Py_None && !PyBytes_Check(value)) || !PyBytes_Check(headers))
+            goto bad;
+        Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+        Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+        Py_ssize_t hlen = PyBytes_GET_SIZE(headers);
+        Py_ssize_t body = 2 + varint_len(count) + varint_len(klen) + (klen > 0 ? klen : 0) + varint_len(vlen) +
+                          (vlen > 0 ? vlen : 0) + hlen;
+        Py_ssize_t record = varint_len(body) + body;
+        if (count && size + record > limit) break;
+        if (buf_reserve(&b, record) < 0) { buf_free(&b); return NULL; }
+        char *o = b.p + b.len;
+        o = put_varint(o, body);
+        *o++ = 0; /* attributes */
+        *o++ = 0; /* timestamp delta: every record carries the batch's timestamp */
+        o = put_varint(o, count);
+        o = put_varint(o, klen);
+        if (klen > 0) { memcpy(o, PyBytes_AS_STRING(key), klen); o += klen; }
+        o = put_varint(o, vlen);
+        if (vlen > 0) { memcpy(o, PyBytes_AS_STRING(value), vlen); o += vlen; }
+        memcpy(o, PyBytes_AS_STRING(headers), hlen);
+        o += hlen;
+        b.len = o - b.p;
+        size += record;
+        count++;
+    }
+    PyObject *data = buf_bytes(&b);
+    buf_free(&b);
+    if (data == NULL) return NULL;
+    PyObject *result = Py_BuildValue("(Nn)", data, count);
+    return result;
+bad:
+    buf_free(&b);
+    PyErr_SetString(PyExc_TypeError, "encode_batch: records must be (bytes | None, bytes | None, bytes) tuples");
+    return NULL;
+}
+
+/* position_headers(lsn, seq, commit_ts, schema_version) -> bytes: recordbatch.position_headers. */
+static PyObject *position_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *names[4] = {"cdc.lsn", "cdc.seq", "cdc.ts", "cdc.sv"};
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "position_headers(lsn, seq, commit_ts, schema_version)");
+        return NULL;
+    }
+    char out[4 * (1 + 7 + 1 + 21) + 1];
+    char *o = put_varint(out, 4);
+    for (int i = 0; i < 4; i++) {
+        long long v = PyLong_AsLongLong(args[i]);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        int nlen = (int)strlen(names[i]);
+        o = put_varint(o, nlen);
+        memcpy(o, names[i], nlen);
+        o += nlen;
+        char digits[24];
+        int dlen = snprintf(digits, sizeof(digits), "%lld", v);
+        o = put_varint(o, dlen);
+        memcpy(o, digits, dlen);
+        o += dlen;
+    }
+    return PyBytes_FromStringAndSize(out, o - out);
+}
+
+static PyMethodDef module_methods[] = {
+    {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL,
+     "encode_batch(records, start, limit) -> (bytes, count)"},
+    {"position_headers", (PyCFunction)(void (*)(void))position_headers, METH_FASTCALL,
+     "position_headers(lsn, seq, commit_ts, schema_version) -> bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef plan_methods[] = {
     {"render", (PyCFunction)(void (*)(void))plan_render, METH_FASTCALL,
      "render(data, format, flags) -> (key JSON | None, row JSON | None) | None | False"},
@@ -501,14 +611,15 @@ static PyTypeObject PlanType = {
     .tp_basicsize = sizeof(Plan),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "How to render one table schema's row images (see cdc/fastrender.py).",
+    .tp_doc = "How to render one table schema's row images (see cdc/log/kafka/fastpath.py).",
     .tp_methods = plan_methods,
     .tp_init = (initproc)plan_init,
     .tp_new = PyType_GenericNew,
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cdc._render", "Row images to envelope JSON in C (see cdc/fastrender.py).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "cdc._render", "The Kafka publisher's hot path in C (see cdc/log/kafka/fastpath.py).", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__render(void) {

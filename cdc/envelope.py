@@ -117,7 +117,7 @@ class EnvelopeRenderer:
         key = self.key(record)
         return None if key is None else orjson.dumps(key)
 
-    def _template(self, table: TableName, snapshot: bool) -> bytes:
+    def template(self, table: TableName, snapshot: bool) -> bytes:
         """The value with %-slots for: before, after, source.ts_ms, sequence's two LSNs, txId,
         source.lsn, op, ts_ms. Names are JSON-encoded once, with any % doubled."""
         template = self._templates.get((table, snapshot))
@@ -180,7 +180,7 @@ class EnvelopeRenderer:
         """The envelope around the before and after row JSON (b"null" for none)."""
         if event_lsn is None:
             event_lsn = lsn
-        return self._template(table, op == "r") % (
+        return self.template(table, op == "r") % (
             before,
             after,
             b"null" if commit_ts is None else b"%d" % (commit_ts // 1000),

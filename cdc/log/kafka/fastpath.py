@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, _render
-from cdc.log.kafka.recordbatch import position_headers
+from cdc.log.kafka.recordbatch import RecordsBody
 from cdc.log.local import EventRun, LocalLog, SegmentSlice, event_record, snapshot_record
 from cdc.pgoutput import UNCHANGED
 from cdc.tables import TableName
@@ -31,14 +31,26 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def bodies(records: list[Record], limit: int) -> Iterator[RecordsBody]:
+    """recordbatch.batched of a list of records, encoded in C: the same batch bodies."""
+    start = 0
+    while start < len(records):
+        timestamp = _now_ms()
+        data, count = _render.encode_batch(records, start, limit)
+        yield RecordsBody(data, count, timestamp)
+        start += count
+
+
 def snapshot_records(
     renderer: EnvelopeRenderer, log: LocalLog, table: TableName, part: SegmentSlice
-) -> Iterator[Record]:
+) -> list[Record]:
     """The slice's rows as 'r' records (snapshot rows share one position, so one header)."""
     schema = log.schema(table, part.version)
     render = renderer.c_plan(schema).render
     copy, flags = _render.COPY, _render.WANT_KEY | _render.WANT_ROW | _render.ALLOW_UNCHANGED
-    headers = position_headers(part.lsn, 0, 0, part.version)
+    headers = _render.position_headers(part.lsn, 0, 0, part.version)
+    out: list[Record] = []
+    append = out.append
     head = tail = b""
     now_ms = 0
     for n, line in enumerate(log.segment_lines(part)):
@@ -50,9 +62,10 @@ def snapshot_records(
         rendered = render(line, copy, flags)
         if rendered is None:
             record = snapshot_record(table, part, schema, line)
-            yield renderer.key_json(record) or TRUNCATE_KEY, renderer.value_json(record, now_ms), headers
+            append((renderer.key_json(record) or TRUNCATE_KEY, renderer.value_json(record, now_ms), headers))
         else:
-            yield rendered[0], head + rendered[1] + tail, headers
+            append((rendered[0], head + rendered[1] + tail, headers))
+    return out
 
 
 def event_records(
@@ -63,21 +76,18 @@ def event_records(
     tupledata = _render.TUPLEDATA
     key_row, row_only = _render.WANT_KEY | _render.WANT_ROW, _render.WANT_ROW | _render.ALLOW_UNCHANGED
     key_row_unchanged = key_row | _render.ALLOW_UNCHANGED
+    position_headers = _render.position_headers
     plans: dict[int, tuple] = {}
     out: list[Record] = []
     append = out.append
-    value_from_parts = renderer.value_from_parts
-    position: tuple = ()
-    headers = b""
+    # The envelope template and op of each op (value_from_parts, inlined: this loop is the hot path).
+    ops = {op: (renderer.template(table, op == "r"), op.encode()) for op in "cudr"}
     now_ms = 0
     for n, row in enumerate(log.event_rows(table, part)):
         _, lsn, seq, op, _, payload, before, _, sv, xid, ts, elsn = row
         if not n & 1023:
             now_ms = _now_ms()
-        here = (lsn, seq, ts or 0, sv)
-        if here != position:
-            position = here
-            headers = position_headers(*here)
+        headers = position_headers(lsn, seq, ts or 0, sv)  # each event has a position of its own
         entry = plans.get(sv)
         if entry is None:
             schema = log.schema(table, sv)
@@ -109,7 +119,19 @@ def event_records(
             value = renderer.value_json(record, now_ms)
         else:
             key_json = rendered[0]
-            value = value_from_parts(table, op, before_json, rendered[1], ts, lsn, elsn, xid, now_ms)
+            template, op_bytes = ops[op]
+            event_lsn = lsn if elsn is None else elsn
+            value = template % (
+                before_json,
+                rendered[1],
+                b"null" if ts is None else b"%d" % (ts // 1000),
+                lsn,
+                event_lsn,
+                b"null" if xid is None else b"%d" % xid,
+                event_lsn,
+                op_bytes,
+                now_ms,
+            )
         key_json = key_json if key_json is not None else TRUNCATE_KEY
         append((key_json, value, headers))
         if op == "d":

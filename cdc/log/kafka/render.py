@@ -42,10 +42,14 @@ class RenderTask:
 def render_bodies(task: RenderTask, log: LocalLog) -> Iterator[RecordsBody]:
     """The part's records as batches of at most task.batch_bytes: a tombstone after each
     delete, the position in headers, updates' unchanged TOAST values filled in."""
-    return batched(_records(task, log), task.batch_bytes)
+    records = _records(task, log)
+    if isinstance(records, list):  # rendered by cdc._render: batched there too
+        return fastpath.bodies(records, task.batch_bytes)
+    return batched(records, task.batch_bytes)
 
 
-def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | None, bytes]]:
+def _records(task: RenderTask, log: LocalLog) -> Iterable[tuple[bytes, bytes | None, bytes]]:
+    """The part's records: a list when the C speedup rendered them, else an iterator."""
     table = TableName.parse(task.table)
     renderer = EnvelopeRenderer(task.database, task.name)
     if speedups():  # the same records, rendered by cdc._render (C) where it can
@@ -53,7 +57,7 @@ def _records(task: RenderTask, log: LocalLog) -> Iterator[tuple[bytes, bytes | N
             return fastpath.snapshot_records(renderer, log, table, task.part)
         records = fastpath.event_records(renderer, log, table, task.part)
         if records is not None:
-            return iter(records)
+            return records
     return python_records(renderer, log, table, task.part)
 
 
