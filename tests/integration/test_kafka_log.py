@@ -1144,20 +1144,24 @@ def test_verify_when_the_slot_lags_behind_kafka(pg_db: str, tmp_path: Path, kafk
     verified(pipe, spark)
 
 
-def test_render_workers_publish_what_one_process_publishes(pg_db: str, tmp_path: Path, kafka) -> None:
+def test_render_workers_publish_what_one_process_publishes(pg_db: str, tmp_path: Path, kafka, monkeypatch) -> None:
     """The publisher splits large ranges into parts rendered by worker processes (snapshot
     segment slices, runs of events, unchanged TOAST values filled per part). Republished that
     way, the staging log gives the very records one process published: same keys, values,
-    tombstones and positions, in the same order."""
+    tombstones and positions, in the same order. So does the pure-Python renderer
+    (CDC_PURE_PYTHON=1) against the C speedup."""
+    from cdc.envelope import speedups
     from cdc.log.kafka.publisher import STATE_KEY, Publisher
     from cdc.log.local import LocalLog
     from pipelines.config import load_pipeline
 
     sql(
         pg_db,
-        "CREATE TABLE wide(id int PRIMARY KEY, n int, big text)",
+        "CREATE TABLE wide(id int PRIMARY KEY, n int, big text, at timestamptz, day date, ok bool)",
         "ALTER TABLE wide ALTER COLUMN big SET STORAGE EXTERNAL",
-        f"INSERT INTO wide SELECT g, 0, CASE WHEN g % 50 = 0 THEN {BIG_TEXT} ELSE 'b' || g END FROM generate_series(1, 3000) g",
+        f"INSERT INTO wide SELECT g, 0, CASE WHEN g % 50 = 0 THEN {BIG_TEXT} ELSE 'b' || g || E'\\t\"é' END,"
+        " '2024-01-01 10:00:00.5+00'::timestamptz + g * interval '1 hour', DATE '2024-01-01' - g, g % 2 = 0"
+        " FROM generate_series(1, 3000) g",
     )
     pipe = make_kpipe(tmp_path, pg_db, ["public.wide"], kafka.bootstrap, publisher_workers=0)
     snapshot(pipe)
@@ -1165,33 +1169,43 @@ def test_render_workers_publish_what_one_process_publishes(pg_db: str, tmp_path:
         pg_db,
         "UPDATE wide SET n = n + 1 WHERE id % 7 = 0",  # big unchanged (TOASTed where id % 50 = 0)
         "DELETE FROM wide WHERE id % 11 = 0",
-        "INSERT INTO wide SELECT g, 1, 'new' || g FROM generate_series(3001, 3500) g",
+        "INSERT INTO wide SELECT g, 1, 'new' || g, NULL, NULL, NULL FROM generate_series(3001, 3500) g",
         "UPDATE wide SET n = n + 1 WHERE id % 50 = 0",
         "TRUNCATE wide",
-        "INSERT INTO wide SELECT g, 2, 'again' || g FROM generate_series(1, 200) g",
+        "INSERT INTO wide SELECT g, 2, 'again' || g, now(), 'infinity', true FROM generate_series(1, 200) g",
     )
     stream_until_current(pipe)
     one_process = table_records(kafka.bootstrap, pipe.topic("public.wide"))
 
-    pipeline = load_pipeline(pipe.file)
-    kafka_cfg = pipeline.log_config.kafka.model_copy(update={"topic_prefix": pipe.prefix + "w", "publisher_workers": 2})
-    pipeline = pipeline.model_copy(update={"log": pipeline.log_config.model_copy(update={"kafka": kafka_cfg})})
-    staging = LocalLog(pipe.log)
-    staging.set_meta(STATE_KEY, json.dumps({"cut_id": 0, "lsn": 0, "tables": {}}))  # publish all of it again
-    publisher = Publisher(pipeline, staging, say=lambda _m: None)
-    publisher.part_events, publisher.part_bytes = 97, 4096  # many parts: two snapshot segment slices at least
-    try:
-        produced = publisher.publish_once()
-    finally:
-        publisher.close()
-        staging.close()
-    workers = table_records(kafka.bootstrap, pipe.prefix + "w.public.wide")
-    assert produced == len(one_process) == len(workers) > 4000
+    def republish(suffix: str, workers: int) -> list[Rec]:
+        pipeline = load_pipeline(pipe.file)
+        kafka_cfg = pipeline.log_config.kafka.model_copy(
+            update={"topic_prefix": pipe.prefix + suffix, "publisher_workers": workers}
+        )
+        pipeline = pipeline.model_copy(update={"log": pipeline.log_config.model_copy(update={"kafka": kafka_cfg})})
+        staging = LocalLog(pipe.log)
+        staging.set_meta(STATE_KEY, json.dumps({"cut_id": 0, "lsn": 0, "tables": {}}))  # publish all of it again
+        publisher = Publisher(pipeline, staging, say=lambda _m: None)
+        publisher.part_events, publisher.part_bytes = 97, 4096  # many parts: two snapshot segment slices at least
+        try:
+            produced = publisher.publish_once()
+        finally:
+            publisher.close()
+            staging.close()
+        records = table_records(kafka.bootstrap, pipe.prefix + suffix + ".public.wide")
+        assert produced == len(records)
+        return records
 
     def content(r: Rec) -> tuple:  # source.name is the topic prefix, which differs
         value = None if r.value is None else {**r.value, "ts_ms": None, "source": {**r.value["source"], "name": None}}
         return r.offset, r.lsn, r.seq, r.key_text, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
+    workers = republish("w", 2)
+    assert len(one_process) == len(workers) > 4000
     assert [content(r) for r in workers] == [content(r) for r in one_process]
     filled = [r for r in one_process if r.op == "u" and r.key["id"] % 50 == 0]
     assert filled and all(r.value["after"]["big"] != UNAVAILABLE for r in filled)
+    if speedups():
+        monkeypatch.setenv("CDC_PURE_PYTHON", "1")  # read by the render workers too (spawned after this)
+        pure = republish("p", 2)
+        assert [content(r) for r in pure] == [content(r) for r in one_process]
