@@ -170,7 +170,13 @@ static int put_json_string(Buf *b, const char *s, Py_ssize_t n) {
         }
         Py_DECREF(u);
     }
-    if (buf_reserve(b, n * 6 + 2) < 0) return -1;
+    Py_ssize_t escaped = n + 2; /* exact size: values can be large (TOAST, up to 1 GB) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20) escaped += (c == '\b' || c == '\t' || c == '\n' || c == '\f' || c == '\r') ? 1 : 5;
+        else if (c == '"' || c == '\\') escaped += 1;
+    }
+    if (buf_reserve(b, escaped) < 0) return -1;
     char *o = b->p + b->len;
     *o++ = '"';
     for (Py_ssize_t i = 0; i < n; i++) {

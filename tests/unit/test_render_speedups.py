@@ -52,7 +52,7 @@ CASES: dict[str, list[str]] = {
     "int2": ["32767", "-32768"],
     "xid8": ["18446744073709551615"],
     "text": ["", "plain", 'a "quoted" \\ value', "tab\there", "nl\nline\rcr", "\x00\x01\x1f\x7f", "\b\f\v",
-             "é ☃ 😀", "\u2028\u2029", "%s %d %%", "/slash/", "x" * 5000],
+             "é ☃ 😀", "\u2028\u2029", "%s %d %%", "/slash/", "x" * 5000, "".join(map(chr, range(128))) * 40],
     "varchar": ["v"],
     "bool": ["t", "f", "true", "false", "yes", "0"],
     "timestamptz": ["2024-01-01 12:00:00+00", "2024-01-01 12:00:00.5+00", "2024-01-01 12:00:00.123456+00",
