@@ -77,6 +77,8 @@ typedef struct {
     PyObject *dumps;        /* orjson.dumps */
 } Plan;
 
+static PyTypeObject PlanType; /* defined below */
+
 static void plan_dealloc(Plan *self) {
     PyMem_Free(self->kinds);
     PyMem_Free(self->precisions);
@@ -215,6 +217,18 @@ static int canonical_int(const char *s, Py_ssize_t n) {
     return 1;
 }
 
+/* Decimal text of v into out (at least 21 bytes); returns the length. snprintf is slow here. */
+static int format_lld(char *out, long long v) {
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    int len = 0;
+    if (v < 0) out[len++] = '-';
+    while (n) out[len++] = tmp[--n];
+    return len;
+}
+
 static int64_t floordiv(int64_t a, int64_t b) {
     int64_t q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
@@ -245,7 +259,7 @@ static int put_date(Buf *b, const char *s, Py_ssize_t n) {
         if (i != 4 && i != 7 && !is_digit(s[i])) return 0;
     int64_t days = days_from_civil(digits_value(s, 4), digits_value(s + 5, 2), digits_value(s + 8, 2));
     char tmp[32];
-    int len = snprintf(tmp, sizeof(tmp), "%lld", (long long)days);
+    int len = format_lld(tmp, (long long)days);
     return buf_put(b, tmp, len) < 0 ? -1 : 1;
 }
 
@@ -437,6 +451,31 @@ static int spans_of_copy_line(const char *line, Py_ssize_t len, Py_ssize_t ncols
     return col == ncols ? 0 : 1;
 }
 
+enum Status { ST_OK = 0, ST_FALLBACK = 1, ST_UNCHANGED = 2, ST_ERROR = -1 };
+
+/* One row image into `key` and/or `row` (either may be NULL): ST_OK, ST_FALLBACK (Python must
+ * render it), ST_UNCHANGED (an unchanged TOAST value and flags lack ALLOW_UNCHANGED) or ST_ERROR. */
+static int render_image(Plan *plan, const char *data, Py_ssize_t len, long format, long flags, Buf *key, Buf *row) {
+    Span spans[MAX_COLUMNS];
+    char local[4096];
+    char *scratch = NULL;
+    int rc;
+    if (format == F_COPY) {
+        scratch = len <= (Py_ssize_t)sizeof(local) ? local : PyMem_Malloc(len + 1);
+        if (scratch == NULL) { PyErr_NoMemory(); return ST_ERROR; }
+        rc = spans_of_copy_line(data, len, plan->ncols, spans, scratch);
+    } else rc = spans_of_tupledata(data, len, plan->ncols, spans);
+    if (rc != 0) { rc = ST_FALLBACK; goto done; }
+    if (!(flags & ALLOW_UNCHANGED))
+        for (Py_ssize_t i = 0; i < plan->ncols; i++)
+            if (spans[i].kind == 'u') { rc = ST_UNCHANGED; goto done; }
+    if (key != NULL && (rc = put_key(plan, spans, key)) != 0) goto done;
+    if (row != NULL) rc = put_row(plan, spans, row);
+done:
+    if (scratch != NULL && scratch != local) PyMem_Free(scratch);
+    return rc;
+}
+
 /* Plan.render(data, format, flags) -> (key JSON | None, row JSON | None), or None when Python
  * must render this row, or False when the row has an unchanged TOAST value and flags lack
  * ALLOW_UNCHANGED (the caller then fills it first). */
@@ -448,50 +487,22 @@ static PyObject *plan_render(Plan *self, PyObject *const *args, Py_ssize_t nargs
     long format = PyLong_AsLong(args[1]);
     long flags = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) return NULL;
-    const char *data = PyBytes_AS_STRING(args[0]);
-    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
-    Span spans[MAX_COLUMNS];
-    char local[4096];
-    char *scratch = NULL;
-    int rc;
-    if (format == F_COPY) {
-        scratch = len <= (Py_ssize_t)sizeof(local) ? local : PyMem_Malloc(len + 1);
-        if (scratch == NULL) return PyErr_NoMemory();
-        rc = spans_of_copy_line(data, len, self->ncols, spans, scratch);
-    } else rc = spans_of_tupledata(data, len, self->ncols, spans);
-    PyObject *result = NULL, *key = NULL, *row = NULL;
-    if (rc != 0) goto fallback;
-    if (!(flags & ALLOW_UNCHANGED))
-        for (Py_ssize_t i = 0; i < self->ncols; i++)
-            if (spans[i].kind == 'u') { result = Py_False; Py_INCREF(result); goto done; }
-    Buf b;
-    if (flags & WANT_KEY) {
-        buf_init(&b);
-        rc = put_key(self, spans, &b);
-        if (rc == 0) key = buf_bytes(&b);
-        buf_free(&b);
-        if (rc < 0) goto done;
-        if (rc > 0) goto fallback;
-        if (key == NULL) goto done;
-    }
-    if (flags & WANT_ROW) {
-        buf_init(&b);
-        rc = put_row(self, spans, &b);
-        if (rc == 0) row = buf_bytes(&b);
-        buf_free(&b);
-        if (rc < 0) goto done;
-        if (rc > 0) goto fallback;
-        if (row == NULL) goto done;
-    }
-    result = PyTuple_Pack(2, key ? key : Py_None, row ? row : Py_None);
-    goto done;
-fallback:
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(key);
-    Py_XDECREF(row);
-    if (scratch != NULL && scratch != local) PyMem_Free(scratch);
+    Buf key, row;
+    buf_init(&key);
+    buf_init(&row);
+    int rc = render_image(self, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), format, flags,
+                          (flags & WANT_KEY) ? &key : NULL, (flags & WANT_ROW) ? &row : NULL);
+    PyObject *result = NULL;
+    if (rc == ST_OK) {
+        PyObject *k = (flags & WANT_KEY) ? buf_bytes(&key) : Py_NewRef(Py_None);
+        PyObject *r = (flags & WANT_ROW) ? buf_bytes(&row) : Py_NewRef(Py_None);
+        if (k != NULL && r != NULL) result = PyTuple_Pack(2, k, r);
+        Py_XDECREF(k);
+        Py_XDECREF(r);
+    } else if (rc == ST_FALLBACK) result = Py_NewRef(Py_None);
+    else if (rc == ST_UNCHANGED) result = Py_NewRef(Py_False);
+    buf_free(&key);
+    buf_free(&row);
     return result;
 }
 
@@ -572,29 +583,224 @@ bad:
     return NULL;
 }
 
-/* position_headers(lsn, seq, commit_ts, schema_version) -> bytes: recordbatch.position_headers. */
-static PyObject *position_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+#define POSITION_HEADERS_MAX (1 + 4 * (1 + 7 + 1 + 21))
+
+/* recordbatch.position_headers into `out` (POSITION_HEADERS_MAX bytes); returns the length. */
+static Py_ssize_t write_position_headers(char *out, const long long values[4]) {
     static const char *names[4] = {"cdc.lsn", "cdc.seq", "cdc.ts", "cdc.sv"};
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "position_headers(lsn, seq, commit_ts, schema_version)");
-        return NULL;
-    }
-    char out[4 * (1 + 7 + 1 + 21) + 1];
     char *o = put_varint(out, 4);
     for (int i = 0; i < 4; i++) {
-        long long v = PyLong_AsLongLong(args[i]);
-        if (v == -1 && PyErr_Occurred()) return NULL;
         int nlen = (int)strlen(names[i]);
         o = put_varint(o, nlen);
         memcpy(o, names[i], nlen);
         o += nlen;
         char digits[24];
-        int dlen = snprintf(digits, sizeof(digits), "%lld", v);
+        int dlen = format_lld(digits, values[i]);
         o = put_varint(o, dlen);
         memcpy(o, digits, dlen);
         o += dlen;
     }
-    return PyBytes_FromStringAndSize(out, o - out);
+    return o - out;
+}
+
+/* position_headers(lsn, seq, commit_ts, schema_version) -> bytes: recordbatch.position_headers. */
+static PyObject *position_headers(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "position_headers(lsn, seq, commit_ts, schema_version)");
+        return NULL;
+    }
+    long long values[4];
+    for (int i = 0; i < 4; i++) {
+        values[i] = PyLong_AsLongLong(args[i]);
+        if (values[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    char out[POSITION_HEADERS_MAX];
+    return PyBytes_FromStringAndSize(out, write_position_headers(out, values));
+}
+
+/* ---- a run of stored events, rendered whole ---------------------------------------------------- */
+#define EVENT_PIECES 10 /* EnvelopeRenderer.pieces: constant parts around the value's 9 slots */
+
+static int put_piece(Buf *b, PyObject *pieces, int i) {
+    PyObject *p = PyTuple_GET_ITEM(pieces, i);
+    return buf_put(b, PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p));
+}
+
+static int put_lld(Buf *b, long long v) {
+    char tmp[24];
+    int n = format_lld(tmp, v);
+    return buf_put(b, tmp, n);
+}
+
+/* An int column of a stored row, or `none` for NULL. 0 ok, -1 error (not an int / too large). */
+static int row_int(PyObject *v, long long none, long long *out, int *is_none) {
+    if (v == Py_None) { *out = none; if (is_none) *is_none = 1; return 0; }
+    if (is_none) *is_none = 0;
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int check_pieces(PyObject *pieces) {
+    if (!PyTuple_Check(pieces) || PyTuple_GET_SIZE(pieces) != EVENT_PIECES) return -1;
+    for (int i = 0; i < EVENT_PIECES; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(pieces, i))) return -1;
+    return 0;
+}
+
+/* One event row -> its key and value in kb/vb. ST_OK, ST_FALLBACK, ST_UNCHANGED or ST_ERROR.
+ * Mirrors EnvelopeRenderer.key_json/value_json for ops c, r, u, d (truncates: ST_FALLBACK). */
+static int render_event(Plan *plan, PyObject *pieces, char op, PyObject *payload, PyObject *before,
+                        const long long pos[4], PyObject *xid_obj, PyObject *ts_obj, PyObject *elsn_obj,
+                        long long now_ms, Buf *kb, Buf *vb) {
+    int has_payload = PyBytes_Check(payload) && PyBytes_GET_SIZE(payload) > 0;
+    int has_before = PyBytes_Check(before) && PyBytes_GET_SIZE(before) > 0;
+    int rc;
+    if (put_piece(vb, pieces, 0) < 0) return ST_ERROR;
+    switch (op) {
+    case 'c':
+    case 'r':
+        if (!has_payload) return ST_FALLBACK;
+        if (buf_put(vb, "null", 4) < 0 || put_piece(vb, pieces, 1) < 0) return ST_ERROR;
+        rc = render_image(plan, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), F_TUPLEDATA,
+                          WANT_KEY | WANT_ROW | ALLOW_UNCHANGED, kb, vb);
+        break;
+    case 'u':
+        if (!has_payload) return ST_FALLBACK;
+        if (has_before) {
+            rc = render_image(plan, PyBytes_AS_STRING(before), PyBytes_GET_SIZE(before), F_TUPLEDATA,
+                              WANT_ROW | ALLOW_UNCHANGED, NULL, vb);
+            if (rc != ST_OK) return rc;
+        } else if (buf_put(vb, "null", 4) < 0) return ST_ERROR;
+        if (put_piece(vb, pieces, 1) < 0) return ST_ERROR;
+        rc = render_image(plan, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), F_TUPLEDATA,
+                          WANT_KEY | WANT_ROW, kb, vb);
+        break;
+    case 'd':
+        if (!has_before) return ST_FALLBACK;
+        rc = render_image(plan, PyBytes_AS_STRING(before), PyBytes_GET_SIZE(before), F_TUPLEDATA,
+                          WANT_KEY | WANT_ROW | ALLOW_UNCHANGED, kb, vb);
+        if (rc == ST_OK && (put_piece(vb, pieces, 1) < 0 || buf_put(vb, "null", 4) < 0)) return ST_ERROR;
+        break;
+    default:
+        return ST_FALLBACK;
+    }
+    if (rc != ST_OK) return rc;
+    long long ts, xid, elsn;
+    int ts_none, xid_none, elsn_none;
+    if (row_int(ts_obj, 0, &ts, &ts_none) < 0 || row_int(xid_obj, 0, &xid, &xid_none) < 0 ||
+        row_int(elsn_obj, 0, &elsn, &elsn_none) < 0)
+        return ST_ERROR;
+    if (elsn_none) elsn = pos[0];
+    if (put_piece(vb, pieces, 2) < 0) return ST_ERROR;
+    if ((ts_none ? buf_put(vb, "null", 4) : put_lld(vb, floordiv(ts, 1000))) < 0) return ST_ERROR;
+    if (put_piece(vb, pieces, 3) < 0 || put_lld(vb, pos[0]) < 0 || put_piece(vb, pieces, 4) < 0 ||
+        put_lld(vb, elsn) < 0 || put_piece(vb, pieces, 5) < 0)
+        return ST_ERROR;
+    if ((xid_none ? buf_put(vb, "null", 4) : put_lld(vb, xid)) < 0) return ST_ERROR;
+    if (put_piece(vb, pieces, 6) < 0 || put_lld(vb, elsn) < 0 || put_piece(vb, pieces, 7) < 0 ||
+        buf_putc(vb, op) < 0 || put_piece(vb, pieces, 8) < 0 || put_lld(vb, now_ms) < 0 || put_piece(vb, pieces, 9) < 0)
+        return ST_ERROR;
+    return ST_OK;
+}
+
+/* render_events(rows, plan_for, pieces, snapshot_pieces, clock) -> (records, fallbacks) | False
+ *
+ * rows: stored event rows (LocalLog.event_rows: off, lsn, seq, op, key, payload, before,
+ * before_kind, sv, xid, ts, elsn). records: (key, value, headers) per event, plus a tombstone
+ * (key, None, headers) after each delete; a row Python must render is one None in records,
+ * listed in fallbacks as (index in records, index in rows). False: an update has unchanged
+ * TOAST values (the run is filled and rendered in Python). plan_for(sv) gives the Plan of a
+ * schema version; clock() the ms timestamp, read every 1024 rows as EnvelopeRenderer.records
+ * does. */
+static PyObject *render_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[0]) || check_pieces(args[2]) < 0 || check_pieces(args[3]) < 0) {
+        PyErr_SetString(PyExc_TypeError, "render_events(rows: list, plan_for, pieces: tuple[bytes x10], "
+                                         "snapshot_pieces: tuple[bytes x10], clock)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *plan_for = args[1], *clock = args[4];
+    PyObject *records = PyList_New(0), *fallbacks = PyList_New(0), *plans = PyDict_New(), *result = NULL;
+    Buf kb, vb;
+    buf_init(&kb);
+    buf_init(&vb);
+    if (!records || !fallbacks || !plans) goto done;
+    PyObject *last_sv = NULL;
+    Plan *plan = NULL;
+    long long now_ms = 0;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 12) {
+            PyErr_SetString(PyExc_TypeError, "render_events: rows must be 12-tuples (LocalLog.event_rows)");
+            goto done;
+        }
+        if ((i & 1023) == 0) {
+            PyObject *now = PyObject_CallNoArgs(clock);
+            if (now == NULL) goto done;
+            now_ms = PyLong_AsLongLong(now);
+            Py_DECREF(now);
+            if (now_ms == -1 && PyErr_Occurred()) goto done;
+        }
+        PyObject *sv = PyTuple_GET_ITEM(row, 8);
+        if (sv != last_sv) {
+            PyObject *p = PyDict_GetItemWithError(plans, sv);
+            if (p == NULL) {
+                if (PyErr_Occurred()) goto done;
+                p = PyObject_CallOneArg(plan_for, sv);
+                if (p == NULL) goto done;
+                int bad = !PyObject_TypeCheck(p, &PlanType) || PyDict_SetItem(plans, sv, p) < 0;
+                Py_DECREF(p); /* the dict holds it */
+                if (bad) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "render_events: plan_for must return a Plan");
+                    goto done;
+                }
+            }
+            plan = (Plan *)p;
+            last_sv = sv;
+        }
+        PyObject *op_obj = PyTuple_GET_ITEM(row, 3);
+        char op = (PyUnicode_Check(op_obj) && PyUnicode_GET_LENGTH(op_obj) == 1) ? (char)PyUnicode_READ_CHAR(op_obj, 0) : 0;
+        long long pos[4];
+        if (row_int(PyTuple_GET_ITEM(row, 1), 0, &pos[0], NULL) < 0 || row_int(PyTuple_GET_ITEM(row, 2), 0, &pos[1], NULL) < 0 ||
+            row_int(PyTuple_GET_ITEM(row, 10), 0, &pos[2], NULL) < 0 || row_int(sv, 0, &pos[3], NULL) < 0)
+            goto done;
+        kb.len = vb.len = 0;
+        int rc = render_event(plan, op == 'r' ? args[3] : args[2], op, PyTuple_GET_ITEM(row, 5), PyTuple_GET_ITEM(row, 6),
+                              pos, PyTuple_GET_ITEM(row, 9), PyTuple_GET_ITEM(row, 10), PyTuple_GET_ITEM(row, 11), now_ms,
+                              &kb, &vb);
+        if (rc == ST_ERROR) goto done;
+        if (rc == ST_UNCHANGED) { result = Py_NewRef(Py_False); goto done; }
+        if (rc == ST_FALLBACK) {
+            PyObject *where = Py_BuildValue("(nn)", PyList_GET_SIZE(records), i);
+            int bad = where == NULL || PyList_Append(fallbacks, where) < 0 || PyList_Append(records, Py_None) < 0;
+            Py_XDECREF(where);
+            if (bad) goto done;
+            continue;
+        }
+        char hbuf[POSITION_HEADERS_MAX];
+        PyObject *key = buf_bytes(&kb), *value = buf_bytes(&vb);
+        PyObject *headers = PyBytes_FromStringAndSize(hbuf, write_position_headers(hbuf, pos));
+        PyObject *rec = (key && value && headers) ? PyTuple_Pack(3, key, value, headers) : NULL;
+        int bad = rec == NULL || PyList_Append(records, rec) < 0;
+        Py_XDECREF(rec);
+        if (!bad && op == 'd') {
+            rec = PyTuple_Pack(3, key, Py_None, headers);
+            bad = rec == NULL || PyList_Append(records, rec) < 0;
+            Py_XDECREF(rec);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        if (bad) goto done;
+    }
+    result = PyTuple_Pack(2, records, fallbacks);
+done:
+    buf_free(&kb);
+    buf_free(&vb);
+    Py_XDECREF(records);
+    Py_XDECREF(fallbacks);
+    Py_XDECREF(plans);
+    return result;
 }
 
 static PyMethodDef module_methods[] = {
@@ -602,6 +808,8 @@ static PyMethodDef module_methods[] = {
      "encode_batch(records, start, limit) -> (bytes, count)"},
     {"position_headers", (PyCFunction)(void (*)(void))position_headers, METH_FASTCALL,
      "position_headers(lsn, seq, commit_ts, schema_version) -> bytes"},
+    {"render_events", (PyCFunction)(void (*)(void))render_events, METH_FASTCALL,
+     "render_events(rows, plan_for, pieces, snapshot_pieces, clock) -> (records, fallbacks) | False"},
     {NULL, NULL, 0, NULL},
 };
 

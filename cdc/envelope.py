@@ -39,6 +39,10 @@ CONNECTOR_VERSION = "pgcdc-0.1.0"
 TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
 
 
+# The slots of the value template (EnvelopeRenderer.pieces), in order.
+_SLOTS = (b"%b", b"%b", b"%b", b"%d", b"%d", b"%b", b"%d", b"%b", b"%d")
+
+
 def _placeholder(type_name: str) -> str:
     return UNAVAILABLE_BYTES if type_name == "bytea" else UNAVAILABLE
 
@@ -117,31 +121,42 @@ class EnvelopeRenderer:
         key = self.key(record)
         return None if key is None else orjson.dumps(key)
 
+    def pieces(self, table: TableName, snapshot: bool) -> tuple[bytes, ...]:
+        """The value's 10 constant pieces around its 9 slots: before, after, source.ts_ms,
+        sequence's two LSNs, txId, source.lsn, op, ts_ms. Names are JSON-encoded once."""
+        text = orjson.dumps
+        return (
+            b'{"before":',
+            b',"after":',
+            b"".join(
+                (
+                    b',"source":{"version":', text(CONNECTOR_VERSION),
+                    b',"connector":"postgresql","name":', text(self.name),
+                    b',"ts_ms":',
+                )
+            ),
+            b"".join(
+                (
+                    b',"snapshot":', b'"true"' if snapshot else b'"false"',
+                    b',"db":', text(self.database),
+                    b',"sequence":"[\\"',
+                )
+            ),
+            b'\\",\\"',
+            b"".join((b'\\"]","schema":', text(table.schema), b',"table":', text(table.name), b',"txId":')),
+            b',"lsn":',
+            b',"xmin":null},"op":"',
+            b'","ts_ms":',
+            b',"transaction":null}',
+        )  # fmt: skip
+
     def template(self, table: TableName, snapshot: bool) -> bytes:
-        """The value with %-slots for: before, after, source.ts_ms, sequence's two LSNs, txId,
-        source.lsn, op, ts_ms. Names are JSON-encoded once, with any % doubled."""
+        """`pieces` as one %-template (any % in a name doubled)."""
         template = self._templates.get((table, snapshot))
         if template is None:
-
-            def text(value: str) -> bytes:
-                return orjson.dumps(value).replace(b"%", b"%%")
-
+            pieces = [piece.replace(b"%", b"%%") for piece in self.pieces(table, snapshot)]
             template = self._templates[(table, snapshot)] = b"".join(
-                (
-                    b'{"before":%b,"after":%b,"source":{"version":',
-                    text(CONNECTOR_VERSION),
-                    b',"connector":"postgresql","name":',
-                    text(self.name),
-                    b',"ts_ms":%b,"snapshot":',
-                    b'"true"' if snapshot else b'"false"',
-                    b',"db":',
-                    text(self.database),
-                    b',"sequence":"[\\"%d\\",\\"%d\\"]","schema":',
-                    text(table.schema),
-                    b',"table":',
-                    text(table.name),
-                    b',"txId":%b,"lsn":%d,"xmin":null},"op":"%b","ts_ms":%d,"transaction":null}',
-                )
+                piece + slot for piece, slot in zip(pieces, (*_SLOTS, b""), strict=True)
             )
         return template
 

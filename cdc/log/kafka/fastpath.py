@@ -73,67 +73,23 @@ def event_records(
 ) -> list[Record] | None:
     """The run's events as records (a tombstone after each delete), or None when an update in it
     has unchanged TOAST values to fill."""
-    tupledata = _render.TUPLEDATA
-    key_row, row_only = _render.WANT_KEY | _render.WANT_ROW, _render.WANT_ROW | _render.ALLOW_UNCHANGED
-    key_row_unchanged = key_row | _render.ALLOW_UNCHANGED
-    position_headers = _render.position_headers
-    plans: dict[int, tuple] = {}
-    out: list[Record] = []
-    append = out.append
-    # The envelope template and op of each op (value_from_parts, inlined: this loop is the hot path).
-    ops = {op: (renderer.template(table, op == "r"), op.encode()) for op in "cudr"}
-    now_ms = 0
-    for n, row in enumerate(log.event_rows(table, part)):
-        _, lsn, seq, op, _, payload, before, _, sv, xid, ts, elsn = row
-        if not n & 1023:
-            now_ms = _now_ms()
-        headers = position_headers(lsn, seq, ts or 0, sv)  # each event has a position of its own
-        entry = plans.get(sv)
-        if entry is None:
-            schema = log.schema(table, sv)
-            entry = plans[sv] = (schema, renderer.c_plan(schema).render)
-        schema, render = entry
-        rendered = None
-        before_json = b"null"
-        if op == "c" or op == "r":
-            rendered = render(payload, tupledata, key_row_unchanged) if payload else None
-        elif op == "u":
-            rendered = render(payload, tupledata, key_row) if payload else None
-            if rendered is False:
-                return None
-            if rendered is not None and before:
-                image = render(before, tupledata, row_only)
-                if image is None:
-                    rendered = None
-                else:
-                    before_json = image[1]
-        elif op == "d" and before:
-            image = render(before, tupledata, key_row_unchanged)
-            if image is not None:
-                rendered, before_json = (image[0], b"null"), image[1]
-        if rendered is None:  # a row for the Python path (truncates too)
-            record = event_record(table, row, schema)
-            if op == "u" and UNCHANGED in (record.values or ()):
-                return None
-            key_json = renderer.key_json(record)
-            value = renderer.value_json(record, now_ms)
-        else:
-            key_json = rendered[0]
-            template, op_bytes = ops[op]
-            event_lsn = lsn if elsn is None else elsn
-            value = template % (
-                before_json,
-                rendered[1],
-                b"null" if ts is None else b"%d" % (ts // 1000),
-                lsn,
-                event_lsn,
-                b"null" if xid is None else b"%d" % xid,
-                event_lsn,
-                op_bytes,
-                now_ms,
-            )
-        key_json = key_json if key_json is not None else TRUNCATE_KEY
-        append((key_json, value, headers))
-        if op == "d":
-            append((key_json, None, headers))
-    return out
+    rows = log.event_rows(table, part).fetchall()
+
+    def plan_for(sv: int):
+        return renderer.c_plan(log.schema(table, sv))
+
+    pieces, snapshot_pieces = renderer.pieces(table, False), renderer.pieces(table, True)
+    rendered = _render.render_events(rows, plan_for, pieces, snapshot_pieces, _now_ms)
+    if rendered is False:
+        return None
+    records, fallbacks = rendered
+    for at, row_index in reversed(fallbacks):  # rows the C code left to Python (truncates too)
+        row = rows[row_index]
+        record = event_record(table, row, log.schema(table, row[8]))
+        if record.op == "u" and UNCHANGED in (record.values or ()):
+            return None
+        key = renderer.key_json(record) or TRUNCATE_KEY
+        headers = _render.position_headers(record.lsn, record.seq, record.commit_ts or 0, record.schema_version)
+        value = renderer.value_json(record, _now_ms())
+        records[at : at + 1] = [(key, value, headers), (key, None, headers)] if record.op == "d" else [(key, value, headers)]
+    return records
