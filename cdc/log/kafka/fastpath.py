@@ -1,14 +1,15 @@
 """Rendering staging-log parts with the C speedup (cdc._render): stored rows straight to records.
 
 The Python path (render.python_records) decodes each stored row into a LogRecord, fills
-unchanged TOAST values, converts every value and serializes a dict. Here one C call per row
-image gives its key and row JSON from the stored bytes (pgoutput TupleData or a COPY line),
-and the envelope is the renderer's template around them. The records are the same bytes
-either way (tests/unit/test_render_speedups.py renders parts both ways and compares).
+unchanged TOAST values, converts every value and serializes a dict. Here C does the work from
+the stored bytes: a run of events is one render_events call (keys, envelopes around the
+EnvelopeRenderer's pieces, position headers, tombstones), a snapshot slice one Plan.render
+call per COPY line, and the records are encoded into batches by encode_batch. The records are
+the same bytes either way (tests/unit/test_render_speedups.py renders parts both ways).
 
-A row the C code declines (see cdc/_render.c) is rendered the Python way, on its own. A run
-of events holding an update with an unchanged TOAST value is left wholly to the Python path
-(event_records returns None): filling those values keeps state across the run.
+A row the C code declines (see cdc/_render.c) is rendered the Python way, on its own, in its
+place. A run of events holding an update with an unchanged TOAST value is left wholly to the
+Python path (event_records returns None): filling those values keeps state across the run.
 """
 
 from __future__ import annotations
