@@ -122,6 +122,9 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Plan: convs must have one converter per column");
         goto done;
     }
+    PyMem_Free(self->kinds); /* __init__ called again */
+    PyMem_Free(self->precisions);
+    PyMem_Free(self->key_idx);
     self->ncols = n;
     self->nkeys = PyTuple_GET_SIZE(key_idx);
     self->kinds = PyMem_Malloc(n + 1);
@@ -150,6 +153,7 @@ static int plan_init(Plan *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(dumps); Py_XSETREF(self->dumps, dumps);
     rc = 0;
 done:
+    if (rc != 0) self->ncols = self->nkeys = 0; /* a half-built plan renders nothing */
     PyBuffer_Release(&kinds);
     PyBuffer_Release(&precisions);
     return rc;
