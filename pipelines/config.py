@@ -75,7 +75,7 @@ class KafkaLog(_Strict):
         default=None,
         ge=0,
         le=64,
-        description="processes rendering large backlogs and snapshots for Kafka (default: one per core, up to 4; 0: none)",
+        description="processes rendering large backlogs and snapshots for Kafka (default: none with the C speedup, else one per core, up to 4)",
     )
     transaction_topic: str | None = Field(
         default=None, description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)"

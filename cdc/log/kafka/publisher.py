@@ -29,6 +29,7 @@ import orjson
 from kafka.errors import KafkaError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from cdc.envelope import speedups
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.recordbatch import NO_HEADERS, RecordsBody
 from cdc.log.kafka.render import RenderPool, RenderTask, render_bodies
@@ -45,7 +46,12 @@ PART_BYTES = 8 << 20  # this much of a snapshot segment file
 
 
 def default_workers() -> int:
-    """Render workers when the pipeline file does not say: one per core, up to 4; none on one core."""
+    """Render workers when the pipeline file does not say. None with the C speedup: rendering
+    in C costs less than handing the rendered batches back from a worker process (measured:
+    1M snapshot rows 195k rows/s in the publisher, 143k with one worker). In pure Python: one
+    per core, up to 4; none on one core."""
+    if speedups():
+        return 0
     cores = os.cpu_count() or 1
     return 0 if cores < 2 else min(cores, 4)
 
