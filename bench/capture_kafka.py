@@ -90,6 +90,9 @@ class KafkaBench:
         return run_sql(self.dsn, *statements, params=params)
 
     def load(self, where: str) -> float:
+        # Dirty pages of the previous step (Kafka segments, WAL) written back now, not while the
+        # next one is timed: its fsyncs (PostgreSQL, the staging log) would wait behind them.
+        os.sync()
         load = float(Path("/proc/loadavg").read_text().split()[0])
         self.results["loadavg"][where] = load
         if load > 0.5 * (os.cpu_count() or 1):
