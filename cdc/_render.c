@@ -1,18 +1,21 @@
-/* cdc._render: the Kafka publisher's per-row hot path in C (optional speedup).
+/* cdc._render: the Kafka publisher's hot path in C (optional speedup; cdc/log/kafka/fastpath.py).
  *
- * One call turns a row image, as the staging log stores it (pgoutput TupleData, or one line of
- * a COPY text segment), into the envelope's JSON for that row image and for its key: exactly
+ * Plan.render turns a row image, as the staging log stores it (pgoutput TupleData, or one line
+ * of a COPY text segment), into the envelope's JSON for that row image and for its key: exactly
  * the bytes the pure-Python path (cdc.envelope.EnvelopeRenderer.row/key + orjson.dumps) gives.
- * tests/unit/test_render_speedups.py checks that byte for byte, for every type and for odd
- * input. No I/O here: bytes in, bytes out.
+ * render_events does that for a whole run of stored events and wraps each in its envelope,
+ * position headers and tombstone; encode_batch encodes records as Kafka batch bodies
+ * (cdc/log/kafka/recordbatch.py). tests/unit/test_render_speedups.py checks all of it byte for
+ * byte against the Python code, for every type and for odd input. No I/O here: bytes in, bytes
+ * out.
  *
  * Only the common, canonical forms are converted in C: integers, strings, booleans,
  * timestamptz and dates as PostgreSQL prints them under cdc.session's settings. Any other
  * type, or a value not in its canonical form, goes through the column's Python converter and
  * orjson.dumps (the "generic" kind), so the C code never has to reproduce an edge case. When a
  * row cannot be rendered here at all (a NULL or unchanged key column, binary or malformed
- * tuple data, invalid UTF-8, a field count that does not match), render() returns None and
- * the caller renders that row in Python, which raises the proper error where there is one.
+ * tuple data, invalid UTF-8, a field count that does not match, a truncate), it is handed back
+ * and the caller renders that row in Python, which raises the proper error where there is one.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
