@@ -1,8 +1,8 @@
 """Package metadata is in setup.cfg; this file only declares the optional C speedup.
 
-cdc._render (cdc/_render.c) renders row images to envelope JSON for the Kafka publisher. It is
-optional: without a C compiler the install still succeeds and the pure-Python path is used
-(scripts/setup.sh says so loudly; `cdc doctor`-style checks: `python -c "import cdc._render"`).
+cdc._render (cdc/_render.c) renders the Kafka publisher's records in C. It is optional: without
+a C compiler the install still succeeds and the pure-Python path is used (scripts/setup.sh then
+prints a warning, and `cdc stream` says it renders in pure Python).
 """
 
 from setuptools import Extension, setup

@@ -48,11 +48,19 @@ if [ ! -x .venv/bin/python ]; then
   $PY -m venv .venv
 fi
 stamp=.venv/.requirements.sha
-want=$(cat requirements.lock setup.cfg setup.py cdc/_render.c | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock setup.cfg | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages (requirements.lock)"
   .venv/bin/pip install -q --disable-pip-version-check --upgrade pip==25.3
   .venv/bin/pip install -q --disable-pip-version-check -r requirements.lock
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+# The C speedup: rebuilt (in place, by setup.py) when its source changed or it does not import.
+stamp=.venv/.render.sha
+want=$(cat setup.py cdc/_render.c | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c 'import cdc._render' 2>/dev/null; then
+  say "building the C speedup cdc._render"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
   echo "$want" > "$stamp"
 fi
