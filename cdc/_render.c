@@ -639,9 +639,9 @@ static int put_lld(Buf *b, long long v) {
     return buf_put(b, tmp, n);
 }
 
-/* An int column of a stored row, or `none` for NULL. 0 ok, -1 error (not an int / too large). */
-static int row_int(PyObject *v, long long none, long long *out, int *is_none) {
-    if (v == Py_None) { *out = none; if (is_none) *is_none = 1; return 0; }
+/* An int column of a stored row, 0 for NULL (is_none, when given, tells which). 0 ok, -1 error. */
+static int row_int(PyObject *v, long long *out, int *is_none) {
+    if (v == Py_None) { *out = 0; if (is_none) *is_none = 1; return 0; }
     if (is_none) *is_none = 0;
     *out = PyLong_AsLongLong(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
@@ -694,8 +694,8 @@ static int render_event(Plan *plan, PyObject *pieces, char op, PyObject *payload
     if (rc != ST_OK) return rc;
     long long ts, xid, elsn;
     int ts_none, xid_none, elsn_none;
-    if (row_int(ts_obj, 0, &ts, &ts_none) < 0 || row_int(xid_obj, 0, &xid, &xid_none) < 0 ||
-        row_int(elsn_obj, 0, &elsn, &elsn_none) < 0)
+    if (row_int(ts_obj, &ts, &ts_none) < 0 || row_int(xid_obj, &xid, &xid_none) < 0 ||
+        row_int(elsn_obj, &elsn, &elsn_none) < 0)
         return ST_ERROR;
     if (elsn_none) elsn = pos[0];
     if (put_piece(vb, pieces, 2) < 0) return ST_ERROR;
@@ -768,8 +768,8 @@ static PyObject *render_events(PyObject *module, PyObject *const *args, Py_ssize
         PyObject *op_obj = PyTuple_GET_ITEM(row, 3);
         char op = (PyUnicode_Check(op_obj) && PyUnicode_GET_LENGTH(op_obj) == 1) ? (char)PyUnicode_READ_CHAR(op_obj, 0) : 0;
         long long pos[4];
-        if (row_int(PyTuple_GET_ITEM(row, 1), 0, &pos[0], NULL) < 0 || row_int(PyTuple_GET_ITEM(row, 2), 0, &pos[1], NULL) < 0 ||
-            row_int(PyTuple_GET_ITEM(row, 10), 0, &pos[2], NULL) < 0 || row_int(sv, 0, &pos[3], NULL) < 0)
+        if (row_int(PyTuple_GET_ITEM(row, 1), &pos[0], NULL) < 0 || row_int(PyTuple_GET_ITEM(row, 2), &pos[1], NULL) < 0 ||
+            row_int(PyTuple_GET_ITEM(row, 10), &pos[2], NULL) < 0 || row_int(sv, &pos[3], NULL) < 0)
             goto done;
         kb.len = vb.len = 0;
         int rc = render_event(plan, op == 'r' ? args[3] : args[2], op, PyTuple_GET_ITEM(row, 5), PyTuple_GET_ITEM(row, 6),

@@ -47,9 +47,18 @@ def _placeholder(type_name: str) -> str:
     return UNAVAILABLE_BYTES if type_name == "bytea" else UNAVAILABLE
 
 
+def pure_python_reason() -> str | None:
+    """Why rows are not rendered by cdc._render (C), or None when they are."""
+    if _render is None:
+        return "the C speedup cdc._render is not built (run scripts/setup.sh)"
+    if os.environ.get("CDC_PURE_PYTHON"):
+        return "CDC_PURE_PYTHON is set"
+    return None
+
+
 def speedups() -> bool:
     """Whether rows are rendered by cdc._render (C): built, and CDC_PURE_PYTHON not set."""
-    return _render is not None and not os.environ.get("CDC_PURE_PYTHON")
+    return pure_python_reason() is None
 
 
 class EnvelopeRenderer:
@@ -150,7 +159,7 @@ class EnvelopeRenderer:
             b',"transaction":null}',
         )  # fmt: skip
 
-    def template(self, table: TableName, snapshot: bool) -> bytes:
+    def _template(self, table: TableName, snapshot: bool) -> bytes:
         """`pieces` as one %-template (any % in a name doubled)."""
         template = self._templates.get((table, snapshot))
         if template is None:
@@ -195,7 +204,7 @@ class EnvelopeRenderer:
         """The envelope around the before and after row JSON (b"null" for none)."""
         if event_lsn is None:
             event_lsn = lsn
-        return self.template(table, op == "r") % (
+        return self._template(table, op == "r") % (
             before,
             after,
             b"null" if commit_ts is None else b"%d" % (commit_ts // 1000),

@@ -87,10 +87,10 @@ def _child_main(pipeline, stop_event, error_pipe, parent_pid: int) -> None:
     def should_stop() -> bool:
         return stop_event.is_set() or os.getppid() != parent_pid  # re-parented: `cdc stream` is gone
 
-    from cdc.envelope import _render, speedups
+    from cdc.envelope import pure_python_reason
 
-    if not speedups():  # the unusual case: say why publishing costs about 3x the CPU
-        why = "CDC_PURE_PYTHON is set" if _render is not None else "the C speedup cdc._render is not built (run scripts/setup.sh)"
+    why = pure_python_reason()
+    if why is not None:  # the unusual case: say why publishing costs about 3x the CPU
         print(f"publisher: rendering in pure Python ({why})", flush=True)
     staging = open_log(pipeline)
     publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
