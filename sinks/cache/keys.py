@@ -4,8 +4,13 @@
   `{schema}.{table}:{pk}`). `{pk}` is the key columns' values joined by `:`; each value is
   Spark's string cast of the typed value (`42`, `2024-01-31`, `2024-01-31 10:00:00` in UTC,
   `1.50`, the text itself; bytea as base64), with `\\` and `:` escaped by a backslash so two
-  rows never share a key (`a:b` -> `a\\:b`). The same expression is used when writing and when
-  `cdc verify` reads the cache back (which reads the row from the value, not the key).
+  rows never share a key (`a:b` -> `a\\:b`). The encoding is unambiguous: inside `{pk}` a
+  backslash is always followed by the character it escapes, and every unescaped `:` separates
+  two key values, so reading left to right gives back the values (`split_pk`): `('1:1', 'x')`
+  is `1\\:1:x` and `('1', '1:x')` is `1:1\\:x`. Key columns are never NULL (primary key,
+  replica identity index or unique index on NOT NULL columns), so no NULL marker is needed.
+  The same expression is used when writing and when `cdc verify` reads the cache back (which
+  reads the row from the value, not the key).
 * A table's keys are found with SCAN MATCH `<prefix>*<suffix>` (the literal parts of the
   template, glob-escaped). Two tables of one sink must not be able to share a key: templates
   whose table patterns overlap are refused before anything is written.
@@ -43,6 +48,23 @@ def q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def split_pk(text: str) -> list[str]:
+    """The key values' texts from the `{pk}` part of a row key: split at unescaped `:`, unescape."""
+    values: list[str] = []
+    current: list[str] = []
+    chars = iter(text)
+    for c in chars:
+        if c == "\\":
+            current.append(next(chars, "\\"))  # the escaped character (a lone trailing `\` kept)
+        elif c == ":":
+            values.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    values.append("".join(current))
+    return values
+
+
 @dataclass(frozen=True)
 class TableKeys:
     table: TableName
@@ -65,6 +87,12 @@ class TableKeys:
     def row_key(self, pk_texts: list[str]) -> str:
         """The key of one row from its key values' texts (as Spark prints them); for tests and tools."""
         return self.prefix + ":".join(re.sub(r"([\\:])", r"\\\1", t) for t in pk_texts) + self.suffix
+
+    def pk_of(self, key: str) -> list[str]:
+        """The key values' texts of one row key of this table (the inverse of `row_key`)."""
+        if not (key.startswith(self.prefix) and key.endswith(self.suffix)):
+            raise ValueError(f"{key!r} is not a row key of {self.table}")
+        return split_pk(key[len(self.prefix) : len(key) - len(self.suffix)])
 
     def key_column(self, schema: T.StructType, key_columns: tuple[str, ...]) -> SparkColumn:
         """The row key as a Spark expression over the typed key columns."""

@@ -9,7 +9,8 @@ Layout
   * Value: the row as JSON, made in Spark on the executors (`to_json`): first `_cdc_lsn`,
     `_cdc_seq` (the position: commit LSN, index in the transaction), `_cdc_op`,
     `_cdc_commit_ts`, then the source columns under their names, typed as in Delta (README
-    "Type mapping"): numbers, booleans, strings, arrays as JSON; bytea as base64; timestamptz
+    "Type mapping"): numbers, booleans, strings, arrays as JSON; numeric as a string of its
+    exact text (`"9.99"`, `"1.50"`, as in the envelope); bytea as base64; timestamptz
     as `2024-01-31T10:00:00.123456Z`; timestamp as `2024-01-31T10:00:00.123456`; date as
     `2024-01-31`; NaN/±Infinity as the strings "NaN", "Infinity", "-Infinity". NULL is written
     as null. Example: `{"_cdc_lsn":23456789,"_cdc_seq":3,"_cdc_op":"u",
@@ -69,6 +70,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -96,9 +98,28 @@ JSON_OPTIONS = {
 }
 
 
-def value_column(names: list[str]) -> Any:
+def exact_type(dtype: T.DataType) -> T.DataType:
+    """`dtype` with every decimal (also inside arrays) replaced by string.
+
+    numeric is written as its exact text ("9.99", "1.50"), as the envelope does: a JSON number
+    would be read as a binary float by most clients (9.99 -> 9.9900000000000002131...)."""
+    if isinstance(dtype, T.DecimalType):
+        return T.StringType()
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(exact_type(dtype.elementType), dtype.containsNull)
+    return dtype
+
+
+def json_ready(col: SparkColumn, dtype: T.DataType) -> SparkColumn:
+    """The column as it goes into the cached JSON (decimals as their exact text)."""
+    exact = exact_type(dtype)
+    return col if exact == dtype else col.cast(exact)
+
+
+def value_column(fields: list[T.StructField]) -> Any:
     """The row's JSON: position first (the scripts read it from the head), then the source columns."""
-    return F.to_json(F.struct(*(F.col(m) for m in META_COLUMNS), *(F.col(q(n)) for n in names)), JSON_OPTIONS)
+    columns = [json_ready(F.col(q(f.name)), f.dataType).alias(f.name) for f in fields]
+    return F.to_json(F.struct(*(F.col(m) for m in META_COLUMNS), *columns), JSON_OPTIONS)
 
 
 def spark_schema(schema: TableSchema) -> T.StructType:
@@ -204,7 +225,8 @@ class RedisSink(Sink):
         script = client.register_script(scripts.BACKFILL)
         one = self.spark.range(1)
         for name in todo:
-            typed = batch.default_value(name).cast(batch.spark_schema[name].dataType)
+            dtype = batch.spark_schema[name].dataType
+            typed = json_ready(batch.default_value(name).cast(dtype), dtype)
             member = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).first()[0][1:-1]
             quoted = one.select(F.to_json(F.struct(F.lit(0).alias(name)))).first()[0][1 : -len(":0}")]
             for chunk in self._scan(client, keys):
@@ -252,7 +274,7 @@ class RedisSink(Sink):
             F.col("_cdc_op").alias("op"),
             F.col("_cdc_lsn").alias("lsn"),
             F.col("_cdc_seq").alias("seq"),
-            F.when(F.col("_cdc_op") != "d", value_column(names)).alias("v"),
+            F.when(F.col("_cdc_op") != "d", value_column(batch.spark_schema.fields)).alias("v"),
             (F.concat_ws(",", *flags) if flags else F.lit("")).alias("u"),
         )
         script = scripts.UPSERT

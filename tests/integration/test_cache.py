@@ -205,7 +205,7 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     assert len(rows) == 50
     one = rows["public.t:1"]
     assert list(one)[:4] == ["_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts"]
-    assert one["_cdc_op"] == "r" and one["n"] == 1 and one["price"] == 1.25 and one["tags"] == [1, None, 2]
+    assert one["_cdc_op"] == "r" and one["n"] == 1 and one["price"] == "1.25" and one["tags"] == [1, None, 2]
     assert (
         one["at"] == "2024-01-31T11:00:00.123456Z" and one["day"] == "2024-01-02" and one["doc"] == '{"g": 1}'
     )
@@ -262,6 +262,57 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     assert client.get("__cdc:t:public.t:*") is not None  # the table's truncate position
     client.close()
     hot.close()
+
+
+def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+    """numeric values are the exact text (a JSON string, as in the envelope), also inside arrays and
+    for a filled-in default; key values holding `:` or `\\` never share a key, and every key reads
+    back (split_pk) to the row's key values."""
+    sql(
+        pg_db,
+        "CREATE TABLE amt (a text, b text, price numeric(10,2), prices numeric(6,2)[], free numeric,"
+        " PRIMARY KEY (a, b))",
+        "INSERT INTO amt VALUES ('1:1', 'x', 9.99, '{1.5,NULL}', 0.1),"
+        " ('1', '1:x', 0, '{}', 12345678901234567890.123456789), ('1\\', ':x', -0.01, NULL, NULL),"
+        " ('1\\:', 'x', 99999999.99, '{0.1}', 1e-20)",
+    )
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.amt"],
+        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.amt"]}}],
+    )
+    snapshot(file)
+    apply_once(file, spark)
+    keys = KeyTemplate(None, "cache").for_table(TableName("public", "amt"))
+    rows = rows_of(fresh_db, "public.amt:")
+    assert len(rows) == 4  # four distinct keys
+    for key, row in rows.items():
+        assert keys.pk_of(key) == [row["a"], row["b"]]
+    by_pk = {(r["a"], r["b"]): r for r in rows.values()}
+    assert sorted(by_pk) == [("1", "1:x"), ("1:1", "x"), ("1\\", ":x"), ("1\\:", "x")]
+    one = by_pk[("1:1", "x")]
+    assert one["price"] == "9.99" and one["prices"] == ["1.50", None] and one["free"] == "0.1"
+    assert (
+        by_pk[("1", "1:x")]["price"] == "0.00"
+        and by_pk[("1", "1:x")]["free"] == "12345678901234567890.123456789"
+    )
+    assert by_pk[("1\\", ":x")]["price"] == "-0.01" and by_pk[("1\\:", "x")]["price"] == "99999999.99"
+    assert_verified(file, spark, "cache")
+
+    sql(
+        pg_db,
+        "ALTER TABLE amt ADD COLUMN fee numeric(8,3) DEFAULT 0.5",  # filled into cached rows by the follower
+        "UPDATE amt SET price = 10.10 WHERE a = '1:1'",
+        "INSERT INTO amt VALUES ('2:2', '', 7.07, '{2.25}', 3)",
+    )
+    stream(file, pg_db)
+    apply_once(file, spark)
+    rows = {tuple(keys.pk_of(k)): r for k, r in rows_of(fresh_db, "public.amt:").items()}
+    assert rows[("1:1", "x")]["price"] == "10.10" and rows[("1:1", "x")]["fee"] == "0.500"
+    assert rows[("1", "1:x")]["fee"] == "0.500"  # not written since: the default filled in, exact
+    assert rows[("2:2", "")]["prices"] == ["2.25"] and rows[("2:2", "")]["fee"] == "0.500"
+    assert_verified(file, spark, "cache")
 
 
 # ---- 2. replays and late batches ------------------------------------------------------------------
