@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cdc.schema import generated_columns
 from cdc.source import check_source, connect
 from pipelines.config import Pipeline
 from pipelines.errors import ExitCode
@@ -18,6 +19,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
+        generated = {t.table: generated_columns(conn, t.oid) for t in report.tables}
     finally:
         conn.close()
     info = report.server
@@ -29,6 +31,13 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         mark = OK if t.key_columns and t.can_select else BAD
         say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
+        if generated[t.table]:
+            say(
+                f"note: table {t.table}: generated column(s) {', '.join(generated[t.table])} are not captured: PostgreSQL does not "
+                "publish generated columns (before 18; 18 only with publish_generated_columns), so the log and every "
+                "follower leave them out and `cdc verify` names them as not compared; compute them in a view (`views:`) "
+                "if a follower needs them"
+            )
     for note in report.notes:
         say(f"note: {note}")
     for p in report.problems:

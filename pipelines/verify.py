@@ -36,11 +36,13 @@ from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
 from cdc.lsn import format_lsn
 from cdc.pgoutput import Begin, Relation, Truncate, decode
+from cdc.schema import TypeCache, pgtype_to_dict
 from cdc.source import _slot, check_source, connect
 from cdc.tables import TableName
+from cdc.tablewatch import catalog_oid
 from pipelines.apply.changes import typed_columns
 from pipelines.checkpoints import load_checkpoint
-from pipelines.config import Pipeline, sink_tables
+from pipelines.config import Pipeline, pipeline_tables, sink_tables
 from pipelines.errors import CdcError, ExitCode
 from sinks.base import make_sink
 from snapshot.slots import slot_with_snapshot
@@ -58,10 +60,12 @@ class TableVerdict:
     different: int = 0
     excused: int = 0  # differ, but changed after the verification point
     samples: list[str] = field(default_factory=list)
+    missing_columns: list[str] = field(default_factory=list)  # the source has them, the follower does not
+    not_compared: list[str] = field(default_factory=list)  # said on the report: columns no follower can have
 
     @property
     def identical(self) -> bool:
-        return self.missing == self.extra == self.different == 0
+        return self.missing == self.extra == self.different == 0 and not self.missing_columns
 
 
 @dataclass
@@ -71,6 +75,7 @@ class SinkVerdict:
     tables: list[TableVerdict] = field(default_factory=list)
     behind: str | None = None
     error: str | None = None
+    dropped: list[str] = field(default_factory=list)  # tables gone from the source: reported, not compared
 
     @property
     def identical(self) -> bool:
@@ -86,7 +91,29 @@ def q(name: str) -> str:
 class SourceCopy:
     point: int
     files: dict[TableName, Path]
-    schemas: dict[TableName, TableSchema]  # the log's schema restricted to columns the source has
+    # The log's schema restricted to columns the source has, plus columns the source has that the
+    # log does not know yet (added since the table's last change): a follower lacks those.
+    schemas: dict[TableName, TableSchema]
+    generated: dict[TableName, list[str]] = field(default_factory=dict)  # not compared (see source_columns)
+
+
+def source_columns(cur, table: TableName, schema: TableSchema) -> tuple[tuple[Column, ...], list[str]]:
+    """The columns to compare for `table` as the source has it now (at the verification point):
+    the log's columns the source still has, then the source's columns the log does not know,
+    except generated ones, which PostgreSQL before 18 does not publish (and 18 only with
+    publish_generated_columns): those no follower has, and they are returned to be named."""
+    cur.execute(
+        "SELECT a.attname, a.atttypid, a.atttypmod, a.attndims, a.attgenerated <> '' FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (table.schema, table.name),
+    )
+    rows = cur.fetchall()
+    present = {r[0] for r in rows}
+    known = set(schema.column_names)
+    cols = [c for c in schema.columns if c.name in present]
+    cols += [Column(name, oid, mod, dims) for name, oid, mod, dims, generated in rows if not generated and name not in known]
+    return tuple(cols), [name for name, _o, _m, _d, generated in rows if generated and name not in known]
 
 
 def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName, TableSchema], directory: Path) -> SourceCopy:
@@ -94,6 +121,8 @@ def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName
     dsn = pipeline.source.postgres.dsn
     files: dict[TableName, Path] = {}
     restricted: dict[TableName, TableSchema] = {}
+    generated: dict[TableName, list[str]] = {}
+    types = TypeCache()
     slot = f"cdc_verify_{secrets.token_hex(4)}"
     with slot_with_snapshot(dsn, slot, temporary=True, server_version=server_version) as snap:
         conn = connect(dsn, autocommit=False, application_name="cdc verify")
@@ -102,15 +131,11 @@ def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName
             with conn.cursor() as cur:
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snap.snapshot_name,))
                 for table, schema in schemas.items():
-                    cur.execute(
-                        "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n"
-                        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0"
-                        " AND NOT a.attisdropped",
-                        (table.schema, table.name),
-                    )
-                    present = {r[0] for r in cur.fetchall()}
-                    cols = tuple(c for c in schema.columns if c.name in present)
-                    restricted[table] = TableSchema(cols, schema.key, schema.types)
+                    cols, generated[table] = source_columns(cur, table, schema)
+                    known = {**schema.types}
+                    new_oids = {c.type_oid for c in cols if c.type_oid not in known}
+                    known.update({o: pgtype_to_dict(t) for o, t in types.resolve(conn, new_oids).items()})
+                    restricted[table] = TableSchema(cols, schema.key, known)
                     path = directory / f"{len(files)}.copy"
                     stmt = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
                         sql.SQL(", ").join(sql.Identifier(c.name) for c in cols), sql.Identifier(table.schema, table.name)
@@ -121,7 +146,7 @@ def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName
             conn.rollback()
         finally:
             conn.close()
-        return SourceCopy(snap.consistent_point, files, restricted)
+        return SourceCopy(snap.consistent_point, files, restricted, generated)
 
 
 def unstreamed_changes(conn, slot: str, publication: str, upto: int, after_commit: int, tables: set[TableName]) -> int:
@@ -172,6 +197,7 @@ def compare(
     if follower is None:
         follower = source.limit(0)
     missing_cols = [n for n in names if n not in follower.columns]
+    verdict.missing_columns = missing_cols
     follower = follower.select(
         *(F.col(q(n)).cast(source.schema[n].dataType).alias(n) if n in follower.columns else F.lit(None).cast(source.schema[n].dataType).alias(n) for n in names)
     )
@@ -226,25 +252,60 @@ def run_verify(pipeline: Pipeline, spark: SparkSession, sink_name: str | None, w
     log = open_log_view(pipeline)
     workdir = Path(tempfile.mkdtemp(prefix="verify-", dir=_ensure(pipeline.state_path)))
     try:
-        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
-        report.raise_if_problems()
         cut = log.latest_cut()
         if cut is None:
             from pipelines.errors import LogError
 
             raise LogError("the log is empty", "run `cdc snapshot` first")
-        all_tables = list(cut.tables)
+        # followers follow the file's tables; those dropped in the source have nothing to compare with
+        followed = pipeline_tables(pipeline, list(cut.tables))
+        gone = gone_tables(conn, log, followed)
+        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=set(gone))
+        report.raise_if_problems()
+        all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
         schemas = {t: log.schema(t) for t in wanted}
         source = copy_source(pipeline, report.server.version, schemas, workdir)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         verdicts = [_verify_sink(pipeline, spark, conn, log, s, source, wait_s) for s in sinks]
+        for sink_cfg, verdict in zip(sinks, verdicts, strict=True):
+            ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name)
+            for t in sink_tables(sink_cfg, list(gone)):
+                verdict.dropped.append(_dropped_line(t, gone[t], ckpt, cut.tables[t].end))
     finally:
         log.close()
         conn.close()
         shutil.rmtree(workdir, ignore_errors=True)
     _print(verdicts, say)
     return int(ExitCode.OK if all(v.identical for v in verdicts) else ExitCode.DIFFERENCE)
+
+
+def gone_tables(conn, log, tables: list[TableName]) -> dict[TableName, int | None]:
+    """Tables of the log that are gone from the source (marked dropped in the log, or no longer in
+    the catalog) -> the LSN up to which the log has their changes (None: not marked yet)."""
+    states = {s.table: s for s in log.tables()}
+    out: dict[TableName, int | None] = {}
+    for t in tables:
+        st = states.get(t)
+        if st is not None and st.state == "dropped":
+            out[t] = st.dropped_lsn
+        elif catalog_oid(conn, t) is None:
+            out[t] = None
+    return out
+
+
+def _dropped_line(table: TableName, lsn: int | None, ckpt, end: int) -> str:
+    applied = ckpt.tables.get(str(table))
+    if lsn is None:
+        state = "no longer in the source (dropped or renamed); `cdc stream` marks it dropped in the log once it has its last changes"
+    else:
+        state = f"dropped in the source; the log has every change it had (up to {format_lsn(lsn)})"
+        state += (
+            "; the follower has applied them all and keeps its rows"
+            if applied and applied[1] >= end
+            else "; the follower has not applied the last of them yet (run `cdc apply`)"
+        )
+    return f"{table}: not compared: {state}"
 
 
 def _ensure(path: Path) -> Path:
@@ -280,6 +341,7 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
                 excused = _changed_after(spark, log, table, schema, source.point, end)
             current = sink.current(table)
             verdict.tables.append(compare(spark, schema, _typed_source(spark, schema, source.files[table]), current, excused, str(table)))
+            verdict.tables[-1].not_compared = source.generated.get(table, [])
     except CdcError as exc:
         verdict.error = str(exc)
     return verdict
@@ -312,6 +374,8 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None]) -> None:
         if v.error:
             say(f"sink {v.sink}: ERROR {v.error}")
             continue
+        for line in v.dropped:
+            say(f"sink {v.sink}: {line}")
         if v.behind:
             say(f"sink {v.sink}: NOT VERIFIED, follower at {format_lsn(v.follower_lsn)} is behind: {v.behind}")
             continue
@@ -319,7 +383,17 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None]) -> None:
             mark = "identical" if t.identical else "DIFFERENT"
             extra = f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
             say(f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}")
-            if not t.identical:
+            if t.not_compared:
+                say(
+                    f"    not compared: generated column(s) {', '.join(t.not_compared)}: PostgreSQL does not publish them "
+                    "(before 18; 18 with publish_generated_columns), so followers do not have them"
+                )
+            if t.missing_columns:
+                say(
+                    f"    column(s) the follower does not have: {', '.join(t.missing_columns)} (added in the source; the log "
+                    "learns of a new column with the table's next change; `cdc snapshot --tables` brings it at once)"
+                )
+            if not t.identical and (t.missing or t.extra or t.different):
                 say(f"    missing {t.missing:,}, extra {t.extra:,}, different {t.different:,}; first keys:")
                 for s in t.samples:
                     say(f"      {s}")

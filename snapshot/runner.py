@@ -25,7 +25,7 @@ from psycopg2 import sql
 
 from cdc.log import open_log
 from cdc.lsn import format_lsn
-from cdc.schema import COLUMN_EXTRAS_SQL, TypeCache, build_schema
+from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
 from cdc.tables import TableName, TableSelector
 from pipelines.config import Pipeline
@@ -45,6 +45,7 @@ class TablePlan:
     relpages: int
     reltuples: int
     relkind: str
+    attnums: dict[str, int] = field(default_factory=dict)  # column identity (survives renames)
 
 
 @dataclass
@@ -94,9 +95,11 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
                     (oid,),
                 )
                 columns = tuple(cur.fetchall())
-                cur.execute(COLUMN_EXTRAS_SQL, (oid,))
-                extras = {name: (dims, missing) for name, dims, missing in cur.fetchall()}
-                plans.append(TablePlan(table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind))
+                cur.execute(ATTRIBUTES_SQL, (oid,))
+                attnums = {name: num for num, name, dropped in cur.fetchall() if not dropped}
+                catalog = relation_catalog(cur, oid)  # fast defaults of every leaf partition too
+                extras = catalog.extras
+                plans.append(TablePlan(table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind, attnums))
         conn.rollback()
         return plans
     finally:
@@ -193,7 +196,7 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
             table_id = log.ensure_table(plan.table)
-            schema = build_schema(conn, plan.columns, plan.key, types, plan.extras)
+            schema = with_attnums(build_schema(conn, plan.columns, plan.key, types, plan.extras), plan.attnums)
             version = log.schema_version(table_id, schema, snap.consistent_point)
             snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(table_id, snap.consistent_point, version)
             columns = tuple(c[0] for c in plan.columns)
@@ -228,7 +231,7 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
             rows[item.job.table] += item.rows
             remaining[item.job.table] -= 1
             if remaining[item.job.table] == 0:
-                log.finish_snapshot(snapshot_ids[item.job.table])
+                log.finish_snapshot(snapshot_ids[item.job.table], info[item.job.table].oid)  # OID: followed across renames
     except BaseException:
         pool.cancel()
         raise
