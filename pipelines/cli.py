@@ -148,8 +148,16 @@ def stream(pipeline: Path, until: str | None) -> None:
 @PIPELINE
 @click.option("--once", is_flag=True, help="drain the log to its latest consistent cut and exit (for schedulers)")
 @click.option("--sink", "sink_name", help="only this sink (default: every sink)")
+@click.option(
+    "--lock-wait",
+    "lock_wait_s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="seconds to wait for another apply of a sink to finish (default: leave that sink to it, exit 4)",
+)
 @handle_errors
-def apply(pipeline: Path, once: bool, sink_name: str | None) -> int:
+def apply(pipeline: Path, once: bool, sink_name: str | None, lock_wait_s: float) -> int:
     """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
     from pipelines.apply.job import ApplyJob
     from pipelines.spark import spark_session
@@ -157,7 +165,7 @@ def apply(pipeline: Path, once: bool, sink_name: str | None) -> int:
     p = load(pipeline)
     if sink_name:
         p.sink(sink_name)  # unknown sink: exit 2 before Spark starts
-    job = ApplyJob(p, spark_session(p), say)
+    job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
     if not once:
         job.run_forever(sink_name)
         return 0
@@ -254,6 +262,23 @@ def log_compact(pipeline: Path, tombstone_retention: str) -> None:
 
     report = compact_log(load(pipeline), parse_duration(tombstone_retention))
     say(report)
+
+
+@log.command("remove-table")
+@PIPELINE
+@click.option("--table", "table", required=True, help="the schema.table to take out of the log")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@handle_errors
+def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
+    """Take a table out of the log (dropped in the source, or no longer in the pipeline file)."""
+    from pipelines.errors import UsageError
+    from pipelines.logtables import remove_table
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("cdc log remove-table deletes the table's events from the log", "pass --yes")
+        click.confirm(f"remove {table} and its events from the log (followers keep their copy)?", abort=True)
+    remove_table(load(pipeline), table, say)
 
 
 @cli.command()

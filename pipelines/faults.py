@@ -10,6 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+
+
+def pause_point(name: str) -> None:
+    """`CDC_PAUSE=<point>` with `CDC_PAUSE_FILE=<path>`: at that point create the file, then wait
+    until the test removes it (so a test can hold a process at an exact step without sleeping).
+    Points: apply:locked (a sink's apply lock taken, nothing written yet)."""
+    if os.environ.get("CDC_PAUSE") == name:
+        marker = os.environ["CDC_PAUSE_FILE"]
+        open(marker, "w").close()
+        while os.path.exists(marker):
+            time.sleep(0.05)
 
 
 def crash_point(name: str) -> None:

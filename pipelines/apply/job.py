@@ -23,13 +23,15 @@ from pyspark.sql import functions as F
 
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
+from cdc.log.history import FollowedSchema, followed_schema
 from cdc.lsn import format_lsn
 from cdc.tables import TableName
 from pipelines.apply.changes import TableBatch
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.config import Pipeline, SinkConfig, sink_tables
+from pipelines.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
 from pipelines.errors import CdcError, LogError, SinkError, UsageError
-from pipelines.faults import crash_point
+from pipelines.faults import crash_point, pause_point
+from pipelines.locks import sink_lock
 from sinks.base import ApplyStats, make_sink
 
 
@@ -88,10 +90,13 @@ def plan_ranges(
 
 
 class ApplyJob:
-    def __init__(self, pipeline: Pipeline, spark: SparkSession, say: Callable[[str], None] = print):
+    def __init__(
+        self, pipeline: Pipeline, spark: SparkSession, say: Callable[[str], None] = print, lock_wait_s: float = 0.0
+    ):
         self.pipeline = pipeline
         self.spark = spark
         self.say = say
+        self.lock_wait_s = lock_wait_s  # how long to wait for another apply of a sink (pipelines/locks.py)
         self._stop = False
 
     def request_stop(self, *_args) -> None:
@@ -113,9 +118,15 @@ class ApplyJob:
                 started = time.monotonic()
                 run = SinkRun(sink_cfg.name)
                 try:
-                    self._apply_sink(log, cut, sink_cfg, run)
-                    if run.used_pending and run.cut_id != cut.id:
-                        self._apply_sink(log, cut, sink_cfg, run)  # then on to the latest cut: --once drains
+                    # one applier per follower: a second one would write the same cut and race on the checkpoint
+                    with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s, self.say):
+                        pause_point("apply:locked")
+                        # another run may have applied a newer cut than the one read above (while this
+                        # one waited, or applied other sinks): read it again so the follower never goes back
+                        latest = log.latest_cut() or cut
+                        self._apply_sink(log, latest, sink_cfg, run)
+                        if run.used_pending and run.cut_id != latest.id:
+                            self._apply_sink(log, latest, sink_cfg, run)  # then on to the latest cut: --once drains
                 except CdcError as exc:
                     run.error = exc
                 except Exception as exc:  # one follower's failure must not stop the others
@@ -147,7 +158,8 @@ class ApplyJob:
         if cut_id == ckpt.cut_id and not ckpt.pending:
             run.up_to_date = True
             return
-        wanted = [str(t) for t in sink_tables(sink_cfg, list(latest.tables))]
+        # followers follow the tables the file names now, not every table the log still holds
+        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
         purged = {str(t): s.purged_below for t, s in names.items()}
         retention = getattr(log, "retention_ms", None)
         if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
@@ -165,8 +177,11 @@ class ApplyJob:
                 continue
             table = by_name[name]
             st = names[table]
-            schema = log.schema(table)
-            raw = log.read_changes(self.spark, table, after, upto, schema)
+            followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
+            schema = followed.schema
+            # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
+            more = {"retired": followed.retired} if followed.retired else {}
+            raw = log.read_changes(self.spark, table, after, upto, schema, **more)
             if not bootstrap and ckpt.lsn:
                 # Every transaction committed before the last applied cut's LSN is applied already:
                 # an event older than that in a later range is a copy (a producer retry, a replay).
@@ -175,6 +190,7 @@ class ApplyJob:
                 raw = raw.where(F.col("lsn") >= ckpt.lsn)
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
+            batch.retired, batch.renames = followed.retired, followed.renames
             batches.append(batch)
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
         save_checkpoint(state, ckpt)
@@ -232,6 +248,15 @@ class ApplyJob:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedSchema:
+    """The columns a follower applies the table's events after `from_lsn` with (cdc.log.history);
+    logs without a version history (Debezium topics) give their one schema."""
+    history = log.schema_history(table) if hasattr(log, "schema_history") else []
+    if not history:
+        return FollowedSchema(log.schema(table))
+    return followed_schema(history, from_lsn or None)
 
 
 def table_name(text: str) -> TableName:
