@@ -34,8 +34,9 @@ from cdc.lsn import format_lsn
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
 from cdc.pgoutput_encode import encode_tuple
 from cdc.schema import TypeCache, build_schema, column_extras
-from cdc.source import _slot, check_source, connect, flushed_wal_lsn, table_info
+from cdc.source import _slot, check_source, connect, flushed_wal_lsn
 from cdc.tables import TableName, TableSelector
+from cdc.tablewatch import TableWatch
 from pipelines.errors import CdcError, SourceError, UsageError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
@@ -103,6 +104,7 @@ class StreamReader:
         self._keys: dict[TableName, tuple[str, ...]] = {}
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
+        self._watch = TableWatch(log, say, pipeline.name)  # captured tables renamed or dropped in the source
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
@@ -128,7 +130,8 @@ class StreamReader:
     def _prepare(self):
         pg = self.pipeline.source.postgres
         conn = self._conn = connect(pg.dsn, application_name="cdc stream catalog")
-        report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication)
+        gone = self._watch.start(conn)  # a dropped table still in the file must not stop the stream
+        report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication, dropped=gone)
         report.raise_if_problems()
         slot = _slot(conn, self.pipeline.slot)
         if slot is None:
@@ -149,17 +152,20 @@ class StreamReader:
             self.stats.target_lsn = self.until
         return conn
 
-    def _relation(self, conn, msg: Relation, lsn: int) -> None:
+    def _relation(self, conn, msg: Relation, lsn: int, replay: bool = False) -> None:
         table = TableName(msg.namespace, msg.name)
+        selected = any(s.matches(table) for s in self.selectors)
+        # A captured table renamed in the source is followed by OID (or stops the stream): cdc/tablewatch.py
+        table = self._watch.resolve(msg.relation_id, table, lsn, selected, replay)
         # Tables `cdc snapshot --tables` added while we run are registered in the log before
         # they join the publication, so the log knows them by the time their first change comes.
-        if not any(s.matches(table) for s in self.selectors) and self.log.table_id(table) is None:
+        if not selected and self.log.table_id(table) is None:
             self._rels[msg.relation_id] = None  # published but not part of this pipeline
             return
         key = self._keys.get(table)
         names = [c.name for c in msg.columns]
         if key is None or any(k not in names for k in key):
-            key = self._keys[table] = table_info(conn, table).key_columns  # new table or key changed
+            key = self._keys[table] = self._watch.key_of(conn, table)  # new table or key changed (or gone since)
         missing = [k for k in key if k not in names]
         if not key or missing:
             raise SourceError(
@@ -167,7 +173,8 @@ class StreamReader:
                 "give the table a primary key again, then `cdc snapshot --tables` it",
             )
         columns = [(c.name, c.type_oid, c.typmod) for c in msg.columns]
-        schema = build_schema(conn, columns, key, self._types, column_extras(conn, table))
+        extras = self._watch.extras(conn, table, lambda: column_extras(conn, table))
+        schema = build_schema(conn, columns, key, self._types, extras)
         table_id = self.log.ensure_table(table)
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
@@ -240,6 +247,7 @@ class StreamReader:
             flushed = cut_lsn = last_txn[1]
             stats.flushed_lsn = flushed
             self._ack(cur, flushed)
+            self._watch.poll(self._conn, flushed)  # tables gone from the source: marked once passed
             stats.batches += 1
             batch_events = 0
             last_txn = None
@@ -264,6 +272,7 @@ class StreamReader:
                         log.commit(flushed, None)  # a cut at the new position (no events): followers see progress
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
+                    self._watch.poll(self._conn, flushed)
                     if self.check_publisher is not None:
                         self.check_publisher()
                     if target is not None:
@@ -342,7 +351,7 @@ class StreamReader:
                 msg_rel = decode(p)
                 assert isinstance(msg_rel, Relation)
                 flush_buffers()  # rows already buffered keep their old schema version
-                self._relation(conn, msg_rel, commit_lsn)
+                self._relation(conn, msg_rel, commit_lsn, skip)  # skip: a transaction the log has already
             elif kind == 84:  # 'T' truncate
                 if skip:
                     continue

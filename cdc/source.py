@@ -6,7 +6,7 @@ that fixes it. Nothing here changes the source.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import psycopg2
@@ -227,8 +227,12 @@ def _key_of(cur, oid: int, replident: str, columns: tuple[ColumnInfo, ...]) -> t
     return (), ""
 
 
-def check_source(conn, selectors: list[TableSelector], slot: str, publication: str) -> CheckReport:
-    """Run every check `cdc validate` reports; collect all problems rather than stopping at the first."""
+def check_source(
+    conn, selectors: list[TableSelector], slot: str, publication: str, dropped: Collection[TableName] = ()
+) -> CheckReport:
+    """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
+    `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
+    (the stream still has to pass their last changes, README "Schema changes")."""
     report = CheckReport()
     info = report.server = server_info(conn)
     who = quote_ident(info.user)
@@ -278,7 +282,14 @@ def check_source(conn, selectors: list[TableSelector], slot: str, publication: s
         )
 
     tables, missing = resolve_tables(conn, selectors)
+    gone = {str(t) for t in dropped}
     for sel in missing:
+        if sel in gone:
+            report.notes.append(
+                f"table {sel} was dropped in the source; its changes up to the drop are in the log (remove it from "
+                "source.postgres.tables, and from the log with `cdc log remove-table` once followers have applied them)"
+            )
+            continue
         report.problems.append(
             Problem(f"table {sel} does not exist in database {info.database}", "create it, or fix source.postgres.tables")
         )

@@ -261,6 +261,13 @@ class Pipeline(_Strict):
         raise PipelineFileError(f"no sink named {name!r} in pipeline {self.name!r} (sinks: {known})")
 
 
+def pipeline_tables(pipeline: Pipeline, tables: list[TableName]) -> list[TableName]:
+    """The tables of `tables` the pipeline file names in source.postgres.tables. The log may hold
+    more (a table removed from the file, or renamed away): followers follow the file."""
+    selectors = pipeline.table_selectors
+    return [t for t in tables if any(s.matches(t) for s in selectors)]
+
+
 def sink_tables(sink: SinkConfig, all_tables: list[TableName]) -> list[TableName]:
     """The source tables a sink follows: its own `tables` selection, or all of them."""
     chosen = getattr(sink.settings, "tables", None)

@@ -90,11 +90,13 @@ class Cut:
 class TableState:
     table: TableName
     id: int
-    state: str  # 'pending' (seen, no snapshot yet) | 'snapshotting' | 'live'
+    state: str  # 'pending' (seen, no snapshot yet) | 'snapshotting' | 'live' | 'dropped' (gone from the source)
     base: int | None
     snapshot_lsn: int | None
     purged_below: int  # deletes/truncates below this offset were compacted away
     schema_version: int | None
+    dropped_lsn: int | None = None  # 'dropped': the stream had every change of the table up to here
+    relid: int | None = None  # the source relation's OID (None: not recorded, or not known here)
 
 
 @dataclass(slots=True)

@@ -204,7 +204,7 @@ def compact_log(pipeline, retention_s: float) -> str:
             return "the kafka log is compacted by the broker (cleanup.policy=compact); nothing to do"
         lines = []
         for state in log.tables():
-            if state.state != "live":
+            if state.state not in ("live", "dropped"):
                 continue
             s = compact_table(log, state, retention_s)
             lines.append(

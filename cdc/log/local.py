@@ -201,6 +201,18 @@ def column_defaults(history: list[tuple[int, TableSchema]]) -> dict[str, tuple[i
     return out
 
 
+# Columns added to `tables` after the first format: the source relation's OID (a table is
+# followed by it across renames) and the LSN the stream had passed when it saw the table gone.
+_TABLE_COLUMNS = {"relid": "INTEGER", "dropped_lsn": "INTEGER"}
+
+
+def _add_table_columns(db: sqlite3.Connection) -> None:
+    have = {r[1] for r in db.execute("PRAGMA table_info(tables)")}
+    for name, kind in _TABLE_COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE tables ADD COLUMN {name} {kind}")
+
+
 class LocalLog(LogWriter, LogReader):
     def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False):
         self.path = Path(path)
@@ -208,6 +220,7 @@ class LocalLog(LogWriter, LogReader):
         self.db = open_db(self.path, synchronous, readonly)
         if not readonly:
             self.db.executescript(_DDL)
+            _add_table_columns(self.db)
             if self._meta("format") is None:
                 self._set_meta("format", FORMAT_VERSION)
             if self._meta("log_id") is None:
@@ -367,12 +380,62 @@ class LocalLog(LogWriter, LogReader):
             raise LogError(f"table {table} is not in the log", "add it to the pipeline and run `cdc snapshot --tables`")
         return tid
 
+    def _has_table_columns(self) -> bool:
+        """Whether `tables` has relid/dropped_lsn (a read-only open of an older log may lack them)."""
+        if not hasattr(self, "_table_columns"):
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(tables)")}
+            self._table_columns = set(_TABLE_COLUMNS) <= have
+        return self._table_columns
+
     def tables(self) -> list[TableState]:
+        extra = "t.relid, t.dropped_lsn" if self._has_table_columns() else "NULL, NULL"
         rows = self.db.execute(
             "SELECT t.id, t.schema_name, t.table_name, t.state, t.base, t.snapshot_lsn, t.purged_below,"
-            " (SELECT max(version) FROM schemas s WHERE s.table_id = t.id) FROM tables t ORDER BY t.id"
+            f" (SELECT max(version) FROM schemas s WHERE s.table_id = t.id), {extra} FROM tables t ORDER BY t.id"
         ).fetchall()
-        return [TableState(TableName(s, n), i, st, b, sl, p, v) for i, s, n, st, b, sl, p, v in rows]
+        return [TableState(TableName(s, n), i, st, b, sl, p, v, d, r) for i, s, n, st, b, sl, p, v, r, d in rows]
+
+    # ---- source identity, dropped tables -----------------------------------------------------------
+    def set_relid(self, table_id: int, relid: int) -> None:
+        """Record the source relation (pg_class OID) a log table captures."""
+        with self.write():
+            self.db.execute("UPDATE tables SET relid = ? WHERE id = ?", (relid, table_id))
+
+    def rename_table(self, table_id: int, table: TableName) -> None:
+        """Follow a source table renamed under the same OID: its history, schemas and base stay,
+        under the new name (joins the open batch, so it is durable with the changes after it)."""
+        with self.write():
+            self.db.execute(
+                "UPDATE tables SET schema_name = ?, table_name = ? WHERE id = ?", (table.schema, table.name, table_id)
+            )
+
+    def mark_dropped(self, table_ids: Collection[int], lsn: int) -> Cut:
+        """Mark tables gone from the source (dropped, or renamed away) once the stream is durable
+        past `lsn`: they keep their events and stay in cuts (a follower that has not applied
+        their last changes still gets them), with state 'dropped'. A cut records the change."""
+        with self.write():
+            for tid in table_ids:
+                self.db.execute(
+                    "UPDATE tables SET state = 'dropped', dropped_lsn = ? WHERE id = ? AND state = 'live'", (lsn, tid)
+                )
+            return self._write_cut(lsn)
+
+    def remove_table(self, table: TableName) -> Cut:
+        """Take a table out of the log: its events, schemas and snapshot files; later cuts do not
+        list it. Followers keep what they have; a stream no longer captures it (unless the
+        pipeline file still names it, which then needs `cdc snapshot --tables`)."""
+        tid = self._require_table(table)
+        with self.write():
+            self.db.execute("DELETE FROM segments WHERE snapshot_id IN (SELECT id FROM snapshots WHERE table_id = ?)", (tid,))
+            self.db.execute("DELETE FROM snapshots WHERE table_id = ?", (tid,))
+            self.db.execute("DELETE FROM schemas WHERE table_id = ?", (tid,))
+            self.db.execute("DELETE FROM tables WHERE id = ?", (tid,))
+            self.db.execute(f"DROP TABLE IF EXISTS ev_{tid}")
+            previous = self.db.execute("SELECT lsn FROM cuts ORDER BY id DESC LIMIT 1").fetchone()
+            cut = self._write_cut(previous[0] if previous else 0)
+        self._latest_version.pop(tid, None)
+        shutil.rmtree(self.path / "segments" / f"t{tid}", ignore_errors=True)
+        return cut
 
     def table_state(self, table: TableName) -> TableState | None:
         return next((t for t in self.tables() if t.table == table), None)
@@ -412,13 +475,13 @@ class LocalLog(LogWriter, LogReader):
         return cut
 
     def _write_cut(self, lsn: int) -> Cut:
-        """Record the current end of every live table (inside the open write transaction)."""
+        """Record the current end of every live (or dropped) table (inside the open write transaction)."""
         previous = self.db.execute("SELECT lsn FROM cuts ORDER BY id DESC LIMIT 1").fetchone()
         lsn = max(lsn, previous[0]) if previous else lsn  # a cut never moves back
         ranges: dict[TableName, TableRange] = {}
         body: dict[str, list[int]] = {}
         for tid, schema_name, table_name, base in self.db.execute(
-            "SELECT id, schema_name, table_name, base FROM tables WHERE state = 'live'"
+            "SELECT id, schema_name, table_name, base FROM tables WHERE state IN ('live', 'dropped')"
         ).fetchall():
             end = self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
             ranges[TableName(schema_name, table_name)] = TableRange(base, end)
@@ -444,7 +507,7 @@ class LocalLog(LogWriter, LogReader):
         readers (invisible if new, its previous snapshot if live) until finish_snapshot()."""
         with self.write():
             self.db.execute(
-                "UPDATE tables SET state = CASE WHEN state = 'live' THEN 'live' ELSE 'snapshotting' END WHERE id = ?",
+                "UPDATE tables SET state = CASE WHEN state IN ('live', 'dropped') THEN state ELSE 'snapshotting' END WHERE id = ?",
                 (table_id,),
             )
             cur = self.db.execute(
@@ -481,8 +544,9 @@ class LocalLog(LogWriter, LogReader):
         if row:
             shutil.rmtree(self.path / "segments" / f"t{row[0]}" / f"s{snapshot_id}", ignore_errors=True)
 
-    def finish_snapshot(self, snapshot_id: int) -> Cut:
-        """Make a finished snapshot the table's new base, atomically (see module docstring)."""
+    def finish_snapshot(self, snapshot_id: int, relid: int | None = None) -> Cut:
+        """Make a finished snapshot the table's new base, atomically (see module docstring);
+        `relid`: the source relation it was copied from, recorded with it."""
         with self.write():
             table_id, lsn, version = self.db.execute(
                 "SELECT table_id, lsn, schema_version FROM snapshots WHERE id = ?", (snapshot_id,)
@@ -505,8 +569,9 @@ class LocalLog(LogWriter, LogReader):
             )
             total = sum(r for _, r in segments)
             self.db.execute(
-                "UPDATE tables SET state = 'live', base = ?, snapshot_lsn = ?, purged_below = 0 WHERE id = ?",
-                (base, lsn, table_id),
+                "UPDATE tables SET state = 'live', base = ?, snapshot_lsn = ?, purged_below = 0, dropped_lsn = NULL,"
+                " relid = coalesce(?, relid) WHERE id = ?",
+                (base, lsn, relid, table_id),
             )
             self.db.execute(
                 "UPDATE snapshots SET state = 'done', finished_ms = ?, rows = ? WHERE id = ?", (_now_ms(), total, snapshot_id)

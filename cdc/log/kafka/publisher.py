@@ -217,6 +217,9 @@ class Publisher:
                 "end": t.kafka_end,
                 "snapshot_lsn": st.snapshot_lsn if st else None,
                 "schema_version": t.schema_version,
+                # 'dropped': the table is gone from the source and every change it had is in the topic
+                "state": st.state if st and st.state == "dropped" else "live",
+                "dropped_lsn": st.dropped_lsn if st else None,
             }
         value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
         self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), NO_HEADERS)])

@@ -108,7 +108,12 @@ class KafkaLogView:
             return []
         out = []
         for name, meta in (self._cut_body or {}).get("tables", {}).items():
-            out.append(TableState(TableName.parse(name), 0, "live", meta["base"], meta.get("snapshot_lsn"), 0, meta.get("schema_version")))
+            out.append(
+                TableState(
+                    TableName.parse(name), 0, meta.get("state", "live"), meta["base"], meta.get("snapshot_lsn"), 0,
+                    meta.get("schema_version"), meta.get("dropped_lsn"),
+                )
+            )
         return out
 
     def table_state(self, table: TableName) -> TableState | None:

@@ -1,0 +1,208 @@
+"""Captured tables that are renamed or dropped in the source (README "Schema changes").
+
+pgoutput says nothing when a table is renamed or dropped: a Relation message just carries the
+new name (its relation id is the table's OID, which a rename keeps), and a dropped table sends
+nothing more. The log records the OID of every table it captures (`tables.relid`), so:
+
+* a change under a name the log does not know, of an OID the log captures under another name,
+  is a rename. If the pipeline file names the new name, the log table is renamed in the same
+  batch as the change (history, schemas and base go with it: followers build the new name from
+  the log, no snapshot needed). If not, the stream stops before that change with the remedy;
+  nothing from there on is acknowledged, so nothing is lost.
+* a change under a captured name but of another OID is another table (dropped and created
+  again, or a table renamed to that name): the stream stops the same way.
+* a captured table whose OID is gone from the catalog was dropped. Every change it had was
+  committed before the WAL position current when that is noticed, so once the log is durable
+  past that position the table is marked dropped: its events stay in the log and in cuts (a
+  follower that has not applied its last changes still gets them); `cdc log remove-table`
+  takes it out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cdc.log.base import TableSchema, TableState
+from cdc.lsn import format_lsn
+from cdc.source import flushed_wal_lsn, table_info
+from cdc.tables import TableName
+from pipelines.errors import LogError, SourceError
+
+POLL_S = 10.0  # how often a running stream looks for captured tables gone from the source
+_FOLLOWED = ("live", "dropped")  # states whose rows followers have
+
+
+def relid_exists(conn, relid: int) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_class WHERE oid = %s", (relid,))
+        return cur.fetchone() is not None
+
+
+def catalog_oid(conn, table: TableName) -> int | None:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (table.schema, table.name),
+        )
+        row = cur.fetchone()
+    return int(row[0]) if row else None
+
+
+class TableWatch:
+    def __init__(self, log, say: Callable[[str], None] = print, pipeline_name: str = "PIPELINE"):
+        self.log = log
+        self.say = say
+        self.pipeline_name = pipeline_name
+        self._pending: dict[
+            int, TableName
+        ] = {}  # gone tables (by log id) waiting for the stream to pass _until
+        self._until = 0
+        self._checked = time.monotonic()
+
+    # ---- gone tables -----------------------------------------------------------------------------
+    def dropped(self, conn) -> dict[TableName, int]:
+        """Live log tables dropped in the source (their OID is gone; without a recorded OID: their
+        name) -> log id. Records the OID of live tables that have none yet (older logs)."""
+        out: dict[TableName, int] = {}
+        for st in self.log.tables():
+            if st.state != "live":
+                continue
+            if st.relid is not None:
+                if not relid_exists(conn, st.relid):
+                    out[st.table] = st.id
+                continue
+            oid = catalog_oid(conn, st.table)
+            if oid is None:
+                out[st.table] = st.id
+            else:
+                self.log.set_relid(st.id, oid)
+        return out
+
+    def start(self, conn) -> set[TableName]:
+        """At stream start: the log's tables whose name is not in the source now (dropped, or
+        renamed: the stream follows a rename when it reaches it), for check_source's `dropped`."""
+        dropped = self.dropped(conn)
+        self._arm(conn, dropped)
+        self._checked = time.monotonic()
+        absent = set(dropped)
+        for st in self.log.tables():
+            if st.state in _FOLLOWED and st.table not in absent and catalog_oid(conn, st.table) is None:
+                absent.add(
+                    st.table
+                )  # marked dropped before, or renamed (its OID lives on under another name)
+                if st.state == "live":
+                    self.say(
+                        f"table {st.table} was renamed in the source: the stream follows it when it reaches the rename"
+                    )
+        return absent
+
+    def _arm(self, conn, gone: dict[TableName, int]) -> None:
+        new = {tid: t for t, tid in gone.items() if tid not in self._pending}
+        if not new:
+            return
+        self._pending.update(new)
+        self._until = max(self._until, flushed_wal_lsn(conn))
+        names = ", ".join(map(str, new.values()))
+        self.say(
+            f"table(s) {names} dropped in the source: their changes up to {format_lsn(self._until)} go into the log, "
+            "then they are marked dropped there"
+        )
+
+    def poll(self, conn, durable: int) -> None:
+        """Between transactions (no log batch open): look for newly dropped tables now and then, and
+        mark them dropped once the log is durable past every change they had."""
+        now = time.monotonic()
+        if now - self._checked >= POLL_S:
+            self._checked = now
+            self._arm(conn, self.dropped(conn))
+        if self._pending and durable >= self._until:
+            self.log.mark_dropped(list(self._pending), self._until)
+            names = ", ".join(map(str, self._pending.values()))
+            self.say(
+                f"marked dropped in the log: {names} (every change up to {format_lsn(self._until)} is in; followers keep "
+                f"their copy; `cdc log remove-table {self.pipeline_name} --table ...` takes a table out of the log)"
+            )
+            self._pending.clear()
+
+    # ---- relations in the stream -------------------------------------------------------------------
+    def resolve(self, relid: int, table: TableName, lsn: int, selected: bool, replay: bool) -> TableName:
+        """The log table a Relation message's changes go to (usually its own name). A captured table
+        under a new name is followed (or the stream stops, SourceError, when the file does not name
+        the new name); another table under a captured name stops the stream. `replay`: a
+        transaction the log has already (its changes are skipped): mapped by OID, nothing changed."""
+        states = self.log.tables()  # read afresh: `cdc snapshot --tables` in another process changes them
+        by_name = next((s for s in states if s.table == table), None)
+        owner = next((s for s in states if s.relid == relid and s.state in _FOLLOWED), None)
+        if replay:
+            return owner.table if by_name is None and owner is not None else table
+        if by_name is not None:
+            if by_name.state not in _FOLLOWED or by_name.relid is None or by_name.relid == relid:
+                return table
+            if by_name.snapshot_lsn is not None and lsn < by_name.snapshot_lsn:
+                return table  # the old table's changes before the current base: append() leaves them out
+            raise SourceError(
+                f"{table} in the source is not the table the log captured under that name (OID {relid}, the log's "
+                f"{by_name.relid}): it was dropped and created again, or another table was renamed to {table}. "
+                f"The stream stopped before its first change (transaction committed at {format_lsn(lsn)}); nothing "
+                "from there on is acknowledged, so nothing is lost",
+                f"run `cdc snapshot --tables {table}` (the log takes the new table's rows as its base; followers rebuild "
+                f"it), then `cdc stream`; or, to stop capturing it, remove it from source.postgres.tables and run "
+                f"`cdc log remove-table {self.pipeline_name} --table {table}`",
+            )
+        if owner is None:
+            if selected:
+                self.say(
+                    f"warning: {table} is captured but has no snapshot in the log yet: its changes wait there and no "
+                    f"follower gets them until `cdc snapshot --tables {table}`"
+                )
+            return table
+        if not selected:
+            raise SourceError(
+                f"table {owner.table} was renamed to {table} in the source (the same table, OID {relid}), and "
+                f"source.postgres.tables does not name {table}. The stream stopped before its first change under the "
+                f"new name (transaction committed at {format_lsn(lsn)}); nothing from there on is acknowledged, so "
+                "nothing is lost",
+                f"to go on capturing it, put {table} in source.postgres.tables in place of {owner.table} and run "
+                f"`cdc stream` again (the log follows it under the new name with all its history; followers build "
+                f"{table} and keep {owner.table} as it was); to stop capturing it, remove {owner.table} from "
+                f"source.postgres.tables and run `cdc log remove-table {self.pipeline_name} --table {owner.table}`",
+            )
+        self.log.rename_table(owner.id, table)
+        self.say(
+            f"table {owner.table} was renamed to {table} in the source (same table, OID {relid}): the log follows it "
+            f"under the new name with its history; followers build {table} from the log and keep {owner.table} as it was"
+        )
+        return table
+
+    # ---- catalog answers for tables that may be gone ----------------------------------------------------
+    def _logged_schema(self, table: TableName) -> TableSchema | None:
+        try:
+            return self.log.schema(table)
+        except LogError:
+            return None
+
+    def key_of(self, conn, table: TableName) -> tuple[str, ...]:
+        """The table's key from the catalog; for a table gone from it since (its last changes are
+        still streaming), the key the log recorded."""
+        try:
+            return table_info(conn, table).key_columns
+        except SourceError:
+            schema = self._logged_schema(table)
+            if schema is None:
+                raise
+            return schema.key
+
+    def extras(
+        self, conn, table: TableName, from_catalog: Callable[[], dict]
+    ) -> dict[str, tuple[int, str | None]]:
+        """Array dimensions and fast defaults by column: from the catalog, or for a table gone from
+        it, as the log recorded them (so a dropped table's defaults are not lost)."""
+        if catalog_oid(conn, table) is not None:
+            return from_catalog()
+        schema = self._logged_schema(table)
+        return {c.name: (c.ndims, c.missing) for c in schema.columns} if schema else {}
+
+
+def dropped_tables(states: list[TableState]) -> dict[TableName, TableState]:
+    return {s.table: s for s in states if s.state == "dropped"}
