@@ -7,10 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.log import open_log_view
+from cdc.log.base import Cut
 from cdc.lsn import format_lsn
+from cdc.rebase import load_states
 from cdc.source import connect, current_wal_lsn, slot_state
-from pipelines.checkpoints import load_checkpoint
-from pipelines.config import Pipeline
+from cdc.tables import TableName
+from pipelines.checkpoints import Checkpoint, load_checkpoint
+from pipelines.config import Pipeline, SinkConfig, sink_tables
 from pipelines.errors import CdcError
 
 
@@ -80,15 +83,80 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             entry["applied_age_s"] = round(time.time() - ckpt.ts_ms / 1000, 1) if ckpt.ts_ms else None
             if cut is not None:
                 entry["lag_bytes_behind_log"] = max(0, cut.lsn - ckpt.lsn)
-                entry["events_behind_log"] = sum(
-                    max(0, rng.end - (ckpt.tables.get(str(t), [0, 0])[1] if ckpt.tables.get(str(t), [None])[0] == rng.base else rng.base - 1))
-                    for t, rng in cut.tables.items()
-                )
+        if cut is not None and "error" not in log_info:
+            entry.update(follower_lag(pipeline, sink, ckpt, cut))
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
         followers.append(entry)
     data["followers"] = followers
+    # tables re-based (or to be re-based) because their rows changed without change events
+    data["rebases"] = load_states(pipeline.state_path)
     return data
+
+
+def pending_ranges(sink: SinkConfig, ckpt: Checkpoint, cut: Cut) -> dict[TableName, tuple[int, int]]:
+    """Per table the sink follows: the offsets (after, upto] of the latest cut it has not applied.
+    Only the sink's own `tables:` count (a cache of one table is not behind on the others); a table
+    it never applied, or whose base changed, is pending from its base (as `cdc apply` reads it)."""
+    out = {}
+    for table in sink_tables(sink, list(cut.tables)):
+        rng = cut.tables[table]
+        prev = ckpt.tables.get(str(table))
+        after = prev[1] if prev and prev[0] == rng.base else rng.base - 1
+        if rng.end > after:
+            out[table] = (after, rng.end)
+    return out
+
+
+def _first_commit_ms(log: Any, table: TableName, after: int, upto: int) -> int | None:
+    if hasattr(log, "first_commit_ms"):  # kafka
+        return log.first_commit_ms(table, after, upto)
+    if hasattr(log, "read"):  # local: records in offset order, read lazily
+        rec = next(iter(log.read(table, after, upto)), None)
+        return rec.commit_ts // 1000 if rec is not None and rec.commit_ts else None
+    return None
+
+
+def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cut) -> dict[str, Any]:
+    """events_behind_log: events of the sink's tables up to the latest cut not applied yet (for a
+    follower that never applied: its whole backlog). lag_s: seconds since the source committed the
+    oldest of them (0 when none is pending; None when the oldest pending are snapshot rows, which
+    carry no commit time, or the log cannot say)."""
+    pending = pending_ranges(sink, ckpt, cut)
+    if not pending:
+        return {"events_behind_log": 0, "lag_s": 0.0}
+    # kafka: offsets (compaction gaps make it an upper bound); local: events, snapshot rows one by one
+    behind = sum(upto - after for after, upto in pending.values())
+    oldest: int | None = None
+    unknown = False
+    try:
+        log = open_log_view(pipeline)
+        try:
+            if hasattr(log, "events_between"):
+                behind = sum(log.events_between(t, after, upto) for t, (after, upto) in pending.items())
+            for table, (after, upto) in pending.items():
+                ms = _first_commit_ms(log, table, after, upto)
+                unknown = unknown or ms is None  # snapshot rows pending: the oldest change's time is unknown
+                if ms is not None:
+                    oldest = ms if oldest is None else min(oldest, ms)
+        finally:
+            log.close()
+    except CdcError:
+        unknown = True
+    lag = None if unknown or oldest is None else round(max(0.0, time.time() - oldest / 1000), 1)
+    return {"events_behind_log": behind, "lag_s": lag}
+
+
+def _rebase_line(table: str, r: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.get("updated_ms", 0) / 1000))
+    state = r.get("state")
+    if state == "done":
+        return f"re-base of {table}: done at {r.get('lsn')} ({r.get('rows', 0):,} rows, {when}); reason: {r.get('reason')}"
+    if state == "running":
+        return f"re-base of {table}: running since {when} (followers rebuild the table when it is done); reason: {r.get('reason')}"
+    fix = r.get("fix") or f"run `cdc snapshot PIPELINE --tables {table}` (or `cdc stream`, which re-bases by itself)"
+    what = f"FAILED: {r.get('error')}" if state == "failed" else "NEEDED: followers may be stale"
+    return f"re-base of {table}: {what} ({when}); reason: {r.get('reason')}; fix: {fix}"
 
 
 def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -114,12 +182,20 @@ def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"  log ({log['kind']}): " + (f"cut {cut['id']} at {cut['lsn']} ({cut['age_s']}s ago)" if cut else "empty"))
         for t in log.get("tables", []):
             say(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
+    for table, r in sorted(data.get("rebases", {}).items()):
+        say(f"  {_rebase_line(table, r)}")
     for f in data["followers"]:
-        if f["position"] is None:
-            say(f"  follower {f['sink']} ({f['kind']}): never applied")
+        behind = f.get("events_behind_log")
+        lag = f.get("lag_s")
+        if behind is None:
+            backlog = "? events behind the log"
+        elif behind == 0:
+            backlog = "up to date with the log"
         else:
-            behind = f.get("events_behind_log")
-            say(
-                f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), "
-                f"{behind if behind is not None else '?'} events behind the log"
-            )
+            when = f"oldest committed {lag:g}s ago" if lag is not None else "oldest are snapshot rows"
+            backlog = f"{behind:,} events behind the log ({when})"
+        if f["position"] is None:
+            todo = f"{behind:,} events to apply" if behind else backlog
+            say(f"  follower {f['sink']} ({f['kind']}): never applied; {todo}")
+        else:
+            say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")

@@ -32,6 +32,7 @@ import orjson
 
 from cdc.keys import key_from_copy_fields
 from cdc.log.base import ChangeRow, Cut, LogReader, LogRecord, LogWriter, TableRange, TableSchema, TableState
+from cdc.log.history import position_in
 from cdc.pgoutput import UNCHANGED, decode_tuple
 from cdc.tables import TableName
 from pipelines.errors import LogError
@@ -194,7 +195,7 @@ def column_defaults(history: list[tuple[int, TableSchema]]) -> dict[str, tuple[i
         # The newest unbroken run of versions that have the column tells when it was added.
         since = history[-1][0]
         for lsn, schema in reversed(history):
-            if col.name not in schema.column_names:
+            if position_in(schema, col) < 0:  # by attnum: a rename does not make the column new
                 break
             since = lsn
         out[col.name] = (since, col.missing)
@@ -684,9 +685,12 @@ class LocalLog(LogWriter, LogReader):
     # ---- Spark-side reads (the apply job and verify; rows stay in executors) ------------------------
     value_kind = "pgtext"  # values are PostgreSQL text output (see pipelines.apply.sparktypes)
 
-    def read_changes(self, spark, table: TableName, after: int, upto: int, schema: TableSchema | None = None):
+    def read_changes(
+        self, spark, table: TableName, after: int, upto: int, schema: TableSchema | None = None, retired: frozenset[str] = frozenset()
+    ):
         """The events after < offset <= upto as a DataFrame (pipelines.apply.logsource.SCHEMA),
-        values aligned with `schema` (default: the newest)."""
+        values aligned with `schema` (default: the newest); columns match across versions by attnum
+        (cdc.log.history), and `retired` columns a row's version lacks are marked unchanged."""
         schema = schema or self.schema(table)
         return (
             spark.read.format("cdclog")
@@ -695,6 +699,8 @@ class LocalLog(LogWriter, LogReader):
             .option("after", str(after))
             .option("upto", str(upto))
             .option("columns", orjson.dumps(schema.column_names).decode())
+            .option("attnums", orjson.dumps([c.attnum for c in schema.columns]).decode())
+            .option("retired", orjson.dumps(sorted(retired)).decode())
             .option("missing", orjson.dumps([c.missing for c in schema.columns]).decode())
             .load()
         )
@@ -714,6 +720,20 @@ class LocalLog(LogWriter, LogReader):
     def end_offset(self, table: TableName) -> int:
         tid = self._require_table(table)
         return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
+
+    def events_between(self, table: TableName, after: int, upto: int) -> int:
+        """Events at offsets after < off <= upto, each snapshot row counted (a snapshot segment is
+        one offset): the backlog `cdc status` shows for a follower."""
+        tid = self._require_table(table)
+        plain = self.db.execute(
+            f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S'", (after, upto)
+        ).fetchone()[0]
+        snap = self.db.execute(
+            f"SELECT coalesce(sum(s.rows), 0) FROM ev_{tid} e JOIN segments s ON e.op = 'S' AND e.payload != x''"
+            " AND s.id = CAST(e.payload AS INTEGER) WHERE e.off > ? AND e.off <= ?",
+            (after, upto),
+        ).fetchone()[0]
+        return int(plain) + int(snap)
 
     def counts(self, table: TableName) -> dict[str, int]:
         """Events per op (snapshot rows counted from segment metadata) from the table's base on."""

@@ -12,6 +12,7 @@ from kafka import TopicPartition
 
 from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
+from cdc.log.history import FollowedSchema
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.topics import cuts_topic, schemas_topic
 from cdc.log.local import column_defaults
@@ -102,6 +103,29 @@ class KafkaLogView:
             raise LogError(f"table {table} is not in the Kafka log", "run `cdc snapshot --tables` for it")
         return meta
 
+    def first_commit_ms(self, table: TableName, after: int, upto: int) -> int | None:
+        """Source commit time (ms since the epoch) of the table's first record after offset `after`
+        (up to `upto`), for `cdc status`: header cdc.ts, else the envelope's source.ts_ms; None when
+        there is no such record or it carries no time."""
+        tp = TopicPartition(self._table_meta(table)["topic"], 0)
+        consumer = self.consumer
+        consumer.assign([tp])
+        consumer.seek(tp, after + 1)
+        while consumer.position(tp) <= upto:
+            batch = consumer.poll(timeout_ms=POLL_MS, max_records=1)
+            if not batch:
+                return None
+            for records in batch.values():
+                for rec in records:
+                    if rec.offset > upto:
+                        return None
+                    ts_us = int(dict(rec.headers or []).get("cdc.ts", b"0") or 0)
+                    if ts_us:
+                        return ts_us // 1000
+                    if rec.value is not None:
+                        return (orjson.loads(rec.value).get("source") or {}).get("ts_ms") or None
+        return None
+
     def tables(self) -> list[TableState]:
         cut = self.latest_cut()
         if cut is None:
@@ -142,6 +166,10 @@ class KafkaLogView:
     def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
         return column_defaults([(since, schema) for _, since, schema in self._history(table)])
 
+    def schema_history(self, table: TableName) -> list[tuple[int, int, TableSchema]]:
+        """(version, since LSN, schema) of every schema version of the table, oldest first."""
+        return list(self._history(table))
+
     @property
     def retention_ms(self) -> int:
         """How long the table topics keep tombstones: a follower away longer may miss deletes."""
@@ -156,8 +184,15 @@ class KafkaLogView:
         return None
 
     # ---- Spark reads -------------------------------------------------------------------------------
-    def read_changes(self, spark: SparkSession, table: TableName, after: int, upto: int, schema: TableSchema | None = None) -> DataFrame:
-
+    def read_changes(
+        self,
+        spark: SparkSession,
+        table: TableName,
+        after: int,
+        upto: int,
+        schema: TableSchema | None = None,
+        retired: frozenset[str] = frozenset(),
+    ) -> DataFrame:
         schema = schema or self.schema(table)
         topic = self._table_meta(table)["topic"]
         raw = (
@@ -170,7 +205,11 @@ class KafkaLogView:
             .option("failOnDataLoss", "false")  # compaction leaves gaps in offsets by design
             .load()
         )
-        return normalize_envelopes(raw, schema, header_positions=True)
+        # Records carry their schema version (header cdc.sv): a value written before a rename is
+        # found under the column's old name, and a retired column a version lacks is kept.
+        layouts = {v: FollowedSchema(schema, retired).layout(s) for v, _, s in self._history(table)}
+        names = {v: s.column_names for v, _, s in self._history(table)}
+        return normalize_envelopes(raw, schema, header_positions=True, versions=(layouts, names))
 
     def _between(self, spark, table: TableName, after: int, upto: int):
         from pyspark.sql import functions as F
@@ -200,14 +239,38 @@ PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
 ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>, op: string, source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint>>"
 
 
-def normalize_envelopes(raw, schema: TableSchema, header_positions: bool):
+def normalize_envelopes(
+    raw,
+    schema: TableSchema,
+    header_positions: bool,
+    versions: tuple[dict[int, list[int]], dict[int, list[str]]] | None = None,
+):
     """Kafka records (key, value, offset, headers) holding change event envelopes -> the log's
     normalized change rows: off, lsn, seq, op, key, vals (envelope JSON texts aligned with the
-    schema's columns; fast defaults for columns a record lacks), unch, ts."""
+    schema's columns; fast defaults for columns a record lacks), unch, ts. `versions` gives, per
+    schema version, FollowedSchema.layout and the version's column names, for records whose
+    version (header cdc.sv) names a column differently or lacks a retired one."""
     from pyspark.sql import functions as F
 
     def header(name: str):
         return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
+
+    def lookup(name: str, column) -> object:
+        return F.when(F.map_contains_key("row", name), F.col("row")[name]).otherwise(F.lit(column.missing).cast("string"))
+
+    def text(j: int, column) -> object:
+        expr = lookup(column.name, column)
+        if not versions:
+            return expr
+        layouts, names = versions
+        version = header("cdc.sv").cast("bigint")
+        for v, layout in layouts.items():
+            i = layout[j]
+            if i >= 0 and names[v][i] != column.name:
+                expr = F.when(version == v, F.col("row")[names[v][i]]).otherwise(expr)
+            elif i == -2:
+                expr = F.when(version == v, F.lit(UNAVAILABLE)).otherwise(expr)  # kept by the follower
+        return expr
 
     env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
     key_map = F.from_json(F.col("key").cast("string"), "map<string,string>")
@@ -215,10 +278,7 @@ def normalize_envelopes(raw, schema: TableSchema, header_positions: bool):
     op = F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("env.op"))
     row = F.when(op == "d", F.coalesce(F.col("env.before"), F.col("key_map"))).otherwise(F.col("env.after"))
     df = df.select("*", op.alias("op"), row.alias("row"))
-    texts = [
-        F.when(F.map_contains_key("row", c.name), F.col("row")[c.name]).otherwise(F.lit(c.missing if c.missing is not None else None).cast("string"))
-        for c in schema.columns
-    ]
+    texts = [text(j, c) for j, c in enumerate(schema.columns)]
     placeholder = F.array(*(F.lit(p) for p in PLACEHOLDERS))
     vals = F.array(*texts) if texts else F.array().cast("array<string>")
     n = len(schema.columns)

@@ -1,0 +1,82 @@
+"""`cdc status` per-follower lag (pipelines/status.py) through the real CLI.
+
+* a follower of some tables counts only its own tables' events (a follower of `a` is not behind
+  on changes to `b`);
+* a follower that never applied shows its backlog (snapshot rows + events to apply);
+* lag in seconds: since the source committed the oldest event not applied yet (0 when none).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness import apply_once, cdc, sql, stream_until_current, write_pipeline
+from tests.integration.test_capture import flush_wal
+
+pytestmark = pytest.mark.integration
+
+
+def followers(file: Path) -> dict[str, dict]:
+    run = cdc("status", file, "--json")
+    assert run.code == 0, run
+    return {f["sink"]: f for f in json.loads(run.out)["followers"]}
+
+
+def stream(file: Path, dsn: str) -> None:
+    flush_wal(dsn)
+    stream_until_current(file)
+
+
+def test_status_lag_per_follower(pg_db: str, tmp_path: Path, spark) -> None:
+    sql(
+        pg_db,
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, v text)",
+        "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 5) g",
+        "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 7) g",
+    )
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.a", "public.b"],
+        sinks=[
+            {"name": "all", "delta": {"path": str(tmp_path / "all")}},
+            {"name": "only_a", "delta": {"path": str(tmp_path / "only_a"), "tables": ["public.a"]}},
+            {"name": "fresh", "delta": {"path": str(tmp_path / "fresh"), "tables": ["public.b"]}},
+        ],
+    )
+    assert cdc("snapshot", file).code == 0
+    apply_once(file, spark, "all")
+    apply_once(file, spark, "only_a")
+
+    sql(pg_db, "INSERT INTO b SELECT g, 'new' FROM generate_series(8, 10) g")  # changes to b only
+    stream(file, pg_db)
+    f = followers(file)
+    assert f["only_a"]["events_behind_log"] == 0 and f["only_a"]["lag_s"] == 0  # b's events are not its own
+    assert f["all"]["events_behind_log"] == 3 and f["all"]["lag_s"] is not None and f["all"]["lag_s"] >= 0
+    # never applied: its backlog is b's 7 snapshot rows and 3 events; the oldest are snapshot rows
+    assert (
+        f["fresh"]["position"] is None
+        and f["fresh"]["events_behind_log"] == 10
+        and f["fresh"]["lag_s"] is None
+    )
+
+    text = cdc("status", file)
+    assert text.code == 0, text
+    lines = {line.split(":")[0].strip(): line for line in text.out.splitlines() if "follower" in line}
+    assert "up to date with the log" in lines["follower only_a (delta)"]
+    assert "3 events behind the log (oldest committed " in lines["follower all (delta)"]
+    assert "never applied; 10 events to apply" in lines["follower fresh (delta)"]
+
+    apply_once(file, spark, "all")
+    sql(pg_db, "UPDATE a SET v = 'changed' WHERE id = 1")
+    stream(file, pg_db)
+    f = followers(file)
+    assert f["all"]["events_behind_log"] == 1 and f["only_a"]["events_behind_log"] == 1
+    assert f["only_a"]["lag_s"] is not None and f["only_a"]["lag_s"] >= 0
+    apply_once(file, spark)
+    f = followers(file)
+    assert all(x["events_behind_log"] == 0 and x["lag_s"] == 0 for x in f.values()), f
