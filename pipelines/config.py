@@ -8,10 +8,12 @@ to the directory holding the pipeline file.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -197,6 +199,12 @@ class StreamConfig(_Strict):
     batch_max_events: int = Field(default=20000, gt=0, description="commit to the log after this many events...")
     batch_max_seconds: float = Field(default=0.5, gt=0, description="...or this many seconds, at a transaction boundary")
     status_interval_s: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
+    reconnect_timeout_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="after losing the source connection, keep reconnecting (with backoff) this long before "
+        "giving up with exit 3; 0 gives up at once",
+    )
 
 
 class Pipeline(_Strict):
@@ -303,12 +311,49 @@ def interpolate(value: Any, where: str = "") -> Any:
     return _VAR.sub(sub, value)
 
 
+def _models_in(tp: Any) -> list[Any]:
+    """The types a (possibly Optional / Union / Annotated) annotation can hold."""
+    if get_origin(tp) is Annotated:
+        return _models_in(get_args(tp)[0])
+    if get_origin(tp) in (Union, UnionType):
+        return [m for arg in get_args(tp) for m in _models_in(arg)]
+    return [tp]
+
+
+def keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the pipeline file allows in the mapping at `loc` (a pydantic error location);
+    union tags pydantic puts into locations are stepped over."""
+    current: list[Any] = [Pipeline]
+    for part in loc:
+        following: list[Any] = []
+        for tp in (m for c in current for m in _models_in(c)):
+            origin, args = get_origin(tp), get_args(tp)
+            if isinstance(part, int) and origin is list and args:
+                following.append(args[0])
+            elif isinstance(part, str) and isinstance(tp, type) and issubclass(tp, BaseModel):
+                field = tp.model_fields.get(part)
+                if field is not None:
+                    following.append(field.annotation)
+            elif isinstance(part, str) and origin is dict and len(args) == 2:
+                following.append(args[1])
+        if following:
+            current = following  # else: a union tag in the location, not a key
+    keys: list[str] = []
+    for tp in (m for c in current for m in _models_in(c)):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            keys += [f.alias or name for name, f in tp.model_fields.items()]
+    return keys
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":
         parent, key = loc.rpartition(".")[0], error["loc"][-1]
-        return f"{parent or '(top level)'}: unknown key {key!r}"
+        # a typo (stat_dir, mdoe) gets the key it most likely meant
+        close = difflib.get_close_matches(str(key), keys_at(tuple(error["loc"][:-1])), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{parent or '(top level)'}: unknown key {key!r}{hint}"
     if kind == "missing":
         return f"{loc}: required key is missing"
     if msg.startswith("Value error, "):

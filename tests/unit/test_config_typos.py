@@ -1,0 +1,47 @@
+"""Unknown keys in the pipeline file get the key they most likely meant (pipelines/config.py
+keys_at + difflib), through the real `cdc validate` (exit 2, `error:` and `fix:`, no traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import cdc
+
+pytestmark = pytest.mark.unit
+
+FILE = """\
+name: shop
+source:
+  postgres:
+    dsn: postgresql://u:secret@127.0.0.1:1/db
+    tabels: [public.t]
+stat_dir: .cdc/shop
+sinks:
+  - name: lake
+    delta: {path: lake, mdoe: scd2}
+  - name: cache
+    redis: {url: "redis://127.0.0.1:6379/0", tables: [public.t], tll: 60}
+spark: {mastr: "local[2]"}
+zzzz: 1
+"""
+
+
+def test_typos_get_did_you_mean(tmp_path: Path) -> None:
+    path = tmp_path / "shop.yml"
+    path.write_text(FILE)
+    run = cdc("validate", path)
+    assert run.code == 2, run
+    text = run.out + run.err
+    for line in (
+        "(top level): unknown key 'stat_dir' (did you mean 'state_dir'?)",
+        "sinks.0.delta: unknown key 'mdoe' (did you mean 'mode'?)",
+        "source.postgres: unknown key 'tabels' (did you mean 'tables'?)",
+        "sinks.1.redis: unknown key 'tll' (did you mean 'ttl'?)",
+        "spark: unknown key 'mastr' (did you mean 'master'?)",
+        "(top level): unknown key 'zzzz'\n",  # nothing close: no guess
+    ):
+        assert line in text, (line, text)
+    assert "error:" in text and "fix:" in text
+    assert "Traceback" not in text and "secret" not in text
