@@ -47,14 +47,17 @@ def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys
             ),
             key=lambda item: item[0],
         )
+        snapshot_rows: dict[TableName, int] = {}
         for count, (_, rec) in enumerate(merged):
             if limit is not None and count >= limit:
                 return
             if with_keys:
                 for record, key, value in renderer.records([rec]):
-                    yield orjson.dumps(
-                        {"table": str(record.table), "offset": record.offset, "key": _json(key), "value": _json(value)}
-                    ).decode()
+                    out = {"table": str(record.table), "offset": record.offset}
+                    if record.op == "r":
+                        # the local log stores a table's snapshot at one offset: say which row of it
+                        out["row"] = snapshot_rows[record.table] = snapshot_rows.get(record.table, 0) + 1
+                    yield orjson.dumps(out | {"key": _json(key), "value": _json(value)}).decode()
             else:
                 yield renderer.value_json(rec).decode()
     finally:
