@@ -8,7 +8,10 @@ plain kafka-python, Delta tables with the test's Spark session) and ends with `c
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 
 from cdc.lsn import format_lsn
 from tests.harness import CdcRun, cdc, materialize, sql, verify, write_pipeline
-from tests.integration.test_capture import flush_wal, make_table, no_traceback, ok, slot_info
+from tests.integration.test_capture import flush_wal, make_table, no_traceback, ok, slot_info, start_stream
 
 pytestmark = pytest.mark.integration
 
@@ -258,21 +261,48 @@ def test_renamed_dropped_and_removed_tables(setup: Setup, spark) -> None:
     verified(s, spark)
 
 
-def test_dropped_table_removed_from_file_before_streaming(pg_db: str, tmp_path: Path) -> None:
-    """The issue's jam: DROP TABLE, then the table removed from `tables:` before `cdc stream` ran.
-    The stream passes its last changes (key from the log, not the catalog it is gone from) and
-    marks it dropped; WAL is acknowledged past the drop."""
-    for t in ("later_t", "keep_t"):
+def wait_state(s: Setup, table: str, state: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while log_tables(s).get(table, (None,))[0] != state:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"{table} not {state} in the log (stream exit {proc.returncode}):\n{out}\n{err}"
+            )
+        time.sleep(0.5)
+
+
+def test_dropped_tables_while_streaming_and_removed_from_file(pg_db: str, tmp_path: Path) -> None:
+    """The issue's jam, both ways: a table dropped while `cdc stream` runs is noticed and marked
+    dropped once its last changes are in; one dropped while the stream was stopped and removed
+    from `tables:` before it ran again no longer stops it (its key comes from the log, not the
+    catalog it is gone from). `cdc snapshot` (and so `cdc run`) is not stopped by a dropped table
+    the file still names. WAL is acknowledged past the drops."""
+    for t in ("later_t", "old_t", "keep_t"):
         make_table(pg_db, f"public.{t}", 3)
-    s = Setup(tmp_path, pg_db, ["public.later_t", "public.keep_t"])
+    s = Setup(tmp_path, pg_db, ["public.later_t", "public.old_t", "public.keep_t"])
     s.write()
     ok("snapshot", s.file, "--no-progress")
-    sql(pg_db, "UPDATE later_t SET v = 'gone soon' WHERE id = 3", "DROP TABLE later_t")
-    s.tables = ["public.keep_t"]
+
+    proc = start_stream(s, timeout=60)  # type: ignore[arg-type]  # Setup has file, dsn and slot
+    sql(pg_db, "UPDATE later_t SET v = 'last while streaming' WHERE id = 3", "DROP TABLE later_t")
+    flush_wal(pg_db)
+    wait_state(s, "public.later_t", "dropped", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    no_traceback((out, err))
+    assert "marked dropped in the log: public.later_t" in out, out
+    assert log_rows(s, "public.later_t")[3] == "last while streaming"
+    run = ok("snapshot", s.file, "--no-progress")  # the file still names later_t: a note, not exit 3
+    assert "nothing to snapshot" in run.out, run.out
+
+    sql(pg_db, "UPDATE old_t SET v = 'gone soon' WHERE id = 3", "DROP TABLE old_t")
+    s.tables = ["public.later_t", "public.keep_t"]
     s.write()
     dropped_at = current_lsn(s)
     run = ok("stream", s.file, "--until", "current")
-    assert "marked dropped in the log: public.later_t" in run.out, run.out
-    assert log_rows(s, "public.later_t")[3] == "gone soon"
-    assert log_tables(s)["public.later_t"][0] == "dropped"
+    assert "marked dropped in the log: public.old_t" in run.out, run.out
+    assert log_rows(s, "public.old_t")[3] == "gone soon"
+    assert log_tables(s)["public.old_t"][0] == "dropped"
     assert confirmed_flush(s) >= dropped_at and slot_info(pg_db, s.slot) is not None
