@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.errors import CdcError
+from pipelines.stages import attach_spark, stage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,6 +77,24 @@ def base_conf(master: str) -> dict[str, str]:
     }
 
 
+def warehouse_conf(pipeline: Pipeline | None) -> dict[str, str]:
+    """Spark's own files (the SQL warehouse `spark-warehouse/`; Derby's `derby.log`, should Hive
+    support ever be on) go under the pipeline's state_dir, not into
+    whatever directory `cdc` runs from (cron's $HOME, a project folder). Without a pipeline: a
+    per-user folder under the system temp dir."""
+    import tempfile
+
+    base = (
+        pipeline.state_path.resolve() / "spark"
+        if pipeline is not None
+        else Path(tempfile.gettempdir()) / f"cdc-spark-{os.getuid()}"
+    )
+    return {
+        "spark.sql.warehouse.dir": str(base / "warehouse"),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={base / 'derby'}",
+    }
+
+
 def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -> SparkSession:
     """Get (or create) the process's SparkSession. A session that already exists is reused as
     is: one JVM per process, so tests and `cdc run` pay start-up once."""
@@ -91,18 +110,21 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     if active is not None:
         return active
     conf = base_conf(master or (pipeline.spark.master if pipeline else "local[2]"))
+    conf |= warehouse_conf(pipeline)
     if pipeline is not None:
         conf |= {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in pipeline.spark.conf.items()}
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with stage(f"starting Spark ({conf['spark.master']})"):
+            spark = builder.getOrCreate()
     except Exception as exc:  # JVM failed to start: one line, not a Java stack
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CdcError(f"Spark could not start: {first}", "check Java 17 is installed and spark.master/spark.conf in the pipeline file") from None
     spark.sparkContext.setLogLevel("ERROR")
     _register_sources(spark)
+    attach_spark(spark)
     return spark
 
 

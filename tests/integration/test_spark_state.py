@@ -1,0 +1,52 @@
+"""`cdc apply` / `cdc verify` as a user runs them from some directory (not a terminal):
+
+* Spark's own files stay under state_dir (pipelines/spark.py warehouse_conf): nothing is left in
+  the current directory (no `spark-warehouse/`, `metastore_db/`, `derby.log`);
+* they say what they are doing (pipelines/stages.py): a line when each stage starts and ends, on
+  stderr, the report on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import cdc, sql, write_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
+    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    file = write_pipeline(
+        conf_dir,
+        pg_db,
+        ["public.t"],
+        state_dir=str(tmp_path / "state"),
+        sinks=[{"name": "lake", "delta": {"path": str(tmp_path / "lake")}}],
+    )
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    assert cdc("snapshot", file, cwd=cwd).code == 0
+    run = cdc("apply", file, "--once", cwd=cwd)
+    assert run.code == 0, run
+    for line in (
+        "starting Spark (local[2]) ...",
+        "starting Spark (local[2]): done in ",
+        "sink lake: cut 1: reading and checking 1 table(s) ...",
+        "sink lake: public.t: applying offsets 1..1 ...",
+        "sink lake: public.t: applying offsets 1..1: done in ",
+    ):
+        assert line in run.err, (line, run.err)
+    assert "sink lake: applied cut 1" in run.out and "starting Spark" not in run.out
+    check = cdc("verify", file, cwd=cwd)
+    assert check.code == 0, check
+    for line in (
+        "reading 1 source table(s) at one snapshot: done in ",
+        "sink lake: public.t: comparing with the source ...",
+    ):
+        assert line in check.err, (line, check.err)
+    assert sorted(p.name for p in cwd.iterdir()) == []  # nothing of Spark's (nor anything else) here
+    assert not (conf_dir / "spark-warehouse").exists()
