@@ -126,7 +126,7 @@ def _split_tables(text: str) -> list[str]:
 @PIPELINE
 @click.option("--until", "until", metavar="current|LSN", help="stop once this WAL position is durable in the log")
 @handle_errors
-def stream(pipeline: Path, until: str | None) -> None:
+def stream(pipeline: Path, until: str | None) -> int:
     """Stream WAL changes into the log until Ctrl-C (or --until)."""
     from cdc.lsn import parse_lsn
     from cdc.reader import run_stream
@@ -141,7 +141,20 @@ def stream(pipeline: Path, until: str | None) -> None:
                 target = parse_lsn(until)
             except ValueError as exc:
                 raise UsageError(f"--until: {exc}", "use --until current or an LSN like 0/16B3748") from None
-    run_stream(load(pipeline), until=target, say=say)
+    from snapshot.rebase import ThreadRebaser
+
+    loaded = load(pipeline)
+    # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
+    stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
+    # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
+    # a bounded run (--until) stopped before its target did not do its job: exit 130.
+    if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:
+        from cdc.lsn import format_lsn
+
+        err(f"interrupted before --until {format_lsn(stats.target_lsn)} was reached (log durable at {format_lsn(stats.flushed_lsn)})")
+        err("  fix: run the same command again: it continues where this one stopped")
+        return int(ExitCode.INTERRUPTED)
+    return 0
 
 
 @cli.command()
@@ -161,15 +174,17 @@ def apply(pipeline: Path, once: bool, sink_name: str | None, lock_wait_s: float)
     """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
     from pipelines.apply.job import ApplyJob
     from pipelines.spark import spark_session
+    from pipelines.stages import reporting
 
     p = load(pipeline)
     if sink_name:
         p.sink(sink_name)  # unknown sink: exit 2 before Spark starts
-    job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
-    if not once:
-        job.run_forever(sink_name)
-        return 0
-    runs = job.run_once(sink_name)
+    with reporting():  # stage lines on stderr (pipelines/stages.py)
+        job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
+        if not once:
+            job.run_forever(sink_name)
+            return 0
+        runs = job.run_once(sink_name)
     job.report(runs)
     failed = [r.error for r in runs if r.error is not None]
     return max((int(e.exit_code) for e in failed), default=0)
@@ -193,12 +208,14 @@ def run(pipeline: Path) -> int:
 def verify(pipeline: Path, sink_name: str | None, wait_s: float) -> int:
     """Compare each follower with the source at a matching position; exit 0 only if identical."""
     from pipelines.spark import spark_session
+    from pipelines.stages import reporting
     from pipelines.verify import run_verify
 
     p = load(pipeline)
     if sink_name:
         p.sink(sink_name)
-    return run_verify(p, spark_session(p), sink_name, wait_s, say)
+    with reporting():  # stage lines on stderr (pipelines/stages.py)
+        return run_verify(p, spark_session(p), sink_name, wait_s, say)
 
 
 @cli.command()

@@ -44,6 +44,7 @@ from pipelines.apply.changes import typed_columns
 from pipelines.checkpoints import load_checkpoint
 from pipelines.config import Pipeline, pipeline_tables, sink_tables
 from pipelines.errors import CdcError, ExitCode
+from pipelines.stages import stage
 from sinks.base import make_sink
 from snapshot.slots import slot_with_snapshot
 
@@ -265,7 +266,8 @@ def run_verify(pipeline: Pipeline, spark: SparkSession, sink_name: str | None, w
         all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
         schemas = {t: log.schema(t) for t in wanted}
-        source = copy_source(pipeline, report.server.version, schemas, workdir)
+        with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
+            source = copy_source(pipeline, report.server.version, schemas, workdir)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         verdicts = [_verify_sink(pipeline, spark, conn, log, s, source, wait_s) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):
@@ -339,8 +341,9 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
             if ckpt.lsn >= source.point:
                 end = ckpt.tables.get(str(table), [0, 0])[1]
                 excused = _changed_after(spark, log, table, schema, source.point, end)
-            current = sink.current(table)
-            verdict.tables.append(compare(spark, schema, _typed_source(spark, schema, source.files[table]), current, excused, str(table)))
+            with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
+                current = sink.current(table)
+                verdict.tables.append(compare(spark, schema, _typed_source(spark, schema, source.files[table]), current, excused, str(table)))
             verdict.tables[-1].not_compared = source.generated.get(table, [])
     except CdcError as exc:
         verdict.error = str(exc)

@@ -32,6 +32,7 @@ from pipelines.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
 from pipelines.errors import CdcError, LogError, SinkError, UsageError
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
+from pipelines.stages import stage
 from sinks.base import ApplyStats, make_sink
 
 
@@ -195,23 +196,27 @@ class ApplyJob:
         ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
         save_checkpoint(state, ckpt)
         if batches:
+            name = sink_cfg.name
             try:
-                for batch in batches:
-                    batch.check()  # a value no follower type can hold stops the cut before any table is written
+                with stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"):
+                    for batch in batches:
+                        batch.check()  # a value no follower type can hold stops the cut before any table is written
             except BaseException:
                 for batch in batches:
                     batch.release()
                 raise
-            sink.prepare(batches)
+            with stage(f"sink {name}: preparing the follower"):
+                sink.prepare(batches)
             for batch in batches:
                 if run.tables:
                     crash_point("apply:between-tables")
                 try:
-                    changes = batch.versions() if sink.wants_versions else batch.net()
-                    try:
-                        run.tables.append(sink.apply(batch, changes, cut_id))
-                    finally:
-                        changes.release()
+                    with stage(f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"):
+                        changes = batch.versions() if sink.wants_versions else batch.net()
+                        try:
+                            run.tables.append(sink.apply(batch, changes, cut_id))
+                        finally:
+                            changes.release()
                 finally:
                     batch.release()
             crash_point("apply:after-merge")

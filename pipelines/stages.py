@@ -1,0 +1,159 @@
+"""What a long verb (`cdc apply`, `cdc verify`) is doing, on stderr while it works.
+
+Spark start-up, reading the log and each MERGE can each take tens of seconds; without this the
+user sees nothing but Spark's own warnings for a minute or two. A verb turns reporting on with
+`activate()`; code anywhere below marks its steps with `stage("...")`, a no-op when nothing is
+active (tests and library use stay quiet).
+
+* On a terminal: one live line (rich) with the innermost stage, its elapsed time and the tasks
+  of Spark's running stages (`tasks 3/8`); each finished stage stays as a line with its time.
+* Otherwise (cron, CI, a pipe): plain lines, `<stage> ...` when a stage starts, `<stage>: done
+  in 4.2s` when it ends, and `<stage>: 20s, Spark tasks 3/8` every 10 s while it runs.
+Results and reports stay on stdout; these lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+_active: Stages | None = None
+
+
+class Stages:
+    def __init__(self, stream: TextIO | None = None, every_s: float = 10.0, tty: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every_s = every_s
+        self.spark: Any = None
+        self._stack: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._status: Any = None
+        self._console: Any = None
+        if self.tty:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream)
+        self._thread = threading.Thread(target=self._tick, name="cdc-stages", daemon=True)
+        self._thread.start()
+
+    def attach(self, spark: Any) -> None:
+        """Report the running Spark stages' task counts from now on."""
+        self.spark = spark
+
+    def _spark_tasks(self) -> str:
+        if self.spark is None:
+            return ""
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            done = total = 0
+            for sid in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(sid)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+        except Exception:  # the session is stopping: no progress to show
+            return ""
+        return f"Spark tasks {done}/{total}" if total else ""
+
+    def _line(self, text: str) -> None:
+        if self._console is not None:
+            self._console.print(text, highlight=False, markup=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def begin(self, text: str) -> None:
+        with self._lock:
+            self._stack.append((text, time.monotonic()))
+            if self._console is not None:
+                if self._status is None:
+                    self._status = self._console.status(text)
+                    self._status.start()
+                else:
+                    self._status.update(text)
+            else:
+                self._line(f"{text} ...")
+
+    def end(self, failed: bool = False) -> None:
+        with self._lock:
+            text, started = self._stack.pop()
+            took = time.monotonic() - started
+            self._line(f"{text}: {'failed after' if failed else 'done in'} {took:.1f}s")
+            if self._status is not None:
+                if self._stack:
+                    self._status.update(self._stack[-1][0])
+                else:
+                    self._status.stop()
+                    self._status = None
+
+    def _tick(self) -> None:
+        last_plain = time.monotonic()
+        while not self._stop.wait(0.5):
+            with self._lock:
+                if not self._stack:
+                    continue
+                text, started = self._stack[-1]
+            now = time.monotonic()
+            tasks = self._spark_tasks()
+            detail = f"{now - started:.0f}s" + (f", {tasks}" if tasks else "")
+            with self._lock:
+                if not self._stack or self._stack[-1][0] != text:
+                    continue
+                if self._status is not None:
+                    self._status.update(f"{text} ({detail})")
+                elif now - last_plain >= self.every_s:
+                    last_plain = now
+                    self._line(f"{text}: {detail}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with self._lock:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+
+
+def activate(stages: Stages | None) -> Stages | None:
+    """Make `stages` the reporter of `stage()` calls (None turns reporting off); returns the old one."""
+    global _active
+    old, _active = _active, stages
+    return old
+
+
+def attach_spark(spark: Any) -> None:
+    if _active is not None:
+        _active.attach(spark)
+
+
+@contextmanager
+def stage(text: str) -> Iterator[None]:
+    """Mark a step of the active verb (no-op when none is active)."""
+    reporter = _active
+    if reporter is None:
+        yield
+        return
+    reporter.begin(text)
+    try:
+        yield
+    except BaseException:
+        reporter.end(failed=True)
+        raise
+    reporter.end()
+
+
+@contextmanager
+def reporting() -> Iterator[Stages]:
+    """For a CLI verb: stage lines on stderr for the block."""
+    stages = Stages()
+    old = activate(stages)
+    try:
+        yield stages
+    finally:
+        activate(old)
+        stages.close()
