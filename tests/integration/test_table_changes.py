@@ -306,3 +306,27 @@ def test_dropped_tables_while_streaming_and_removed_from_file(pg_db: str, tmp_pa
     assert log_rows(s, "public.old_t")[3] == "gone soon"
     assert log_tables(s)["public.old_t"][0] == "dropped"
     assert confirmed_flush(s) >= dropped_at and slot_info(pg_db, s.slot) is not None
+
+
+def test_another_table_under_a_captured_name_stops_the_stream(pg_db: str, tmp_path: Path) -> None:
+    """A captured table renamed away and another captured table renamed to its name: the changes
+    under that name now belong to another table (another OID). The stream stops before them with
+    the remedy and acknowledges nothing from there on, instead of mixing two tables' rows."""
+    for t in ("a", "b"):
+        make_table(pg_db, f"public.{t}", 3)
+    s = Setup(tmp_path, pg_db, ["public.a", "public.b", "public.a_old"])
+    sql(
+        pg_db, "CREATE TABLE a_old(id int PRIMARY KEY, v text)"
+    )  # so the file's third name exists at snapshot time
+    s.write()
+    ok("snapshot", s.file, "--no-progress")
+    sql(pg_db, "DROP TABLE a_old", "ALTER TABLE a RENAME TO a_old", "ALTER TABLE b RENAME TO a")
+    swapped_at = current_lsn(s)
+    sql(pg_db, "INSERT INTO a VALUES (10, 'b under the name a')")
+    run = stream(s)
+    no_traceback(run)
+    assert run.code == 3, f"{run.code}\n{run.out}\n{run.err}"
+    assert "public.a in the source is not the table the log captured under that name" in run.err, run.err
+    assert "fix: run `cdc snapshot --tables public.a`" in run.err, run.err
+    assert confirmed_flush(s) <= swapped_at
+    assert 10 not in log_rows(s, "public.a")
