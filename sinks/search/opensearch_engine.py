@@ -549,7 +549,7 @@ class OpenSearchSink(SearchSink):
 
     def search(
         self, table: TableName, query: str, limit: int
-    ) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
+    ) -> tuple[int, int | None, list[tuple[float, dict[str, Any]]]]:
         from opensearchpy.exceptions import RequestError
 
         client = self.client()
@@ -561,13 +561,14 @@ class OpenSearchSink(SearchSink):
                 )
             total = client.count(index=index)["count"]
             if total == 0:
-                return 0, []
+                return 0, 0, []
             try:
                 resp = client.search(
                     index=index,
                     body={
                         "query": {"query_string": {"query": query, "lenient": True}},
                         "size": limit,
+                        "track_total_hits": True,  # the exact number of matches, not "10,000 or more"
                         "_source": {"excludes": ["_cdc_*"]},
                     },
                 )
@@ -577,4 +578,8 @@ class OpenSearchSink(SearchSink):
                 raise UsageError(
                     f"invalid query {query!r}: {_error_text(exc.info.get('error') if isinstance(exc.info, dict) else exc.info)}"
                 ) from None
-        return total, [(hit["_score"] or 0.0, hit["_source"]) for hit in resp["hits"]["hits"]]
+        matched = resp["hits"].get("total")
+        exact = isinstance(matched, dict) and matched.get("relation") == "eq"
+        return total, matched["value"] if exact else None, [
+            (hit["_score"] or 0.0, hit["_source"]) for hit in resp["hits"]["hits"]
+        ]

@@ -4,7 +4,8 @@ search follower's index of one table, so a user can see the index working.
 The query uses the engine's own syntax: tantivy's query parser (`alice`, `name:alice`,
 `qty:[1 TO 5]`, `"two words"`, `a AND NOT b`; bare words search the text and keyword fields)
 or OpenSearch's `query_string` (the same forms; bare words search every field). Output: one
-header line (sink, engine, live documents, hits), then one line per hit with its rank, score,
+header line (sink, engine, live documents, how many match: `top 10 of 37 hit(s)` when --limit
+cut the list), then one line per hit with its rank, score,
 key and a short rendering of the row.
 
 No Spark: this reads the index directly (tantivy) or asks the cluster (OpenSearch).
@@ -76,13 +77,19 @@ def run_search(
     schema = sink.stored_schema(name)
     if schema is None:
         raise SinkError(f"sink {cfg.name} has no index for {name} yet", "run `cdc apply` first")
-    total, hits = sink.search(name, query, limit)
+    total, matched, hits = sink.search(name, query, limit)
     where = f"sink {cfg.name} ({sink.engine}), {name}"
     if total == 0:
         yield f"{where}: the index is empty (no documents), so nothing can match {query!r}"
         return
-    shown = f", showing the top {limit}" if len(hits) == limit else ""
-    yield f"{where}: {len(hits)} hit(s) for {query!r} among {total:,} document(s){shown}"
+    # --limit caps the hits shown, not the matches: say how many matched when the engine knows
+    if matched is None:
+        count = f"top {len(hits)} hit(s) (how many match in all is not known)"
+    elif matched > len(hits):
+        count = f"top {len(hits)} of {matched:,} hit(s)"
+    else:
+        count = f"{matched:,} hit(s)"
+    yield f"{where}: {count} for {query!r} among {total:,} document(s)"
     columns = schema.column_names
     key = list(schema.key)
     for rank, (score, doc) in enumerate(hits, 1):

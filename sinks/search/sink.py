@@ -145,8 +145,9 @@ class SearchSink(Sink):
 
     def search(
         self, table: TableName, query: str, limit: int
-    ) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
-        """(live documents in the index, [(score, document)] of the top hits)."""
+    ) -> tuple[int, int | None, list[tuple[float, dict[str, Any]]]]:
+        """(live documents in the index, documents matching the query (None: not known), [(score,
+        document)] of the top `limit` hits)."""
         raise NotImplementedError
 
     # ---- shared ----------------------------------------------------------------------------------

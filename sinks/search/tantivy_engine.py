@@ -552,7 +552,7 @@ class TantivySink(SearchSink):
 
     def search(
         self, table: TableName, query: str, limit: int
-    ) -> tuple[int, list[tuple[float, dict[str, Any]]]]:
+    ) -> tuple[int, int | None, list[tuple[float, dict[str, Any]]]]:
         import tantivy
 
         opened = open_index(self.table_dir(table))
@@ -566,7 +566,7 @@ class TantivySink(SearchSink):
         live = tantivy.Query.term_query(index.schema, "_cdc_kind", ROW)
         total = searcher.search(live, 1, count=True).count if searcher.num_docs else 0
         if total == 0:
-            return 0, []
+            return 0, 0, []
         defaults = [name for _c, name, kind, *_ in meta["fields"] if kind in ("text", "keyword")]
         try:
             parsed = index.parse_query(query, default_field_names=defaults)
@@ -578,7 +578,8 @@ class TantivySink(SearchSink):
                 f"invalid query {query!r}: {exc}", f"tantivy query syntax; fields: {names}"
             ) from None
         both = tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed), (tantivy.Occur.Must, live)])
-        hits = searcher.search(both, limit, count=False).hits
-        return total, [
+        found = searcher.search(both, limit, count=True)  # count: every match, not only the top `limit`
+        hits = found.hits
+        return total, found.count, [
             (score, orjson.loads(searcher.doc(addr).get_first("_cdc_row"))) for score, addr in hits
         ]
