@@ -138,8 +138,9 @@ def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, l
     fields = line.split(b"\t")
     key = key_from_copy_fields(fields, schema.key_indexes)
     values = copy_fields_to_values(fields)
+    commit_ts = part.ts_ms * 1000 if part.ts_ms else None  # snapshot rows: the snapshot's time
     return LogRecord(
-        table, part.off, part.lsn, 0, "r", key, values, None, None, schema, None, None, part.lsn, part.version
+        table, part.off, part.lsn, 0, "r", key, values, None, None, schema, None, commit_ts, part.lsn, part.version
     )
 
 
@@ -171,6 +172,7 @@ class SegmentSlice:
     path: str
     start: int
     end: int
+    ts_ms: int = 0  # when the snapshot started (its rows' commit time; 0: not known)
 
 
 ReadPart = EventRun | SegmentSlice
@@ -603,8 +605,11 @@ class LocalLog(LogWriter, LogReader):
 
         def events_between(first: int, last: int) -> None:  # offsets first < off <= last, no markers
             while first < last:
-                parts.append(EventRun(first, min(first + events, last)))
-                first += events
+                end = min(first + events, last)
+                if end < last and self._splits_key_change(tid, end):
+                    end += 1  # the two events of a key change go out together (cdc/log/kafka/keychange.py)
+                parts.append(EventRun(first, end))
+                first = end
 
         previous = after
         for off, lsn, sv, payload in self.db.execute(
@@ -614,14 +619,29 @@ class LocalLog(LogWriter, LogReader):
             previous = off
             if not payload:
                 continue
-            seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (int(payload),)).fetchone()
+            seg = self.db.execute(
+                "SELECT s.path, coalesce(n.started_ms, 0) FROM segments s LEFT JOIN snapshots n ON n.id = s.snapshot_id"
+                " WHERE s.id = ?",
+                (int(payload),),
+            ).fetchone()
             if seg is None:
                 raise LogError(f"snapshot segment {int(payload)} of table id {tid} is missing from the log")
             size = (self.path / seg[0]).stat().st_size
             for start in range(0, max(size, 1), segment_bytes):
-                parts.append(SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size)))
+                parts.append(SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size), seg[1]))
         events_between(previous, upto)
         return parts
+
+    def _splits_key_change(self, tid: int, off: int) -> bool:
+        """Whether the events at `off` and `off + 1` are the delete and create of one key-changing
+        UPDATE (same commit and event LSN, consecutive seq)."""
+        rows = self.db.execute(
+            f"SELECT op, lsn, seq, elsn FROM ev_{tid} WHERE off IN (?, ?) ORDER BY off", (off, off + 1)
+        ).fetchall()
+        if len(rows) != 2:
+            return False
+        (op1, lsn1, seq1, elsn1), (op2, lsn2, seq2, elsn2) = rows
+        return op1 == "d" and op2 == "c" and lsn1 == lsn2 and seq2 == seq1 + 1 and elsn1 is not None and elsn1 == elsn2
 
     def read_part(self, table: TableName, part: ReadPart) -> Iterator[LogRecord]:
         tid = self._require_table(table)

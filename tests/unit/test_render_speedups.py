@@ -334,3 +334,42 @@ def test_position_headers_as_recordbatch_does() -> None:
 
     for args in ((0, 0, 0, 0), (1, 2, 3, 4), (2**63 - 1, 2**31, 1_700_000_000_123_456, 12), (5, 0, -86_400_000_000, 1)):
         assert _render.position_headers(*args) == position_headers(*args), args
+
+
+def test_key_change_records_carry_debezium_headers(tmp_path: Path, monkeypatch) -> None:
+    """A key-changing UPDATE (delete + create at one event LSN, consecutive seq): the delete and its
+    tombstone carry __debezium.newkey, the create __debezium.oldkey (the keys' JSON), the same bytes
+    both ways; a plain delete and a later insert do not; no part splits the pair."""
+    from cdc.log.kafka.keychange import NEWKEY, OLDKEY
+
+    log, tid, _ = _staging(tmp_path / "staging")
+    values = ["1", "2", "moved", None, None]
+    ts = 1_700_000_000_000_000
+    log.append(tid, [
+        (2000, 1, "d", b"5", None, None, None, 1, 900, ts, 1990),
+        (2000, 2, "c", b"6000", encode_tuple(v if v is None else v.encode() for v in ["6000", *values[1:]]),
+         None, None, 1, 900, ts, 1990),
+        (2000, 3, "d", b"7", None, None, None, 1, 900, ts, 1991),  # a plain delete...
+        (2000, 4, "c", b"8000", encode_tuple(v if v is None else v.encode() for v in ["8000", *values[1:]]),
+         None, None, 1, 900, ts, 1992),  # ...and an insert after it (another WAL record)
+    ])  # fmt: skip
+    log.commit(2000)
+    _parts_both_ways(log, monkeypatch)
+    end = log.latest_cut().tables[T].end
+    for events in (1, 2, 3, 50):
+        runs = [p for p in log.read_parts(T, end - 4, end, events=events) if not hasattr(p, "path")]
+        assert end - 3 not in [r.upto for r in runs], events  # never between the pair's delete and create
+    records = [r for p in log.read_parts(T, end - 4, end, events=1)
+               for r in render._records(render.RenderTask(str(log.path), str(T), p, "db", "srv", 1 << 20), log)]  # fmt: skip
+
+    def header(headers: bytes, name: bytes) -> bytes | None:
+        at = headers.find(name)
+        return None if at < 0 else headers[at + len(name) + 1 :]
+
+    (k1, v1, h1), (k2, v2, h2), (k3, v3, h3), (_, _, h4), (_, _, h5), (_, _, h6) = records
+    assert (k1, k2, k3) == (b'{"id":5}', b'{"id":5}', b'{"id":6000}') and v2 is None
+    assert header(h1, NEWKEY) == b'{"id":6000}' and header(h2, NEWKEY) == b'{"id":6000}'
+    assert header(h3, OLDKEY) == b'{"id":5}' and header(h3, NEWKEY) is None and header(h1, OLDKEY) is None
+    assert orjson.loads(v1)["op"] == "d" and orjson.loads(v3)["op"] == "c"
+    assert all(header(h, NEWKEY) is None and header(h, OLDKEY) is None for h in (h4, h5, h6))
+    assert h1.startswith(b"\x0a")  # five headers now: the position's four and the key change's

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, _render
+from cdc.log.kafka import keychange
 from cdc.log.kafka.recordbatch import RecordsBody
 from cdc.log.local import EventRun, LocalLog, SegmentSlice, event_record, snapshot_record
 from cdc.pgoutput import UNCHANGED
@@ -49,7 +50,8 @@ def snapshot_records(
     schema = log.schema(table, part.version)
     render = renderer.c_plan(schema).render
     copy, flags = _render.COPY, _render.WANT_KEY | _render.WANT_ROW | _render.ALLOW_UNCHANGED
-    headers = _render.position_headers(part.lsn, 0, 0, part.version)
+    ts_us = part.ts_ms * 1000  # the snapshot's time: source.ts_ms and the cdc.ts header (0: not known)
+    headers = _render.position_headers(part.lsn, 0, ts_us, part.version)
     out: list[Record] = []
     append = out.append
     head = tail = b""
@@ -58,7 +60,7 @@ def snapshot_records(
         if not n & 1023:  # ts_ms: as EnvelopeRenderer.records reads the clock
             now_ms = _now_ms()
             head, _, tail = renderer.value_from_parts(
-                table, "r", b"null", _MARK, None, part.lsn, part.lsn, None, now_ms
+                table, "r", b"null", _MARK, ts_us or None, part.lsn, part.lsn, None, now_ms
             ).partition(_MARK)
         rendered = render(line, copy, flags)
         if rendered is None:
@@ -93,4 +95,14 @@ def event_records(
         headers = _render.position_headers(record.lsn, record.seq, record.commit_ts or 0, record.schema_version)
         value = renderer.value_json(record, _now_ms())
         records[at : at + 1] = [(key, value, headers), (key, None, headers)] if record.op == "d" else [(key, value, headers)]
-    return records
+    return list(keychange.mark(_positioned(rows, records)))
+
+
+def _positioned(rows: list[tuple], records: list[Record]) -> Iterator[tuple[keychange.Position, Record]]:
+    """Each record with its row's position (a delete's row gives two records: it and its tombstone)."""
+    at = 0
+    for row in rows:  # off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn
+        event = (row[3], row[1], row[2], row[11])
+        for _ in range(2 if row[3] == "d" else 1):
+            yield event, records[at]
+            at += 1

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, speedups
-from cdc.log.kafka import fastpath
+from cdc.log.kafka import fastpath, keychange
 from cdc.log.kafka.recordbatch import RecordsBody, batched, position_headers
 from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.local import LocalLog, ReadPart, SegmentSlice
@@ -65,6 +65,12 @@ def python_records(
     renderer: EnvelopeRenderer, log: LocalLog, table: TableName, part: ReadPart
 ) -> Iterator[tuple[bytes, bytes | None, bytes]]:
     """The part's records rendered in Python, unchanged TOAST values filled."""
+    return keychange.mark(_positioned(renderer, log, table, part))
+
+
+def _positioned(
+    renderer: EnvelopeRenderer, log: LocalLog, table: TableName, part: ReadPart
+) -> Iterator[tuple[keychange.Position, tuple[bytes, bytes | None, bytes]]]:
     position: tuple = ()
     headers = b""
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
@@ -73,7 +79,8 @@ def python_records(
         if here != position:  # a snapshot's rows all share one position: their headers are encoded once
             position = here
             headers = position_headers(*here)
-        yield key if key is not None else TRUNCATE_KEY, value, headers
+        event = (rec.op, rec.lsn, rec.seq, rec.event_lsn)
+        yield event, (key if key is not None else TRUNCATE_KEY, value, headers)
 
 
 _WORKER_LOGS: dict[str, LocalLog] = {}
