@@ -39,3 +39,23 @@ def test_quiet_when_not_active(capsys) -> None:
     with stages.stage("anything"):
         pass
     assert capsys.readouterr() == ("", "")
+
+
+def test_terminal_mode_keeps_finished_stages() -> None:
+    """With a terminal (rich): the live line goes away, each finished stage stays as a line."""
+    out = io.StringIO()
+    reporter = stages.Stages(stream=out, tty=True)
+    old = stages.activate(reporter)
+    try:
+        with stages.stage("starting Spark (local[2])"):
+            pass
+        with stages.stage("sink lake: public.t: applying offsets 1..9"):
+            pass
+    finally:
+        stages.activate(old)
+        reporter.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(": done in ")[0] for line in lines] == [
+        "starting Spark (local[2])",
+        "sink lake: public.t: applying offsets 1..9",
+    ]
