@@ -18,26 +18,38 @@ Durability and acknowledgement:
 
 from __future__ import annotations
 
+import contextlib
 import select
 import signal
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from cdc.keys import key_from_values
-from cdc.log.base import ChangeRow, LogWriter
+from cdc.log.base import ChangeRow, LogWriter, TableSchema
 from cdc.lsn import format_lsn
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
 from cdc.pgoutput_encode import encode_tuple
-from cdc.schema import TypeCache, build_schema, column_extras
-from cdc.source import _slot, check_source, connect, flushed_wal_lsn
+from cdc.rebase import Rebaser, RewriteWatch
+from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
+from cdc.source import (
+    _slot,
+    check_source,
+    connect,
+    flushed_wal_lsn,
+    slot_holder,
+    slot_state,
+    stream_application_name,
+)
 from cdc.tables import TableName, TableSelector
 from cdc.tablewatch import TableWatch
-from pipelines.errors import CdcError, SourceError, UsageError
+from pipelines.errors import CdcError, LogError, SourceError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
 _BEGIN = struct.Struct(">QqI")
@@ -76,6 +88,37 @@ class StopRequested(Exception):
     pass
 
 
+class _Stopped(Exception):
+    """A stop was requested while waiting to reconnect."""
+
+
+class _SlotBusy(SourceError):
+    """The slot is active on the server (another stream, or our old walsender still exiting)."""
+
+
+class _Unreachable(Exception):
+    """connect() could not reach the server (its SourceError, retried while reconnecting)."""
+
+
+def _unreachable_as_retryable(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def call() -> Any:
+        try:
+            return fn()
+        except SourceError as exc:
+            if exc.problem.startswith("cannot connect to the source database"):
+                raise _Unreachable(exc.problem) from None
+            raise
+
+    return call
+
+
+def _one_line(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    text = getattr(exc, "pgerror", None) or str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
 class StreamReader:
     def __init__(
         self,
@@ -88,6 +131,7 @@ class StreamReader:
         install_signal_handlers: bool = True,
         ack_limit: Callable[[], int] | None = None,
         check_publisher: Callable[[], None] | None = None,
+        rebaser: Rebaser | None = None,
     ):
         self.pipeline = pipeline
         self.log = log
@@ -105,6 +149,8 @@ class StreamReader:
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         self._watch = TableWatch(log, say, pipeline.name)  # captured tables renamed or dropped in the source
+        self._rebaser = rebaser
+        self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say)  # tables changed without change events
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
@@ -133,17 +179,7 @@ class StreamReader:
         gone = self._watch.start(conn)  # a dropped table still in the file must not stop the stream
         report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication, dropped=gone)
         report.raise_if_problems()
-        slot = _slot(conn, self.pipeline.slot)
-        if slot is None:
-            raise UsageError(
-                f"replication slot {self.pipeline.slot} does not exist yet",
-                "run `cdc snapshot` for this pipeline first (it creates the slot at a consistent point)",
-            )
-        if slot[2] is not None:
-            raise SourceError(
-                f"replication slot {self.pipeline.slot} is in use by process {slot[2]}",
-                "another `cdc stream`/`cdc run` of this pipeline is running; stop it first",
-            )
+        self._check_slot(conn)
         for t in report.tables:
             self._keys[t.table] = t.key_columns
         if self.until == "current":
@@ -151,6 +187,32 @@ class StreamReader:
         elif isinstance(self.until, int):
             self.stats.target_lsn = self.until
         return conn
+
+    def _check_slot(self, conn) -> None:
+        """The slot exists and nobody streams from it (slot problems are exit 3, README "Exit codes")."""
+        slot = _slot(conn, self.pipeline.slot)
+        if slot is None:
+            if self.log.latest_cut() is None:
+                raise SourceError(
+                    f"replication slot {self.pipeline.slot} does not exist yet",
+                    "run `cdc snapshot` for this pipeline first (it creates the slot at a consistent point)",
+                )
+            raise SourceError(
+                f"replication slot {self.pipeline.slot} no longer exists (dropped, or invalidated and removed); "
+                "changes made since it went are not in the log",
+                "run `cdc snapshot` for this pipeline: it creates the slot again and re-copies every table, "
+                "then `cdc stream` continues from there",
+            )
+        state = slot_state(conn, self.pipeline.slot)
+        if state is not None and state["wal_status"] == "lost":
+            raise SourceError(
+                f"replication slot {self.pipeline.slot} was invalidated (the server removed WAL it still needed, "
+                "max_slot_wal_keep_size); changes since are not in the log",
+                f"drop it (SELECT pg_drop_replication_slot('{self.pipeline.slot}');), then run `cdc snapshot` "
+                "for this pipeline to re-copy every table",
+            )
+        if slot[2] is not None:
+            raise _SlotBusy(*slot_holder(conn, self.pipeline.slot, slot[2]))
 
     def _relation(self, conn, msg: Relation, lsn: int, replay: bool = False) -> None:
         table = TableName(msg.namespace, msg.name)
@@ -173,43 +235,169 @@ class StreamReader:
                 "give the table a primary key again, then `cdc snapshot --tables` it",
             )
         columns = [(c.name, c.type_oid, c.typmod) for c in msg.columns]
-        extras = self._watch.extras(conn, table, lambda: column_extras(conn, table))
+        catalog = table_catalog(conn, table)  # fast defaults of every leaf partition, relfilenodes
+        extras = self._watch.extras(conn, table, lambda: catalog.extras if catalog else column_extras(conn, table))
         schema = build_schema(conn, columns, key, self._types, extras)
         table_id = self.log.ensure_table(table)
+        # Column identity (attnum), so followers can tell a rename from a drop + add.
+        schema = with_attnums(schema, relation_attnums(conn, table, names, self._previous_schema(table)))
+        if not replay:  # rows changed without change events (a rewrite, partitions): re-base (cdc/rebase.py)
+            self._rewrites.check(conn, table, table_id, self._previous_schema(table), schema, catalog, lsn)
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
         self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx) + 1)
 
+    def _previous_schema(self, table: TableName) -> TableSchema | None:
+        """The log's newest schema of `table` (None for a table it has none for yet)."""
+        schema = getattr(self.log, "schema", None)  # the local (staging) log; other writers have no history
+        try:
+            return schema(table) if schema else None
+        except LogError:
+            return None
+
     # ---- main loop -------------------------------------------------------------------------------
     def run(self) -> StreamStats:
-        conn = self._prepare()
+        self._prepare()
+        self._rewrites.resume()  # re-bases an earlier stream did not see finished
         old_handlers = {}
         if self._install:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old_handlers[sig] = signal.signal(sig, self.request_stop)
-        rconn = None
+        self._rconn = None
         try:
-            rconn = connect(self.pipeline.source.postgres.dsn, replication=True, application_name=f"cdc stream {self.pipeline.name}")
-            cur = rconn.cursor()
-            position = self.log.stream_position()
-            skip_upto = position[0] if position else -1
-            cur.start_replication(
-                slot_name=self.pipeline.slot,
-                decode=False,
-                options={"proto_version": "1", "publication_names": self.pipeline.publication, "messages": "true"},
-                status_interval=self.cfg.status_interval_s,
-            )
-            self._loop(conn, cur, skip_upto)
+            cur = self._start_replication()
+            while True:
+                try:
+                    self._loop(self._conn, cur, self._skip_upto())
+                    break
+                except psycopg2.Error as exc:
+                    if not self._disconnected(exc):
+                        raise
+                    cur = self._reconnect(exc)
+                    if cur is None:  # stopped (Ctrl-C/SIGTERM) while waiting for the server
+                        self._report(final=True)
+                        break
+            if self.until is not None and not self._stop:
+                self._rewrites.settle()
+                if self._rebaser is not None:
+                    self._rebaser.wait()  # --until: the re-bases it started belong to what it made durable
         except psycopg2.Error as exc:
-            raise SourceError(f"the change stream failed: {(exc.pgerror or str(exc)).strip()}") from None
+            raise SourceError(f"the change stream failed: {_one_line(exc)}") from None
         finally:
             self.log.rollback()  # nothing half-written survives (no-op after a clean commit)
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-            if rconn is not None:
-                rconn.close()
-            conn.close()
+            self._close_connections()
         return self.stats
+
+    # ---- connections and reconnecting ---------------------------------------------------------------
+    def _skip_upto(self) -> int:
+        position = self.log.stream_position()
+        return position[0] if position else -1
+
+    def _start_replication(self):
+        self._rconn = connect(
+            self.pipeline.source.postgres.dsn, replication=True, application_name=stream_application_name(self.pipeline.name)
+        )
+        cur = self._rconn.cursor()
+        cur.start_replication(
+            slot_name=self.pipeline.slot,
+            decode=False,
+            options={"proto_version": "1", "publication_names": self.pipeline.publication, "messages": "true"},
+            status_interval=self.cfg.status_interval_s,
+        )
+        return cur
+
+    def _close_connections(self) -> None:
+        for conn in (self._rconn, getattr(self, "_conn", None)):
+            if conn is not None:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.close()
+        self._rconn = None
+
+    def _disconnected(self, exc: BaseException) -> bool:
+        """A lost connection (server restart, terminated walsender, network) rather than an error
+        that would happen again the same way."""
+        if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+            return True
+        code = getattr(exc, "pgcode", None)
+        if code is None or code[:2] in ("08", "57"):  # client-side (e.g. "no COPY in progress" after a
+            return True  # server shutdown ended the stream), connection exception, operator intervention
+        return any(c is not None and c.closed for c in (self._rconn, getattr(self, "_conn", None)))
+
+    def _reconnect(self, exc: BaseException):
+        """Reconnect with bounded exponential backoff for up to stream.reconnect_timeout_s, then
+        resume from the slot. Nothing is lost: the slot is only ever acknowledged up to what is
+        durable in the log, the open (uncommitted) batch is dropped here, and the server resends
+        from the slot's position; transactions already in the log are skipped by commit LSN.
+        Returns the new replication cursor, or None when a stop was requested meanwhile."""
+        limit = self.cfg.reconnect_timeout_s
+        lost = _one_line(exc)
+        self.log.rollback()
+        self._close_connections()
+        if limit <= 0:
+            raise SourceError(
+                f"lost the connection to the source: {lost}",
+                "run `cdc stream` again once the server is reachable: it resumes from the slot (nothing is lost); "
+                "set stream.reconnect_timeout_s in the pipeline file to reconnect by itself",
+            )
+        self.say(
+            f"lost the connection to the source ({lost}); reconnecting for up to {limit:g}s "
+            "(stream.reconnect_timeout_s); the slot keeps the WAL, nothing is lost"
+        )
+        started = time.monotonic()
+        attempts = 0
+
+        def attempt():
+            nonlocal attempts
+            attempts += 1
+            self._close_connections()
+            self._conn = connect(self.pipeline.source.postgres.dsn, application_name="cdc stream catalog")
+            self._check_slot(self._conn)  # gone: SourceError, not retried; busy: retried
+            return self._start_replication()
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            self.say(f"  reconnect attempt {state.attempt_number} failed ({_one_line(error)}); next in {state.upcoming_sleep:.1f}s")
+
+        retrying = Retrying(
+            retry=retry_if_exception_type((psycopg2.OperationalError, psycopg2.InterfaceError, _SlotBusy, _Unreachable)),
+            wait=wait_exponential(multiplier=0.5, min=0.5, max=15),
+            stop=stop_after_delay(limit),
+            sleep=self._pause,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            cur = retrying(_unreachable_as_retryable(attempt))
+        except _Stopped:
+            return None
+        except _SlotBusy as busy:
+            raise SourceError(f"could not resume the stream within {limit:g}s: {busy.problem}", busy.fix) from None
+        except (psycopg2.Error, _Unreachable) as last:
+            raise SourceError(
+                f"lost the connection to the source and could not reconnect within {limit:g}s "
+                f"({attempts} attempts; last error: {_one_line(last)})",
+                "check that the server is up and reachable, then run `cdc stream` again: it resumes from the slot "
+                "(nothing is lost); raise stream.reconnect_timeout_s to wait longer",
+            ) from None
+        self._rels.clear()  # the new walsender sends every relation again before its first change
+        self._acked = 0  # acknowledge again on the new connection
+        self._limit_checked = 0.0
+        slot = slot_state(self._conn, self.pipeline.slot)
+        at = format_lsn(slot["confirmed_flush_lsn"]) if slot and slot["confirmed_flush_lsn"] is not None else "?"
+        self.say(f"reconnected after {time.monotonic() - started:.1f}s ({attempts} attempt(s)); resuming from the slot at {at}")
+        return cur
+
+    def _pause(self, seconds: float) -> None:
+        """tenacity's sleep, cut short by Ctrl-C/SIGTERM."""
+        deadline = time.monotonic() + seconds
+        while not self._stop:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.1))
+        raise _Stopped
 
     def _loop(self, conn, cur, skip_upto: int) -> None:  # one flat loop on purpose: it is the hot path
         stats = self.stats
@@ -273,6 +461,8 @@ class StreamReader:
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
                     self._watch.poll(self._conn, flushed)
+                    if self._rewrites.suspects:
+                        self._rewrites.due(flushed)
                     if self.check_publisher is not None:
                         self.check_publisher()
                     if target is not None:
@@ -337,6 +527,8 @@ class StreamReader:
                     stats.transactions += 1  # transactions without captured changes are not counted
                 stats.events += seq
                 last_txn = (c_lsn, end_lsn)
+                if self._rewrites.suspects:
+                    self._rewrites.due(end_lsn)  # storage changes no TRUNCATE explained: rewrites
                 reached = target is not None and end_lsn >= target
                 if reached or batch_events >= max_events or time.monotonic() - batch_started >= max_seconds:
                     commit_batch()
@@ -362,6 +554,7 @@ class StreamReader:
                     if rel is None:
                         continue
                     seq += 1
+                    self._rewrites.truncate(rel.table_id)  # explains the table's new relfilenode
                     buffers.setdefault(rel.table_id, []).append(
                         (commit_lsn, seq, "t", None, None, None, None, rel.schema_version, xid, ts, msg.data_start)
                     )
@@ -460,9 +653,13 @@ class StreamReader:
         )
 
 
-def run_stream(pipeline, *, until: str | int | None = None, say: Callable[[str], None] = print) -> StreamStats:
+def run_stream(
+    pipeline, *, until: str | int | None = None, say: Callable[[str], None] = print, rebaser: Rebaser | None = None
+) -> StreamStats:
     """`cdc stream`. With `log: kafka` a publisher child process turns the staging log into
-    Kafka topics while we read, and acknowledgements to PostgreSQL wait for Kafka's."""
+    Kafka topics while we read, and acknowledgements to PostgreSQL wait for Kafka's.
+    `rebaser` re-snapshots tables rewritten without change events (snapshot/rebase.py); without
+    one the stream only warns about them (cdc/rebase.py)."""
     from cdc.log import open_log
 
     log = open_log(pipeline)
@@ -478,7 +675,13 @@ def run_stream(pipeline, *, until: str | int | None = None, say: Callable[[str],
             publisher.start()
             ack_limit = lambda: published_lsn(log)  # noqa: E731
         reader = StreamReader(
-            pipeline, log, until=until, say=say, ack_limit=ack_limit, check_publisher=publisher.check if publisher else None
+            pipeline,
+            log,
+            until=until,
+            say=say,
+            ack_limit=ack_limit,
+            check_publisher=publisher.check if publisher else None,
+            rebaser=rebaser,
         )
         return reader.run()
     finally:

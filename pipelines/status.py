@@ -120,8 +120,8 @@ def _first_commit_ms(log: Any, table: TableName, after: int, upto: int) -> int |
 def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cut) -> dict[str, Any]:
     """events_behind_log: events of the sink's tables up to the latest cut not applied yet (for a
     follower that never applied: its whole backlog). lag_s: seconds since the source committed the
-    oldest of them (0 when none is pending; None when the oldest pending are snapshot rows, which
-    carry no commit time, or the log cannot say)."""
+    oldest of them (0 when none is pending; snapshot rows: since their snapshot started; None when
+    the log cannot say)."""
     pending = pending_ranges(sink, ckpt, cut)
     if not pending:
         return {"events_behind_log": 0, "lag_s": 0.0}
@@ -136,7 +136,7 @@ def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cu
                 behind = sum(log.events_between(t, after, upto) for t, (after, upto) in pending.items())
             for table, (after, upto) in pending.items():
                 ms = _first_commit_ms(log, table, after, upto)
-                unknown = unknown or ms is None  # snapshot rows pending: the oldest change's time is unknown
+                unknown = unknown or ms is None  # a pending record without a time: the oldest is unknown
                 if ms is not None:
                     oldest = ms if oldest is None else min(oldest, ms)
         finally:
@@ -192,10 +192,10 @@ def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
         elif behind == 0:
             backlog = "up to date with the log"
         else:
-            when = f"oldest committed {lag:g}s ago" if lag is not None else "oldest are snapshot rows"
+            when = f"oldest committed {lag:g}s ago" if lag is not None else "time of the oldest not known"
             backlog = f"{behind:,} events behind the log ({when})"
         if f["position"] is None:
-            todo = f"{behind:,} events to apply" if behind else backlog
+            todo = backlog.replace("events behind the log", "events to apply") if behind else backlog
             say(f"  follower {f['sink']} ({f['kind']}): never applied; {todo}")
         else:
             say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")

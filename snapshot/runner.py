@@ -25,6 +25,7 @@ from psycopg2 import sql
 
 from cdc.log import open_log
 from cdc.lsn import format_lsn
+from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
 from cdc.tables import TableName, TableSelector
@@ -47,6 +48,7 @@ class TablePlan:
     reltuples: int
     relkind: str
     attnums: dict[str, int] = field(default_factory=dict)  # column identity (survives renames)
+    filenodes: str | None = None  # relfilenodes of the table's leaves at the snapshot (cdc/rebase.py)
 
 
 @dataclass
@@ -100,7 +102,11 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
                 attnums = {name: num for num, name, dropped in cur.fetchall() if not dropped}
                 catalog = relation_catalog(cur, oid)  # fast defaults of every leaf partition too
                 extras = catalog.extras
-                plans.append(TablePlan(table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind, attnums))
+                plans.append(
+                    TablePlan(
+                        table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind, attnums, encode_filenodes(catalog)
+                    )
+                )
         conn.rollback()
         return plans
     finally:
@@ -247,6 +253,7 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
             remaining[item.job.table] -= 1
             if remaining[item.job.table] == 0:
                 log.finish_snapshot(snapshot_ids[item.job.table], info[item.job.table].oid)  # OID: followed across renames
+                _rebased(pipeline, log, plans, item.job.table, snap.consistent_point, rows[item.job.table])
     except BaseException:
         pool.cancel()
         raise
@@ -255,6 +262,16 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         pool.join()
     result.rows = rows
     return result
+
+
+def _rebased(pipeline, log, plans: list[TablePlan], table: TableName, lsn: int, rows: int) -> None:
+    """The table's storage as of this snapshot is the baseline the stream compares with to notice
+    rewrites; a re-base the stream asked for (or started) is done."""
+    plan = next(p for p in plans if p.table == table)
+    if plan.filenodes is not None:
+        log.set_meta(filenodes_key(log.table_id(table)), plan.filenodes)
+    if str(table) in load_states(pipeline.state_path):
+        save_state(pipeline.state_path, table, state="done", lsn=format_lsn(lsn), rows=rows, error=None, fix=None)
 
 
 def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None:

@@ -73,6 +73,42 @@ def test_add_column_default_on_partitioned_table_reaches_untouched_rows(
     assert code == 0, report
 
 
+def test_partition_attached_with_its_own_default_is_re_based(pg_db: str, tmp_path: Path, spark) -> None:
+    """A partition attached later brings rows without change events, and its fast default can
+    differ from the other partitions' (one value per column cannot say which rows have which):
+    `cdc stream` re-bases the table."""
+    sql(
+        pg_db,
+        "CREATE TABLE o (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
+        "CREATE TABLE o_eu PARTITION OF o FOR VALUES IN ('eu')",
+        "INSERT INTO o SELECT g, 'eu', 'v' || g FROM generate_series(1, 5) g",
+    )
+    file = _pipeline(tmp_path, pg_db, ["public.o"])
+    _snapshot(file)
+    apply_once(file, spark)
+    sql(
+        pg_db,
+        "ALTER TABLE o ADD COLUMN tier text DEFAULT 'std'",
+        "CREATE TABLE o_af (id int, region text, v text, PRIMARY KEY (id, region))",
+        "INSERT INTO o_af SELECT g, 'af', 'w' || g FROM generate_series(1, 3) g",
+        "ALTER TABLE o_af ADD COLUMN tier text DEFAULT 'other'",
+        "ALTER TABLE o ATTACH PARTITION o_af FOR VALUES IN ('af')",
+        "INSERT INTO o VALUES (9, 'eu', 'new', 'given')",
+    )
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    assert "a partition was attached with rows" in run.out and "re-base public.o: done" in run.out, run.out
+    apply_once(file, spark)
+    key = ["id", "region"]
+    df = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / "o"))
+    got = {(str(r["id"]), r["region"]): (r["v"], r["tier"]) for r in df.collect()}
+    want = {k: (row["v"], row["tier"]) for k, row in source_rows(pg_db, "public.o", key).items()}
+    assert got == want
+    assert got[("1", "af")] == ("w1", "other") and got[("1", "eu")] == ("v1", "std")
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+
 # ---- issue 11 item 3: verify compares every column the source has now -------------------------------------
 def test_verify_names_a_column_added_in_the_source_that_the_follower_lacks(
     pg_db: str, tmp_path: Path, spark
@@ -122,3 +158,108 @@ def test_generated_column_is_named_by_validate_and_verify(pg_db: str, tmp_path: 
     code, report = verify(file, spark)
     assert code == 0, report
     assert "not compared: generated column(s) line_total" in report, report
+
+
+# ---- issue 22 item 3: table rewrites make no change events -----------------------------------------------
+def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path, spark) -> None:
+    """ADD COLUMN DEFAULT then ALTER COLUMN TYPE ... USING before the stream reads them (the
+    rewrite clears the fast default and changes every row without change events), then a
+    volatile default (every row filled without change events): `cdc stream` notices each
+    rewrite, re-bases the table by itself, says so, and `cdc status` shows it."""
+    sql(
+        pg_db,
+        "CREATE TABLE acc (id int PRIMARY KEY, n int, note text)",
+        "INSERT INTO acc SELECT g, g, 'a' FROM generate_series(1, 10) g",
+    )
+    file = _pipeline(tmp_path, pg_db, ["public.acc"])
+    _snapshot(file)
+    apply_once(file, spark)
+    sql(
+        pg_db,
+        "ALTER TABLE acc ADD COLUMN tier text DEFAULT 'std'",
+        "INSERT INTO acc VALUES (11, 11, 'b', 'gold')",
+        "ALTER TABLE acc ALTER COLUMN n TYPE bigint USING n * 10",
+        "UPDATE acc SET note = 'c' WHERE id = 2",
+    )
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    assert "public.acc: its storage was rewritten" in run.out and "re-base public.acc: done" in run.out, (
+        run.out
+    )
+    apply_once(file, spark)
+    columns = ["n", "note", "tier"]
+    assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    code, report = verify(file, spark)
+    assert code == 0, report
+    status = cdc("status", file)
+    assert "re-base of public.acc: done at" in status.out, status.out
+
+    # A volatile default fills every row with its own value, again without change events.
+    sql(
+        pg_db,
+        "ALTER TABLE acc ADD COLUMN r float8 DEFAULT random()",
+        "INSERT INTO acc VALUES (12, 12, 'd', 'std')",
+    )
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    assert "re-base public.acc: done" in run.out, run.out
+    apply_once(file, spark)
+    columns = ["n", "note", "tier", "r"]
+    got = _delta(spark, tmp_path, "public.acc", columns)
+    assert got == _source(pg_db, "public.acc", columns) and got["1"][3] is not None
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+    # Nothing rewritten: plain changes, a nullable column, and a TRUNCATE the stream reaches only
+    # after it read the catalog (the TRUNCATE explains the new storage) do not re-base.
+    sql(pg_db, "UPDATE acc SET note = 'e' WHERE id = 3", "ALTER TABLE acc ADD COLUMN plain int")
+    sql(
+        pg_db,
+        "UPDATE acc SET plain = 1 WHERE id = 4",
+        "TRUNCATE acc",
+        "INSERT INTO acc VALUES (1, 1, 'f', 'std', 0.5, 2)",
+    )
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0 and "re-bas" not in run.out, run.out + run.err
+    apply_once(file, spark)
+    columns = ["n", "note", "tier", "r", "plain"]
+    assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+
+def test_kafka_log_add_column_default_then_vacuum_full_is_re_based(
+    pg_db: str, tmp_path: Path, kafka, spark
+) -> None:
+    """The Kafka-log case of issue 22 item 3: a plain ADD COLUMN ... DEFAULT, then other changes
+    before the stream read it; one of them (here VACUUM FULL, as a type change would) rewrote
+    the table and cleared the fast default, so the stream recorded the column without it and
+    Delta got NULL. The stream notices the rewrite and re-bases the table through Kafka."""
+    from tests.integration.test_kafka_log import apply_ok, make_kpipe, verified
+    from tests.integration.test_kafka_log import snapshot as kafka_snapshot
+    from tests.integration.test_kafka_log import stream_until_current as kafka_stream
+
+    sql(
+        pg_db,
+        "CREATE TABLE items (id int PRIMARY KEY, n int, note text)",
+        "INSERT INTO items SELECT g, g, 'a' FROM generate_series(1, 6) g",
+    )
+    pipe = make_kpipe(tmp_path, pg_db, ["public.items"], kafka.bootstrap)
+    kafka_snapshot(pipe)
+    sql(
+        pg_db,
+        "UPDATE items SET n = 0 WHERE id = 1",
+        "ALTER TABLE items ADD COLUMN extra text DEFAULT 'dflt'",
+        "INSERT INTO items VALUES (7, 7, 'b', 'x')",
+        "VACUUM FULL items",
+        "UPDATE items SET note = 'c' WHERE id = 2",
+    )
+    run = kafka_stream(pipe)
+    assert "public.items: its storage was rewritten" in run.out and "re-base public.items: done" in run.out, (
+        run.out
+    )
+    apply_ok(pipe, spark)
+    columns = ["n", "note", "extra"]
+    got = _delta(spark, tmp_path, "public.items", columns)
+    assert got == _source(pg_db, "public.items", columns) and got["3"][2] == "dflt"
+    verified(pipe, spark)

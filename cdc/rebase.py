@@ -1,0 +1,216 @@
+"""Noticing that a table's rows changed without row-level change events, so the log must re-base it.
+
+Some DDL and maintenance rewrites a table: ALTER COLUMN ... TYPE (with or without USING),
+ADD COLUMN ... DEFAULT <volatile>, VACUUM FULL, CLUSTER. Logical decoding sends no row for a
+rewrite, and a rewrite also clears the fast defaults (`attmissingval`) an earlier ADD COLUMN
+left, which the stream reads from the catalog only when it gets to that ADD COLUMN, possibly
+after the rewrite. Attaching or detaching a partition adds or removes rows the same silent way.
+Followers would then keep stale rows (or NULL where a default belongs) with nothing in the log
+saying otherwise.
+
+Every rewrite gives the table's storage a new relfilenode. The log keeps the relfilenodes of
+the table's leaves (the table itself, or its leaf partitions) as of its snapshot; whenever the
+stream gets a table's columns (a Relation message: the first change of a table in a session
+and the first after any DDL on it), it compares them with the catalog. A difference that no
+decoded TRUNCATE explains means the table may have been rewritten: the stream re-bases it (a
+snapshot of that one table into the log at a new consistent point, as `cdc snapshot --tables`
+does, which the stream's own events then continue). False alarms (VACUUM FULL of unchanged
+rows, a new partition filled since) only cost that snapshot.
+
+The state of each re-base is kept in <state_dir>/rebase.json for `cdc status` and for a stream
+restarted before a re-base finished (it starts it again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from cdc.log.base import TableSchema
+from cdc.schema import RelationCatalog
+from cdc.tables import TableName
+
+STATE_FILE = "rebase.json"
+_lock = threading.Lock()
+
+
+def filenodes_key(table_id: int) -> str:
+    return f"filenodes:{table_id}"
+
+
+def encode_filenodes(catalog: RelationCatalog) -> str:
+    return json.dumps([list(p) for p in catalog.filenodes])
+
+
+# ---- the re-base state file ---------------------------------------------------------------------------
+def load_states(state_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        return json.loads((Path(state_dir) / STATE_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def save_state(state_dir: Path, table: TableName, **fields: Any) -> None:
+    """Update one table's entry (atomically: readers never see half a file)."""
+    with _lock:
+        path = Path(state_dir) / STATE_FILE
+        states = load_states(state_dir)
+        entry = states.setdefault(str(table), {})
+        entry.update(fields, updated_ms=int(time.time() * 1000))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(states, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def unfinished(state_dir: Path) -> dict[str, str]:
+    """Tables whose re-base was needed or started and did not finish -> reason."""
+    return {t: e.get("reason", "") for t, e in load_states(state_dir).items() if e.get("state") in ("needed", "running", "failed")}
+
+
+class Rebaser(Protocol):
+    """Runs re-bases for the stream (snapshot/rebase.py); the stream only detects."""
+
+    def start(self, table: TableName, reason: str) -> None: ...
+
+    def busy(self, table: TableName) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
+# ---- detection -------------------------------------------------------------------------------------
+class RewriteWatch:
+    def __init__(self, log, state_dir: Path, rebaser: Rebaser | None, say: Callable[[str], None]):
+        self.log = log
+        self.state_dir = Path(state_dir)
+        self.rebaser = rebaser
+        self.say = say
+        self.truncated: set[int] = set()  # table ids with a decoded TRUNCATE since their last check
+        # table id -> (table, reason, filenodes, WAL position when the catalog was read): a storage
+        # change is only a rewrite once the stream passed that position without decoding a TRUNCATE
+        # of the table (a lagging stream reads the catalog before it gets to the TRUNCATE).
+        self.suspects: dict[int, tuple[TableName, str, str, int]] = {}
+
+    def truncate(self, table_id: int) -> None:
+        self.truncated.add(table_id)
+        if self.suspects.pop(table_id, None) is not None:
+            # The TRUNCATE explains the new storage, but not necessarily all of it: from here on
+            # only what the columns show counts, until the table's next snapshot.
+            self.log.set_meta(filenodes_key(table_id), "")
+
+    def due(self, position: int) -> None:
+        """The stream has decoded everything before `position`: suspects read before it are rewrites."""
+        for table_id, (table, reason, now, at) in list(self.suspects.items()):
+            if at <= position:
+                del self.suspects[table_id]
+                self.log.set_meta(filenodes_key(table_id), now)
+                self._rebase(table, reason)
+
+    def settle(self) -> None:
+        """A stream stopping at its --until target: suspects it cannot follow further are re-based
+        (a needless re-base costs a snapshot of the table; a missed one leaves followers stale)."""
+        self.due(1 << 64)
+
+    def resume(self) -> None:
+        """Re-bases an earlier stream needed or started and did not see finished."""
+        for name, reason in unfinished(self.state_dir).items():
+            schema, _, table = name.partition(".")
+            self._rebase(TableName(schema, table), f"{reason} (re-base not finished before)")
+
+    def check(
+        self,
+        conn,
+        table: TableName,
+        table_id: int,
+        previous: TableSchema | None,
+        schema: TableSchema,
+        catalog: RelationCatalog | None,
+        lsn: int,
+    ) -> None:
+        """At a Relation message of `table` in the transaction committing at `lsn`."""
+        if catalog is None:
+            return
+        state = self.log.table_state(table) if hasattr(self.log, "table_state") else None
+        if state is None or state.snapshot_lsn is None or lsn < state.snapshot_lsn:
+            return  # no snapshot yet (it records the baseline), or the snapshot is newer than this point
+        if self.rebaser is not None and self.rebaser.busy(table):
+            return  # a re-base at a newer point is running; it records the new baseline
+        if table_id in self.suspects:
+            return
+        key = filenodes_key(table_id)
+        known, now = self.log.meta(key), encode_filenodes(catalog)
+        reasons = []
+        if not known:  # a log from before baselines were kept, or after a TRUNCATE: what the columns show
+            changed = _type_changes(previous, schema)
+            if changed:
+                reasons.append(f"column type changed ({changed}), which may rewrite every row")
+        elif known != now and table_id not in self.truncated:
+            storage = _storage_change(conn, json.loads(known), catalog)
+            if storage:
+                self.suspects[table_id] = (table, storage, now, _wal_lsn(conn))
+                return
+        fresh = [c.name for c in schema.columns if previous is not None and c.name not in previous.column_names]
+        conflicts = [c for c in fresh if c in catalog.conflicts]
+        if conflicts:
+            values = "; ".join(f"{c}: " + ", ".join(f"{leaf}={v!r}" for leaf, v in sorted(catalog.conflicts[c].items())) for c in conflicts)
+            reasons.append(f"its partitions hold different values for new column(s) that rows not written since have ({values})")
+        self.truncated.discard(table_id)
+        self.log.set_meta(key, now)
+        if reasons:
+            self._rebase(table, "; ".join(r for r in reasons if r))
+
+    def _rebase(self, table: TableName, reason: str) -> None:
+        if self.rebaser is None:
+            save_state(self.state_dir, table, state="needed", reason=reason)
+            self.say(
+                f"warning: {table}: {reason}: its rows may have changed without change events, so followers may be stale; "
+                f"fix: run `cdc snapshot PIPELINE --tables {table}` (`cdc stream` from the CLI does this by itself)"
+            )
+            return
+        self.say(f"{table}: {reason}: re-basing the table (a new snapshot of it into the log, as `cdc snapshot --tables {table}`)")
+        save_state(self.state_dir, table, state="running", reason=reason, started_ms=int(time.time() * 1000))
+        self.rebaser.start(table, reason)
+
+
+def _type_changes(previous: TableSchema | None, schema: TableSchema) -> str:
+    if previous is None:
+        return ""
+    before = {c.name: (c.type_oid, c.typmod) for c in previous.columns}
+    return ", ".join(c.name for c in schema.columns if c.name in before and before[c.name] != (c.type_oid, c.typmod))
+
+
+def _wal_lsn(conn) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cur.fetchone()[0])
+
+
+def _has_rows(conn, oid: int) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT %s::regclass::text", (oid,))
+        (name,) = cur.fetchone()
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM ONLY {name})")  # regclass text is quoted already
+        return bool(cur.fetchone()[0])
+
+
+def _storage_change(conn, known: list[list[int]], catalog: RelationCatalog) -> str:
+    was = {oid: node for oid, node in known}
+    now = dict(catalog.filenodes)
+    rewritten = [oid for oid in now if oid in was and was[oid] != now[oid]]
+    parts = []
+    if rewritten:
+        parts.append(
+            "its storage was rewritten (a new relfilenode: ALTER COLUMN ... TYPE, ADD COLUMN ... DEFAULT <volatile>, "
+            "VACUUM FULL or CLUSTER), which changes rows without change events and clears fast defaults"
+        )
+    if [oid for oid in was if oid not in now]:
+        parts.append("a partition was detached or dropped (its rows left without change events)")
+    # A new partition that is empty brought no rows; its rows to come are change events.
+    if any(_has_rows(conn, oid) for oid in now if oid not in was):
+        parts.append("a partition was attached with rows (they came without change events)")
+    return "; ".join(parts)

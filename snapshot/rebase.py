@@ -1,0 +1,62 @@
+"""Re-basing a table for a running `cdc stream`: `cdc snapshot --tables` of that one table,
+in a thread next to the stream (detection and the reasons: cdc/rebase.py).
+
+The snapshot is the same as a user's `cdc snapshot --tables` while streaming: a temporary
+slot exports a snapshot whose consistent point separates "in the snapshot" from "in the
+stream", the snapshot becomes the table's new base in the log, and the stream's events newer
+than it follow it; followers notice the new base and rebuild the table from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from cdc.lsn import format_lsn
+from cdc.rebase import save_state
+from cdc.tables import TableName
+from pipelines.errors import CdcError
+
+
+class ThreadRebaser:
+    def __init__(self, pipeline, say: Callable[[str], None] = print):
+        self.pipeline = pipeline
+        self.say = say
+        self._threads: dict[TableName, threading.Thread] = {}
+
+    def busy(self, table: TableName) -> bool:
+        thread = self._threads.get(table)
+        return thread is not None and thread.is_alive()
+
+    def start(self, table: TableName, reason: str) -> None:
+        if self.busy(table):
+            return
+        thread = threading.Thread(target=self._run, args=(table,), name=f"cdc re-base {table}", daemon=True)
+        self._threads[table] = thread
+        thread.start()
+
+    def wait(self) -> None:
+        for thread in list(self._threads.values()):
+            thread.join()
+
+    def _run(self, table: TableName) -> None:
+        from snapshot.runner import run_snapshot
+
+        state_dir = self.pipeline.state_path
+        started = time.monotonic()
+        try:
+            result = run_snapshot(
+                self.pipeline, only=[str(table)], progress=False, say=lambda m: self.say(f"re-base {table}: {m}")
+            )
+        except Exception as exc:  # reported, and left for the next stream or the user
+            problem = exc.problem if isinstance(exc, CdcError) else f"{type(exc).__name__}: {exc}"
+            fix = f"run `cdc snapshot PIPELINE --tables {table}` (a restarted `cdc stream` also tries again)"
+            save_state(state_dir, table, state="failed", error=problem, fix=fix)
+            self.say(f"warning: re-base of {table} failed: {problem}; followers may be stale until it is done\n  fix: {fix}")
+            return
+        rows = result.rows.get(table, 0)  # the runner marked the re-base done in the state file
+        self.say(
+            f"re-base {table}: done: {rows:,} rows at {format_lsn(result.consistent_point)} in "
+            f"{time.monotonic() - started:.1f}s; followers rebuild the table from it at their next apply"
+        )
