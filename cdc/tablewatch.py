@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from cdc.log.base import TableSchema, TableState
+from cdc.log.base import TableSchema
 from cdc.lsn import format_lsn
 from cdc.source import flushed_wal_lsn, table_info
 from cdc.tables import TableName
@@ -54,9 +54,8 @@ class TableWatch:
         self.log = log
         self.say = say
         self.pipeline_name = pipeline_name
-        self._pending: dict[
-            int, TableName
-        ] = {}  # gone tables (by log id) waiting for the stream to pass _until
+        # dropped tables (by log id) waiting for the log to be durable past _until
+        self._pending: dict[int, TableName] = {}
         self._until = 0
         self._checked = time.monotonic()
 
@@ -88,12 +87,11 @@ class TableWatch:
         absent = set(dropped)
         for st in self.log.tables():
             if st.state in _FOLLOWED and st.table not in absent and catalog_oid(conn, st.table) is None:
-                absent.add(
-                    st.table
-                )  # marked dropped before, or renamed (its OID lives on under another name)
+                # marked dropped before, or renamed (its OID lives on under another name)
+                absent.add(st.table)
                 if st.state == "live":
                     self.say(
-                        f"table {st.table} was renamed in the source: the stream follows it when it reaches the rename"
+                        f"table {st.table} was renamed in the source: the stream follows it when it gets there"
                     )
         return absent
 
@@ -202,7 +200,3 @@ class TableWatch:
             return from_catalog()
         schema = self._logged_schema(table)
         return {c.name: (c.ndims, c.missing) for c in schema.columns} if schema else {}
-
-
-def dropped_tables(states: list[TableState]) -> dict[TableName, TableState]:
-    return {s.table: s for s in states if s.state == "dropped"}
