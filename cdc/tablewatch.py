@@ -49,6 +49,21 @@ def catalog_oid(conn, table: TableName) -> int | None:
     return int(row[0]) if row else None
 
 
+def gone_from_source(pipeline, conn) -> set[TableName]:
+    """Tables of the pipeline's log the source no longer has (dropped, or renamed): `cdc stream`
+    passes their last changes and marks them dropped, so a file that still names them does not
+    stop `cdc validate`, `cdc snapshot` or `cdc run` (check_source's `dropped`)."""
+    from cdc.log import open_log
+
+    if not (pipeline.local_log_path / "log.db").exists():
+        return set()
+    log = open_log(pipeline, readonly=True)
+    try:
+        return {t.table for t in log.tables() if t.state in _FOLLOWED and catalog_oid(conn, t.table) is None}
+    finally:
+        log.close()
+
+
 class TableWatch:
     def __init__(self, log, say: Callable[[str], None] = print, pipeline_name: str = "PIPELINE"):
         self.log = log

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from cdc.schema import generated_columns
 from cdc.source import check_source, connect
+from cdc.tablewatch import gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import ExitCode
 
@@ -18,7 +19,8 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     say(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
-        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication)
+        gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
+        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=gone)
         generated = {t.table: generated_columns(conn, t.oid) for t in report.tables}
     finally:
         conn.close()

@@ -29,7 +29,7 @@ from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
 from cdc.tables import TableName, TableSelector
-from cdc.tablewatch import catalog_oid
+from cdc.tablewatch import gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import CdcError, LogError, SourceError, UsageError
 from snapshot.chunks import plan_chunks
@@ -113,19 +113,6 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
         conn.close()
 
 
-def _gone_from_source(pipeline: Pipeline, conn) -> set[TableName]:
-    """Tables of the log the source no longer has (dropped, or renamed): `cdc stream` passes their
-    last changes and marks them dropped, so naming them in the file does not stop a snapshot (nor
-    `cdc run`, which starts with one). They are not snapshotted: they are not in the source."""
-    if not (pipeline.local_log_path / "log.db").exists():
-        return set()
-    log = open_log(pipeline, readonly=True)
-    try:
-        return {t.table for t in log.tables() if t.state in ("live", "dropped") and catalog_oid(conn, t.table) is None}
-    finally:
-        log.close()
-
-
 def run_snapshot(
     pipeline: Pipeline,
     only: list[str] | None = None,
@@ -138,7 +125,7 @@ def run_snapshot(
     pg = pipeline.source.postgres
     conn = connect(pg.dsn, application_name="cdc snapshot")
     try:
-        gone = _gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
+        gone = gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
         report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=gone)
         report.raise_if_problems()
         info = {t.table: t for t in report.tables}

@@ -296,6 +296,8 @@ def test_dropped_tables_while_streaming_and_removed_from_file(pg_db: str, tmp_pa
     assert log_rows(s, "public.later_t")[3] == "last while streaming"
     run = ok("snapshot", s.file, "--no-progress")  # the file still names later_t: a note, not exit 3
     assert "nothing to snapshot" in run.out, run.out
+    run = ok("validate", s.file)
+    assert "table public.later_t was dropped in the source" in run.out, run.out
 
     sql(pg_db, "UPDATE old_t SET v = 'gone soon' WHERE id = 3", "DROP TABLE old_t")
     s.tables = ["public.later_t", "public.keep_t"]
