@@ -6,6 +6,9 @@ that fixes it. Nothing here changes the source.
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -272,7 +275,7 @@ def check_source(
                 )
             )
         elif active_pid is not None:
-            report.notes.append(f"slot {slot} is in use by process {active_pid} (is `cdc stream` running?)")
+            report.notes.append(slot_holder(conn, slot, active_pid)[0])
     if info.used_wal_senders >= info.max_wal_senders:
         report.problems.append(
             Problem(
@@ -330,6 +333,45 @@ def check_source(
             )
         )
     return report
+
+
+_STREAM_APP = re.compile(r"^cdc stream (\d+)@(\S+) (.*)$")
+
+
+def stream_application_name(pipeline_name: str) -> str:
+    """application_name of `cdc stream`'s replication connection. It names our process and host
+    so that whoever finds the slot in use can say which process holds it (PostgreSQL keeps 63 bytes,
+    so the pid and host come first)."""
+    return f"cdc stream {os.getpid()}@{socket.gethostname()} {pipeline_name}"[:63]
+
+
+def slot_holder(conn, slot: str, active_pid: int) -> tuple[str, str]:
+    """(problem, fix) for a slot in use by server process `active_pid`: which `cdc stream` (process
+    and host) holds it when the walsender's application_name says so, else what the server knows."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT application_name, client_addr::text, backend_start FROM pg_stat_activity WHERE pid = %s", (active_pid,)
+        )
+        row = cur.fetchone()
+    app, addr, since = row if row else (None, None, None)
+    match = _STREAM_APP.match(app or "")
+    started = f" since {since:%Y-%m-%d %H:%M:%S %Z}".rstrip() if since else ""
+    terminate = f"SELECT pg_terminate_backend({active_pid});"
+    if match:
+        pid, host, name = match.groups()
+        return (
+            f"replication slot {slot} is in use by `cdc stream` process {pid} on host {host} (pipeline {name}; "
+            f"server process {active_pid}{started})",
+            f"stop that process first (on {host}: kill -TERM {pid}, or stop the `cdc run` that started it); "
+            f"if that host is gone, end its server process with {terminate}",
+        )
+    client = f", application_name {app!r}" if app else ""
+    client += f", client {addr}" if addr else ""
+    return (
+        f"replication slot {slot} is in use by server process {active_pid}{client}{started} (not a `cdc stream` of ours)",
+        f"find the client with SELECT pid, application_name, client_addr, backend_start FROM pg_stat_activity "
+        f"WHERE pid = {active_pid}; stop it, or end it with {terminate}",
+    )
 
 
 def _slot(conn, slot: str) -> tuple[str, str, int | None] | None:

@@ -28,13 +28,23 @@ def run_pipeline(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], N
         say(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
     child = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)], env=os.environ.copy())
     say(f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)")
+    # Caught from here on: a SIGTERM while Spark starts (tens of seconds) used to kill this
+    # process at once and leave the stream child running, holding the slot.
+    stopping = False
+
+    def stop(*_args) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if pipeline.sinks:
             from pipelines.apply.job import ApplyJob
             from pipelines.spark import spark_session
 
             job = ApplyJob(pipeline, spark_session(pipeline), say)
-            job.run_forever(keep_going=lambda: child.poll() is None)
+            if not stopping:
+                job.run_forever(keep_going=lambda: child.poll() is None and not stopping)
         else:
             _wait_for_signal(child)
     except CdcError:
@@ -42,6 +52,8 @@ def run_pipeline(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], N
         raise
     finally:
         code = _stop(child)
+        for s, h in old.items():
+            signal.signal(s, h)
     if code not in (0, -signal.SIGTERM, -signal.SIGINT):
         say(f"the stream stopped with exit code {code}")
         return code if code > 0 else int(ExitCode.RUNTIME)
