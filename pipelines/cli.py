@@ -305,11 +305,14 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
 @handle_errors
 def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
     """Delete the pipeline's log and checkpoints (followers' data is left alone)."""
+    from pipelines.errors import UsageError
     from pipelines.teardown import run_teardown
 
     p = load(pipeline)
-    if not yes and sys.stdin.isatty():
+    if not yes:
         what = f"the log and checkpoints under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
+        if not sys.stdin.isatty():  # cron, CI, a pipe: nobody can answer, so nothing is deleted
+            raise UsageError(f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes")
         click.confirm(f"delete {what}?", abort=True)
     run_teardown(p, drop_slot, say)
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from psycopg2 import sql
 
-from cdc.source import _slot, connect
+from cdc.source import _slot, connect, slot_holder
+from cdc.tables import quote_ident
 from pipelines.config import Pipeline
 from pipelines.errors import SourceError
 
@@ -16,20 +17,7 @@ def run_teardown(pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None]
     if drop_slot:
         conn = connect(pipeline.source.postgres.dsn, application_name="cdc teardown")
         try:
-            slot = _slot(conn, pipeline.slot)
-            with conn.cursor() as cur:
-                if slot is not None:
-                    if slot[2] is not None:
-                        raise SourceError(
-                            f"replication slot {pipeline.slot} is in use by process {slot[2]}",
-                            "stop `cdc stream`/`cdc run` for this pipeline first",
-                        )
-                    cur.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
-                    say(f"dropped replication slot {pipeline.slot}")
-                cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (pipeline.publication,))
-                if cur.fetchone():
-                    cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pipeline.publication)))
-                    say(f"dropped publication {pipeline.publication}")
+            _drop_source_objects(conn, pipeline, say)
         finally:
             conn.close()
     if pipeline.log_config.local is not None:
@@ -47,3 +35,51 @@ def run_teardown(pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None]
             "holds back WAL until it is dropped (`cdc teardown --drop-slot`)"
         )
     say("followers' data (Delta tables, indexes, caches) was left in place")
+
+
+def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
+    """Check every right first and change nothing unless all steps can be done; then drop the
+    publication before the slot, so that a run stopped half-way is finished by running it again
+    (a missing publication or slot is skipped)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT current_user, r.rolsuper OR r.rolreplication FROM pg_roles r WHERE r.rolname = current_user"
+        )
+        user, can_replicate = cur.fetchone()
+        cur.execute(
+            "SELECT pg_get_userbyid(pubowner), pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s",
+            (pipeline.publication,),
+        )
+        publication = cur.fetchone()
+    slot = _slot(conn, pipeline.slot)
+    problems: list[tuple[str, str]] = []
+    if slot is not None and slot[2] is not None:
+        problems.append(slot_holder(conn, pipeline.slot, slot[2]))
+    if slot is not None and not can_replicate:
+        problems.append(
+            (
+                f"role {user} cannot drop replication slot {pipeline.slot} (it lacks REPLICATION)",
+                f"ask a superuser to run SELECT pg_drop_replication_slot('{pipeline.slot}');",
+            )
+        )
+    drop_pub = f"DROP PUBLICATION {quote_ident(pipeline.publication)};"
+    if publication is not None and not publication[1]:
+        problems.append(
+            (
+                f"role {user} cannot drop publication {pipeline.publication} (owned by {publication[0]})",
+                f"ask {publication[0]} (or a superuser) to run {drop_pub}",
+            )
+        )
+    if problems:
+        raise SourceError(
+            "nothing was changed: " + "; ".join(p for p, _ in problems),
+            " ".join(f for _, f in problems) + " Then run the same `cdc teardown --drop-slot` again.",
+        )
+    with conn.cursor() as cur:
+        if publication is not None:
+            cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pipeline.publication)))
+            say(f"dropped publication {pipeline.publication}")
+        if slot is not None:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
+            say(f"dropped replication slot {pipeline.slot}")
+

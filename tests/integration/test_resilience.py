@@ -272,3 +272,76 @@ def test_slot_in_use_names_the_holder(pg_db: str, tmp_path: Path) -> None:
     assert run.code == 3, run
     assert f"in use by server process {walsender}, application_name 'other-tool'" in run.err, run.err
     assert f"WHERE pid = {walsender}" in run.err and f"pg_terminate_backend({walsender})" in run.err, run.err
+
+
+# ---- issue 11 item 11: teardown ------------------------------------------------------------------------
+@pytest.fixture
+def least_privilege(pg_db: str):
+    """A role with LOGIN REPLICATION and SELECT on public.t only; the tables and the publication
+    belong to the superuser (as the README's Operations section sets it up). Yields its DSN."""
+    import uuid
+
+    from psycopg2.extensions import make_dsn
+
+    role = "cdc_lp_" + uuid.uuid4().hex[:8]
+    make_table(pg_db, "t", 20)
+    sql(
+        pg_db,
+        "CREATE PUBLICATION cdc_test FOR TABLE public.t WITH (publish_via_partition_root = true)",
+        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'lp-secret'",
+        f"GRANT SELECT ON public.t TO {role}",
+    )
+    try:
+        yield make_dsn(pg_db, user=role, password="lp-secret")
+    finally:
+        sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+def run_cdc_no_tty(*args) -> subprocess.CompletedProcess:
+    """`cdc` with stdin not a terminal (as under cron or CI)."""
+    import os
+    import sys
+
+    from tests.harness import REPO
+
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ),
+        check=False,
+    )
+
+
+def test_teardown_refuses_without_terminal_and_checks_rights_first(
+    pg_db: str, least_privilege: str, tmp_path: Path
+) -> None:
+    pipe = make_pipe(tmp_path, least_privilege, ["public.t"])
+    snapshot(pipe)
+    assert (pipe.log / "log.db").exists()
+
+    run = run_cdc_no_tty("teardown", pipe.file, "--drop-slot")
+    assert run.returncode == 2, run
+    assert "no terminal to confirm" in run.stderr and "  fix: pass --yes" in run.stderr, run.stderr
+    assert (pipe.log / "log.db").exists() and slot_info(pg_db, pipe.slot) is not None
+
+    run = run_cdc_no_tty("teardown", pipe.file, "--drop-slot", "--yes")
+    assert run.returncode == 3, run
+    assert (
+        "nothing was changed" in run.stderr
+        and "cannot drop publication cdc_test (owned by postgres)" in run.stderr
+    ), run.stderr
+    assert "  fix: ask postgres (or a superuser) to run DROP PUBLICATION cdc_test;" in run.stderr, run.stderr
+    no_traceback((run.stdout, run.stderr))
+    assert (pipe.log / "log.db").exists() and slot_info(pg_db, pipe.slot) is not None  # nothing half-done
+    again = run_cdc_no_tty("teardown", pipe.file, "--drop-slot", "--yes")
+    assert (again.returncode, again.stderr) == (run.returncode, run.stderr)  # the same, not worse
+
+    sql(pg_db, "DROP PUBLICATION cdc_test;")  # what the fix line says the owner must run
+    run = run_cdc_no_tty("teardown", pipe.file, "--drop-slot", "--yes")
+    assert run.returncode == 0, run
+    assert "dropped replication slot cdc_test" in run.stdout, run.stdout
+    assert slot_info(pg_db, pipe.slot) is None and not (pipe.log / "log.db").exists()
