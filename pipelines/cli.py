@@ -62,10 +62,13 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def load(path: Path):
+def load(path: Path, check_state_dir: bool = True):
     from pipelines.config import load_pipeline
 
-    return load_pipeline(path)
+    pipeline = load_pipeline(path)
+    if check_state_dir:  # every verb stops here (exit 2) rather than failing later with an OSError
+        pipeline.check_state_dir()
+    return pipeline
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -85,7 +88,7 @@ def validate(pipeline: Path) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
     from pipelines.validate import run_validate
 
-    return run_validate(load(pipeline), say)
+    return run_validate(load(pipeline, check_state_dir=False), say)
 
 
 @cli.command()

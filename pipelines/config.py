@@ -261,6 +261,31 @@ class Pipeline(_Strict):
     def table_selectors(self) -> list[TableSelector]:
         return [TableSelector.parse(t) for t in self.source.postgres.tables]
 
+    def state_dir_problems(self) -> list[tuple[str, str]]:
+        """(problem, fix) for each directory of ours (state_dir, the local log) that cannot be
+        created or written. Checks only: nothing is created."""
+        dirs = {"state_dir": self.state_path, "log.local.path": self.local_log_path}
+        if self.log_config.local is None or not self.log_config.local.path:
+            dirs.pop("log.local.path")  # under state_dir
+        problems = []
+        for key, path in dirs.items():
+            why = directory_problem(path)
+            if why:
+                problems.append(
+                    (
+                        f"{key} {path}: {why}",
+                        f"set {key} in the pipeline file to a directory this user can create and write, "
+                        "or make that one so",
+                    )
+                )
+        return problems
+
+    def check_state_dir(self) -> None:
+        """Raise PipelineFileError (exit 2) when state_dir or the log directory cannot be used."""
+        problems = self.state_dir_problems()
+        if problems:
+            raise PipelineFileError("; ".join(p for p, _ in problems), problems[0][1])
+
     def sink(self, name: str) -> SinkConfig:
         for sink in self.sinks:
             if sink.name == name:
@@ -274,6 +299,21 @@ def pipeline_tables(pipeline: Pipeline, tables: list[TableName]) -> list[TableNa
     more (a table removed from the file, or renamed away): followers follow the file."""
     selectors = pipeline.table_selectors
     return [t for t in tables if any(s.matches(t) for s in selectors)]
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why `path` cannot be used as a directory we create (if needed) and write, or None."""
+    existing = path
+    while not existing.exists():  # False below a regular file too (NotADirectoryError)
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return "is a file, not a directory" if existing == path else f"cannot be created: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is" if existing == path else f"cannot be created: {existing} is"
+        return f"{where} not writable (permissions or a read-only file system)"
+    return None
 
 
 def sink_tables(sink: SinkConfig, all_tables: list[TableName]) -> list[TableName]:

@@ -17,6 +17,11 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     sinks = ", ".join(f"{s.name} ({s.kind})" for s in pipeline.sinks) or "none"
     log = "kafka" if pipeline.log_config.kafka else f"local at {pipeline.local_log_path}"
     say(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
+    dir_problems = pipeline.state_dir_problems()
+    for what, fix in dir_problems:
+        say(f"{BAD} {what}\n       fix: {fix}")
+    if not dir_problems:
+        say(f"{OK} state_dir {pipeline.state_path} can be {'written' if pipeline.state_path.is_dir() else 'created'}")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
@@ -44,8 +49,9 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         say(f"note: {note}")
     for p in report.problems:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
-    if report.problems:
-        say(f"{len(report.problems)} problem(s) found; nothing was changed")
-        return int(ExitCode.SOURCE)
+    if report.problems or dir_problems:
+        say(f"{len(report.problems) + len(dir_problems)} problem(s) found; nothing was changed")
+        # the source's problems first (3); a state_dir problem alone is the pipeline file's (2)
+        return int(ExitCode.SOURCE if report.problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")
     return int(ExitCode.OK)

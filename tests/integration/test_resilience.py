@@ -345,3 +345,37 @@ def test_teardown_refuses_without_terminal_and_checks_rights_first(
     assert run.returncode == 0, run
     assert "dropped replication slot cdc_test" in run.stdout, run.stdout
     assert slot_info(pg_db, pipe.slot) is None and not (pipe.log / "log.db").exists()
+
+
+# ---- issue 11 item 12: a state_dir that cannot be used ---------------------------------------------------
+@pytest.mark.parametrize("layout", ["below_a_file", "is_a_file"])
+def test_unusable_state_dir_is_a_clear_error_for_every_verb(pg_db: str, tmp_path: Path, layout: str) -> None:
+    """As root, chmod does not stop writes, so the state_dir is made unusable with a regular file:
+    every verb exits 2 naming the path with a fix (not "internal error", exit 4); validate reports
+    it as a FAIL line."""
+    make_table(pg_db, "t", 3)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory\n")
+    state = blocker / "state" if layout == "below_a_file" else blocker
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], state_dir=str(state))
+    run = cdc("validate", pipe.file)
+    assert run.code == 2, run
+    assert f"FAIL state_dir {state}:" in run.out and "is a file, not a directory" in run.out, run.out
+    assert "fix: set state_dir in the pipeline file" in run.out, run.out
+    verbs = [
+        (["snapshot"], ["--no-progress"]),
+        (["stream"], ["--until", "current"]),
+        (["apply"], ["--once"]),
+        (["run"], []),
+        (["verify"], []),
+        (["status"], []),
+        (["log", "read"], []),
+        (["log", "compact"], []),
+        (["teardown"], ["--yes"]),
+    ]
+    for verb, options in verbs:
+        args = [*verb, pipe.file, *options]
+        run = cdc(*args)
+        assert run.code == 2, (args, run)
+        assert f"error: state_dir {state}:" in run.err and "  fix: set state_dir" in run.err, (args, run.err)
+        no_traceback(run)
