@@ -33,6 +33,9 @@ class Column:
     # PostgreSQL text of the value rows that existed before the column was added have
     # (ADD COLUMN ... DEFAULT <constant>: pg_attribute.attmissingval); they get it without any WAL.
     missing: str | None = None
+    # pg_attribute.attnum: a column's identity across renames (a rename keeps it, a drop + add
+    # does not). 0 = unknown (logs written before it was recorded): columns then match by name.
+    attnum: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class TableSchema:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "columns": [[c.name, c.type_oid, c.typmod, c.ndims, c.missing] for c in self.columns],
+            "columns": [[c.name, c.type_oid, c.typmod, c.ndims, c.missing, c.attnum] for c in self.columns],
             "key": list(self.key),
             "types": {str(k): v for k, v in self.types.items()},
         }

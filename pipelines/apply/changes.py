@@ -67,6 +67,10 @@ class TableBatch:
     value_kind: str = "pgtext"  # how `vals` are written: PostgreSQL text ("pgtext") or envelope JSON ("envelope")
     # Columns added with a constant default: name -> (LSN they appeared at, default as text).
     defaults: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Columns the source dropped during the batch's span: rows written after the drop keep the follower's value.
+    retired: frozenset[str] = frozenset()
+    # Column -> the older names it had (newest first): a follower still holding one renames it.
+    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def default_value(self, column: str):
         """The typed Spark literal of a column's fast default."""
@@ -153,7 +157,7 @@ class TableBatch:
             return df, resolved
         running = Window.partitionBy("key").orderBy("lsn", "seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
         for i, col in enumerate(self.schema.columns):
-            if toastable(self.types[col.type_oid]):
+            if toastable(self.types[col.type_oid]) or col.name in self.retired:
                 name = f"__cdc_r_{i}"
                 known = F.when(~F.array_contains("unch", i), F.struct(F.col("vals")[i].alias("v")))
                 df = df.withColumn(name, F.last(known, ignorenulls=True).over(running))

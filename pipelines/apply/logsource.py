@@ -41,9 +41,9 @@ class EventRange(InputPartition):
 class Segment(InputPartition):
     """Lines of a snapshot segment file starting at a byte in [start, end)."""
 
-    def __init__(self, off: int, lsn: int, version: int, path: str, start: int, end: int):
+    def __init__(self, off: int, lsn: int, version: int, path: str, start: int, end: int, ts: int | None = None):
         self.off, self.lsn, self.version, self.path = off, lsn, version, path
-        self.start, self.end = start, end
+        self.start, self.end, self.ts = start, end, ts  # ts: the snapshot's time (µs), its rows' commit time
 
 
 class LocalLogSource(DataSource):
@@ -74,6 +74,8 @@ class LocalLogReader(DataSourceReader):
         self.after = int(options["after"])
         self.upto = int(options["upto"])
         self.columns: list[str] = json.loads(options["columns"])
+        self.attnums: list[int] = json.loads(options.get("attnums") or "null") or [0] * len(self.columns)
+        self.retired: list[str] = json.loads(options.get("retired") or "[]")
         # Value for rows written before a column existed (its fast default, else NULL).
         self.missing: list[str | None] = json.loads(options.get("missing") or "null") or [None] * len(self.columns)
 
@@ -88,7 +90,7 @@ class LocalLogReader(DataSourceReader):
         out: list[InputPartition] = [
             EventRange(p.after, p.upto)
             if isinstance(p, EventRun)
-            else Segment(p.off, p.lsn, p.version, str(Path(self.path) / p.path), p.start, p.end)
+            else Segment(p.off, p.lsn, p.version, str(Path(self.path) / p.path), p.start, p.end, p.ts_ms * 1000 or None)
             for p in parts
         ]
         return out or [EventRange(self.after, self.after)]
@@ -119,23 +121,27 @@ class LocalLogReader(DataSourceReader):
     def _rows(self, partition: InputPartition) -> Iterator[tuple]:
         # Imports here: this runs in executor Python workers.
         from cdc.keys import key_from_copy_fields, unescape
-        from cdc.log.base import TableSchema
+        from cdc.log.base import Column, TableSchema
+        from cdc.log.history import FollowedSchema
         from cdc.log.local import iter_segment
         from cdc.pgoutput import UNCHANGED, decode_tuple
 
         conn = _connect(self.path)
         layouts: dict[int, tuple[list[int], tuple[int, ...]]] = {}
         missing = self.missing
+        # Target columns by identity (attnum), so a row written before a rename lands in the renamed column.
+        target = TableSchema(tuple(Column(n, 0, 0, attnum=a) for n, a in zip(self.columns, self.attnums, strict=True)), ())
+        followed = FollowedSchema(target, frozenset(self.retired))
 
         def layout(version: int) -> tuple[list[int], tuple[int, ...]]:
-            """For a schema version: source index of each target column (-1 = absent), key indexes."""
+            """For a schema version: source index of each target column (-1 = absent, -2 = retired
+            column the version lacks: keep the follower's value), key indexes."""
             if version not in layouts:
                 (body,) = conn.execute(
                     "SELECT body FROM schemas WHERE table_id = ? AND version = ?", (self.table_id, version)
                 ).fetchone()
                 schema = TableSchema.from_json(json.loads(body))
-                names = schema.column_names
-                layouts[version] = ([names.index(c) if c in names else -1 for c in self.columns], schema.key_indexes)
+                layouts[version] = (followed.layout(schema), schema.key_indexes)
             return layouts[version]
 
         try:
@@ -143,10 +149,10 @@ class LocalLogReader(DataSourceReader):
                 index, key_idx = layout(partition.version)
                 for fields in iter_segment(Path(partition.path), partition.start, partition.end):
                     vals = [
-                        missing[j] if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
+                        (missing[j] if i == -1 else None) if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
                         for j, i in enumerate(index)
                     ]
-                    yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], None)
+                    yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], partition.ts)
                 return
             assert isinstance(partition, EventRange)
             for off, lsn, seq, op, key, payload, before, sv, ts in conn.execute(
@@ -163,7 +169,9 @@ class LocalLogReader(DataSourceReader):
                 unch: list[int] = []
                 for j, i in enumerate(index):
                     if i < 0:
-                        vals.append(missing[j] if op != "d" else None)
+                        if i == -2 and op == "u":
+                            unch.append(j)  # dropped from the source since: the follower keeps its value
+                        vals.append(missing[j] if op != "d" and i == -1 else None)
                         continue
                     v = raw[i]
                     if v is None:

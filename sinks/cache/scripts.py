@@ -232,3 +232,35 @@ end
 return n
 """
 )
+
+# Source column renamed: KEYS are row keys; ARGV[1] the column's new name, ARGV[2..] its older
+# names (newest first), each quoted as in the JSON. A row holding an older name and not the new
+# one gets the member renamed in place (value, order and TTL kept). Returns the rows renamed.
+RENAME = (
+    _COMMON
+    + r"""
+local n = 0
+for i = 1, #KEYS do
+  local v = redis.pcall('GET', KEYS[i])
+  if type(v) == 'string' and string.match(v, HEAD) then
+    local names, values = members(v)
+    local at, has = nil, false
+    for j = 1, #names do
+      if names[j] == ARGV[1] then has = true end
+    end
+    for k = 2, #ARGV do
+      if has or at then break end
+      for j = 1, #names do
+        if names[j] == ARGV[k] then at = j break end
+      end
+    end
+    if at then
+      names[at] = ARGV[1]
+      redis.call('SET', KEYS[i], join(names, values), 'KEEPTTL')
+      n = n + 1
+    end
+  end
+end
+return n
+"""
+)

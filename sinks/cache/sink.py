@@ -210,7 +210,24 @@ class RedisSink(Sink):
         self._keys = {k.table: k for k in self.template.check_distinct([b.table for b in batches])}
         client = self._client()
         for batch in batches:
+            self._rename_columns(client, batch)
             self._backfill_defaults(client, batch)
+
+    def _rename_columns(self, client: Any, batch: TableBatch) -> None:
+        """A renamed source column: every cached row of the table holding it under an older name
+        gets the member renamed (idempotent, so a cut applied again changes nothing more)."""
+        if not batch.renames:
+            return
+        keys = self._keys[batch.table]
+        names = sorted({n for new, olds in batch.renames.items() for n in (new, *olds)})
+        # Quoted exactly as to_json writes member names.
+        row = self.spark.range(1).select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names))).first()
+        quoted = {n: row[f"q{i}"][1 : -len(":0}")] for i, n in enumerate(names)}
+        script = client.register_script(scripts.RENAME)
+        for new, olds in batch.renames.items():
+            args = [quoted[new], *(quoted[o] for o in olds)]
+            for chunk in self._scan(client, keys):
+                self._redis("writing to", script, keys=chunk, args=args)
 
     def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
         names = [c.name for c in batch.schema.columns]

@@ -48,7 +48,12 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
     if not versions.unchanged:
         return v
     wanted = list(versions.unchanged)
-    current = target.toDF().filter(F.col("_cdc_end_lsn").isNull()).select(
+    # The table as of its version now (time travel), not `target.toDF()`: Delta's writes below
+    # drop cached plans over the table, and re-reading it after the current versions were ended
+    # would find no value to keep.
+    version, location = target.history(1).select("version").first()[0], target.detail().select("location").first()[0]
+    snapshot = target.toDF().sparkSession.read.format("delta").option("versionAsOf", version).load(location)
+    current = snapshot.filter(F.col("_cdc_end_lsn").isNull()).select(
         *(F.col(q(k)) for k in keys), *(F.col(q(c)).alias(f"__cdc_cur_{i}") for i, c in enumerate(wanted))
     )
     joined = v.join(current, on=list(keys), how="left")
@@ -79,9 +84,12 @@ def apply_scd2(
         on_key = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys)
         if not fresh:
             if batch.bootstrap and batch.snapshot_lsn is not None:
+                # Versions older than a new snapshot end when it began (its rows' _cdc_commit_ts), so
+                # "as of" a time finds exactly one version per key on either side of it.
+                began = filled.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).first()[0]
                 target.update(
                     f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {batch.snapshot_lsn}",
-                    {"_cdc_end_lsn": F.lit(batch.snapshot_lsn), "_cdc_end_ts": F.current_timestamp()},
+                    {"_cdc_end_lsn": F.lit(batch.snapshot_lsn), "_cdc_end_ts": F.lit(began) if began else F.current_timestamp()},
                 )
             firsts = filled.groupBy(*(F.col(q(k)) for k in keys)).agg(F.min(F.struct("_cdc_lsn", "_cdc_commit_ts")).alias("f")).select(
                 *(F.col(q(k)) for k in keys), F.col("f._cdc_lsn").alias("first_lsn"), F.col("f._cdc_commit_ts").alias("first_ts")

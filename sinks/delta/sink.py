@@ -10,8 +10,10 @@
   than the snapshot first.
 * Schema: new source columns are added; widenable type changes (int -> bigint, float -> double,
   larger decimals, date -> timestamp_ntz) are applied with Delta type widening; any other
-  difference stops the batch before anything is written. Dropped source columns stay in the
-  Delta table and are no longer filled (NULL in rows written afterwards).
+  difference stops the batch before anything is written. A renamed source column (same attnum)
+  is renamed in the Delta table too (metadata only, thanks to column mapping). Dropped source
+  columns stay in the Delta table with the last value the source had; rows written after the
+  drop keep theirs (updates) or get NULL (inserts).
 * Tables use column mapping (`delta.columnMapping.mode = name`), so any PostgreSQL column
   name works.
 """
@@ -65,6 +67,7 @@ class _Evolution:
     create: T.StructType | None = None
     add: list[T.StructField] = field(default_factory=list)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+    rename: list[tuple[str, str]] = field(default_factory=list)  # (old, new)
 
 
 class DeltaSink(Sink):
@@ -100,6 +103,11 @@ class DeltaSink(Sink):
             return _Evolution(path, create=wanted)
         current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
         plan = _Evolution(path)
+        for f in wanted.fields:  # a renamed source column: the follower renames its own (a metadata-only change)
+            old = next((o for o in batch.renames.get(f.name, ()) if o in current), None) if f.name not in current else None
+            if old is not None:
+                plan.rename.append((old, f.name))
+                current[f.name] = current.pop(old)
         for f in wanted.fields:
             have = current.get(f.name)
             if have is None:
@@ -135,6 +143,8 @@ class DeltaSink(Sink):
                 builder.execute()
                 continue
             target = f"delta.{q(plan.path)}"
+            for old, new in plan.rename:
+                self.spark.sql(f"ALTER TABLE {target} RENAME COLUMN {q(old)} TO {q(new)}")
             if plan.add:
                 cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
                 self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")

@@ -373,6 +373,23 @@ def documents_frame(spark: SparkSession, docs, schema: TableSchema) -> DataFrame
 
 
 # ---- document ids and display --------------------------------------------------------------------
+def renamed_row(row: dict, renames: dict[str, tuple[str, ...]]) -> bool:
+    """Rename a stored row's members after source column renames (new name -> older names); True if any was."""
+    changed = False
+    for new, olds in renames.items():
+        old = next((o for o in olds if o in row), None) if new not in row else None
+        if old is not None:
+            row[new] = row.pop(old)
+            changed = True
+    return changed
+
+
+def pending_renames(schema_json: dict, renames: dict[str, tuple[str, ...]]) -> bool:
+    """Whether the index was written with a column under a name it has since lost."""
+    names = {c[0] for c in schema_json.get("columns", [])}
+    return any(new not in names and any(o in names for o in olds) for new, olds in renames.items())
+
+
 def doc_id(key_values: list[Any]) -> str:
     """The document id of a key, from its JSON values."""
     if len(key_values) == 1 and isinstance(key_values[0], str):

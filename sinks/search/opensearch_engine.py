@@ -63,7 +63,7 @@ from cdc.log.base import TableSchema
 from cdc.tables import TableName
 from pipelines.apply.changes import TableBatch
 from pipelines.errors import SinkError
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoders
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
 
 if TYPE_CHECKING:
@@ -71,6 +71,16 @@ if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame
 
+# Reindexing after source column renames: each document's member moves to the column's new name.
+RENAME_SCRIPT = """
+for (def e : params.renames) {
+  if (!ctx._source.containsKey(e.to)) {
+    for (def o : e.from) {
+      if (ctx._source.containsKey(o)) { ctx._source[e.to] = ctx._source.remove(o); break; }
+    }
+  }
+}
+"""
 META_FIELDS = {"_cdc_version": {"type": "long"}, "_cdc_lsn": {"type": "long"}, "_cdc_seq": {"type": "long"}}
 _BAD_INDEX_CHARS = re.compile(r'[\\/*?"<>|\s,#:]')
 _RETRY_429 = 6
@@ -400,12 +410,21 @@ class OpenSearchSink(SearchSink):
     ) -> None:
         """Copy the documents of `old` into `new` (keeping their versions), then move the alias."""
         if copy:
+            body: dict[str, Any] = {
+                "source": {"index": old},
+                "dest": {"index": new, "version_type": "external"},
+                "conflicts": "proceed",
+            }
+            if batch.renames:
+                body["script"] = {
+                    "lang": "painless",
+                    "source": RENAME_SCRIPT,
+                    "params": {
+                        "renames": [{"to": to, "from": list(olds)} for to, olds in batch.renames.items()]
+                    },
+                }
             done = client.reindex(
-                body={
-                    "source": {"index": old},
-                    "dest": {"index": new, "version_type": "external"},
-                    "conflicts": "proceed",
-                },
+                body=body,
                 refresh=True,
                 request_timeout=max(3600.0, self.settings.timeout_s),
             )
@@ -451,7 +470,8 @@ class OpenSearchSink(SearchSink):
                     (have := _mapped_type(properties, c)) is not None and have != m["type"]
                     for c, m in wanted.items()
                 )
-                if changed:
+                # A renamed source column: a new generation, its documents copied with the member renamed.
+                if changed or pending_renames(meta.get("schema", {}), batch.renames):
                     actions.append(("rebuild", batch, alias, (concrete, meta)))
                     continue
                 added = {c: m for c, m in wanted.items() if _mapped_type(properties, c) is None}
@@ -580,6 +600,8 @@ class OpenSearchSink(SearchSink):
                 ) from None
         matched = resp["hits"].get("total")
         exact = isinstance(matched, dict) and matched.get("relation") == "eq"
-        return total, matched["value"] if exact else None, [
-            (hit["_score"] or 0.0, hit["_source"]) for hit in resp["hits"]["hits"]
-        ]
+        return (
+            total,
+            matched["value"] if exact else None,
+            [(hit["_score"] or 0.0, hit["_source"]) for hit in resp["hits"]["hits"]],
+        )

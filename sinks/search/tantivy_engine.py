@@ -42,7 +42,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +55,7 @@ from cdc.tables import TableName
 from pipelines.apply.changes import TableBatch
 from pipelines.errors import SinkError, UsageError
 from sinks.delta.paths import table_path
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoders
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
 
 if TYPE_CHECKING:
@@ -263,8 +263,11 @@ def open_index(table_dir: Path) -> tuple[tantivy.Index, dict] | None:
     return tantivy.Index.open(str(path)), meta
 
 
-def _rebuild(old: tantivy.Index, path: Path, fields: list[Field]) -> tantivy.Index:
-    """A new index with `fields`, holding every document of `old` (rows re-indexed from `_cdc_row`)."""
+def _rebuild(
+    old: tantivy.Index, path: Path, fields: list[Field], renames: dict[str, tuple[str, ...]] | None = None
+) -> tantivy.Index:
+    """A new index with `fields`, holding every document of `old` (rows re-indexed from `_cdc_row`,
+    members of renamed source columns under their new names)."""
     import tantivy
 
     index = tantivy.Index(build_schema(fields), path=str(path))
@@ -278,6 +281,8 @@ def _rebuild(old: tantivy.Index, path: Path, fields: list[Field]) -> tantivy.Ind
             raw = stored.get_first("_cdc_row") if kind == ROW else None
             try:
                 row = orjson.loads(raw) if raw is not None else None
+                if row is not None and renames and renamed_row(row, renames):
+                    raw = None  # stored again from the renamed row
                 writer.add_document(make(doc_id, stored.get_first("_cdc_version"), kind, row, raw))
             except RowRejected as exc:
                 writer.rollback()
@@ -288,8 +293,15 @@ def _rebuild(old: tantivy.Index, path: Path, fields: list[Field]) -> tantivy.Ind
     return index
 
 
-def writable_index(table_dir: Path, table: str, schema_json: dict, fields: list[Field]) -> tantivy.Index:
-    """The index to write this batch into: created, reused, or rebuilt when the fields changed."""
+def writable_index(
+    table_dir: Path,
+    table: str,
+    schema_json: dict,
+    fields: list[Field],
+    renames: dict[str, tuple[str, ...]] | None = None,
+) -> tantivy.Index:
+    """The index to write this batch into: created, reused, or rebuilt when the fields changed or
+    a source column it holds was renamed."""
     import tantivy
 
     table_dir.mkdir(parents=True, exist_ok=True)
@@ -300,7 +312,8 @@ def writable_index(table_dir: Path, table: str, schema_json: dict, fields: list[
         path = table_dir / f"g{meta['generation']}"
         if tantivy.Index.exists(str(path)):
             current = tantivy.Index.open(str(path))
-    if current is not None and meta is not None and meta["fields"] == wanted:
+    renaming = meta is not None and bool(renames) and pending_renames(meta["schema"], renames or {})
+    if current is not None and meta is not None and meta["fields"] == wanted and not renaming:
         index = current
         generation = meta["generation"]
     else:
@@ -309,7 +322,7 @@ def writable_index(table_dir: Path, table: str, schema_json: dict, fields: list[
         shutil.rmtree(path, ignore_errors=True)  # a rebuild that died half-way
         path.mkdir(parents=True)
         if current is not None:
-            index = _rebuild(current, path, fields)
+            index = _rebuild(current, path, fields, renames)
         else:
             index = tantivy.Index(build_schema(fields), path=str(path))
     new_meta = {
@@ -334,6 +347,7 @@ class IndexPlan:
     fields: tuple[Field, ...]
     layout: RowLayout
     truncate: int | None
+    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -374,7 +388,7 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
 
     layout = plan.layout
     fields = list(plan.fields)
-    index = writable_index(Path(plan.directory), layout.table, plan.schema_json, fields)
+    index = writable_index(Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames)
     index.reload()
     schema = index.schema
     make = DocumentMaker(fields, schema)
@@ -529,6 +543,7 @@ class TantivySink(SearchSink):
             tuple(tantivy_fields(specs, {f.name: f.dataType for f in batch.spark_schema.fields})),
             layout,
             truncate,
+            dict(batch.renames),
         )
         what = f"the tantivy index at {directory}"
         write = partial(write_partition, plan)
@@ -580,6 +595,8 @@ class TantivySink(SearchSink):
         both = tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed), (tantivy.Occur.Must, live)])
         found = searcher.search(both, limit, count=True)  # count: every match, not only the top `limit`
         hits = found.hits
-        return total, found.count, [
-            (score, orjson.loads(searcher.doc(addr).get_first("_cdc_row"))) for score, addr in hits
-        ]
+        return (
+            total,
+            found.count,
+            [(score, orjson.loads(searcher.doc(addr).get_first("_cdc_row"))) for score, addr in hits],
+        )

@@ -268,8 +268,8 @@ def normalize_envelopes(
             i = layout[j]
             if i >= 0 and names[v][i] != column.name:
                 expr = F.when(version == v, F.col("row")[names[v][i]]).otherwise(expr)
-            elif i == -2:
-                expr = F.when(version == v, F.lit(UNAVAILABLE)).otherwise(expr)  # kept by the follower
+            elif i == -2:  # an update after the drop: the follower keeps its value (an insert gets NULL)
+                expr = F.when((version == v) & (F.col("op") == "u"), F.lit(UNAVAILABLE)).otherwise(expr)
         return expr
 
     env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
