@@ -296,7 +296,6 @@ def check_source(
         report.problems.append(
             Problem(f"table {sel} does not exist in database {info.database}", "create it, or fix source.postgres.tables")
         )
-    pub_tables = _publication_tables(conn, publication)
     for table in tables:
         ti = table_info(conn, table)
         report.tables.append(ti)
@@ -316,23 +315,77 @@ def check_source(
                     "(rows that cannot be told apart cannot be followed exactly)",
                 )
             )
-        in_pub = pub_tables is not None and table in pub_tables
-        if not in_pub and not (info.superuser or ti.owned):
-            verb = "ALTER PUBLICATION {p} ADD TABLE {t}" if pub_tables is not None else "CREATE PUBLICATION {p} FOR TABLE {t}"
-            report.problems.append(
-                Problem(
-                    f"role {info.user} does not own {name}, so it cannot add it to publication {publication}",
-                    "ask the owner to run " + verb.format(p=quote_ident(publication), t=name) + ";",
-                )
+    _check_publication(conn, report, info, publication)
+    return report
+
+
+def _check_publication(conn, report: CheckReport, info: ServerInfo, publication: str) -> None:
+    """Can `cdc snapshot` create the publication or add the pipeline's tables to it, and does it
+    publish partitioned tables as themselves? Each problem gets one statement that works as printed
+    (the tool's own publications are FOR TABLE ... WITH (publish_via_partition_root = true))."""
+    tables = [t for t in report.tables if t.relkind in ("r", "p")]
+    if not tables:
+        return
+    pub = quote_ident(publication)
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT oid, pubviaroot, pg_has_role(pubowner, 'USAGE'), pg_get_userbyid(pubowner), puballtables "
+            "FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        )
+        row = cur.fetchone()
+    if row is None:
+        others = [str(t.table) for t in tables if not t.owned]
+        if info.superuser or (not others and info.can_create_in_db):
+            return  # `cdc snapshot` creates it
+        names = ", ".join(str(t.table) for t in tables)
+        statement = f"CREATE PUBLICATION {pub} FOR TABLE {names} WITH (publish_via_partition_root = true);"
+        if others:
+            why = f"role {info.user} does not own {', '.join(others)}"
+            fix = f"ask the tables' owner (or a superuser) to run {statement}"
+        else:  # the role owns every table and only lacks CREATE on the database
+            why = f"role {info.user} has no CREATE on database {info.database}"
+            fix = (
+                f"run GRANT CREATE ON DATABASE {quote_ident(info.database)} TO {quote_ident(info.user)}; "
+                f"or, as a superuser, {statement}"
             )
-    if pub_tables is None and not (info.superuser or info.can_create_in_db):
+        report.problems.append(Problem(f"publication {publication} does not exist and {why}, so it cannot create it", fix))
+        return
+    pub_oid, via_root, own_pub, pub_owner, all_tables = row
+    with conn.cursor() as cur:
+        cur.execute("SELECT prrelid FROM pg_publication_rel WHERE prpubid = %s", (pub_oid,))
+        members = {oid for (oid,) in cur.fetchall()}
+        if info.version >= 150000:  # FOR TABLES IN SCHEMA
+            cur.execute(
+                "SELECT c.oid FROM pg_publication_namespace pn JOIN pg_class c ON c.relnamespace = pn.pnnspid "
+                "WHERE pn.pnpubid = %s",
+                (pub_oid,),
+            )
+            members |= {oid for (oid,) in cur.fetchall()}
+    missing = [t for t in tables if not all_tables and t.oid not in members]
+    cannot = [t for t in missing if not (info.superuser or (t.owned and own_pub))]
+    if cannot:
+        names = ", ".join(str(t.table) for t in missing)  # every missing table in one statement
         report.problems.append(
             Problem(
-                f"role {info.user} cannot create publication {publication} (no CREATE on database {info.database})",
-                f"run GRANT CREATE ON DATABASE {quote_ident(info.database)} TO {who}; or create the publication as its owner",
+                f"{', '.join(str(t.table) for t in cannot)} not in publication {publication}, and role {info.user} "
+                f"cannot add {'them' if len(cannot) > 1 else 'it'} (that needs ownership of the publication, "
+                f"owned by {pub_owner}, and of the table)",
+                f"ask the owner (or a superuser) to run ALTER PUBLICATION {pub} ADD TABLE {names};",
             )
         )
-    return report
+    if not via_root and any(t.relkind == "p" for t in tables):
+        # Without it a partitioned table's changes are published under its partitions' names,
+        # which the pipeline does not capture.
+        who = "run" if own_pub or info.superuser else f"ask {pub_owner} (or a superuser) to run"
+        parents = ", ".join(str(t.table) for t in tables if t.relkind == "p")
+        report.problems.append(
+            Problem(
+                f"publication {publication} has publish_via_partition_root off, so changes of the partitioned "
+                f"table(s) {parents} would come as changes of their partitions, which this pipeline does not capture",
+                f"{who} ALTER PUBLICATION {pub} SET (publish_via_partition_root = true);",
+            )
+        )
 
 
 _STREAM_APP = re.compile(r"^cdc stream (\d+)@(\S+) (.*)$")
@@ -386,7 +439,14 @@ def _publication_tables(conn, publication: str) -> set[TableName] | None:
         cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
         if cur.fetchone() is None:
             return None
-        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+        # pg_publication_tables names the partitions of a partitioned member when the publication
+        # does not publish via the root; the member itself counts too (adding it again fails)
+        cur.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
+            "UNION SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+            "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s",
+            (publication, publication),
+        )
         return {TableName(s, t) for s, t in cur.fetchall()}
 
 

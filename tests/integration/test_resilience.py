@@ -276,25 +276,32 @@ def test_slot_in_use_names_the_holder(pg_db: str, tmp_path: Path) -> None:
 
 # ---- issue 11 item 11: teardown ------------------------------------------------------------------------
 @pytest.fixture
-def least_privilege(pg_db: str):
-    """A role with LOGIN REPLICATION and SELECT on public.t only; the tables and the publication
-    belong to the superuser (as the README's Operations section sets it up). Yields its DSN."""
+def lp_role(pg_db: str):
+    """A least-privilege role: LOGIN REPLICATION, nothing else yet. Yields (role, its DSN)."""
     import uuid
 
     from psycopg2.extensions import make_dsn
 
     role = "cdc_lp_" + uuid.uuid4().hex[:8]
+    sql(pg_db, f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'lp-secret'")
+    try:
+        yield role, make_dsn(pg_db, user=role, password="lp-secret")
+    finally:
+        sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+@pytest.fixture
+def least_privilege(pg_db: str, lp_role: tuple[str, str]) -> str:
+    """The role with SELECT on public.t only; the table and the publication belong to the superuser
+    (as the README's Operations section sets it up). Returns its DSN."""
+    role, dsn = lp_role
     make_table(pg_db, "t", 20)
     sql(
         pg_db,
         "CREATE PUBLICATION cdc_test FOR TABLE public.t WITH (publish_via_partition_root = true)",
-        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'lp-secret'",
         f"GRANT SELECT ON public.t TO {role}",
     )
-    try:
-        yield make_dsn(pg_db, user=role, password="lp-secret")
-    finally:
-        sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+    return dsn
 
 
 def run_cdc_no_tty(*args) -> subprocess.CompletedProcess:
@@ -379,3 +386,60 @@ def test_unusable_state_dir_is_a_clear_error_for_every_verb(pg_db: str, tmp_path
         assert run.code == 2, (args, run)
         assert f"error: state_dir {state}:" in run.err and "  fix: set state_dir" in run.err, (args, run.err)
         no_traceback(run)
+
+
+# ---- issue 11 item 6: validate's statements for a role that does not own the tables --------------------------
+def printed_statements(output: str) -> list[str]:
+    import re
+
+    return re.findall(r"((?:CREATE|ALTER) PUBLICATION .*?;)", output)
+
+
+def test_validate_prints_publication_statements_that_work(
+    pg_db: str, lp_role: tuple[str, str], tmp_path: Path
+) -> None:
+    """Tables owned by someone else, one of them partitioned: validate prints one statement per
+    problem, never GRANT CREATE ON DATABASE; the owner runs them as printed and validate passes;
+    then the partitioned table's changes reach the log."""
+    role, dsn = lp_role
+    sql(
+        pg_db,
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE p (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
+        "CREATE TABLE p_eu PARTITION OF p FOR VALUES IN ('eu')",
+        "CREATE TABLE p_us PARTITION OF p FOR VALUES IN ('us')",
+        f"GRANT SELECT ON a, p, p_eu, p_us TO {role}",
+    )
+    pipe = make_pipe(tmp_path, dsn, ["public.a", "public.p"])
+
+    run = cdc("validate", pipe.file)  # no publication: one CREATE PUBLICATION for both tables
+    assert run.code == 3, run
+    assert "GRANT CREATE ON DATABASE" not in run.out, run.out
+    statements = printed_statements(run.out)
+    assert statements == [
+        "CREATE PUBLICATION cdc_test FOR TABLE public.a, public.p WITH (publish_via_partition_root = true);"
+    ], run.out
+    sql(pg_db, *statements)
+    ok_run = cdc("validate", pipe.file)
+    assert ok_run.code == 0, ok_run
+
+    # a publication made by hand: the partitioned table in it without publish_via_partition_root, `a` missing
+    sql(pg_db, "DROP PUBLICATION cdc_test", "CREATE PUBLICATION cdc_test FOR TABLE p")
+    run = cdc("validate", pipe.file)
+    assert run.code == 3, run
+    statements = printed_statements(run.out)
+    assert statements == [
+        "ALTER PUBLICATION cdc_test ADD TABLE public.a;",
+        "ALTER PUBLICATION cdc_test SET (publish_via_partition_root = true);",
+    ], run.out
+    assert "ADD TABLE public.p" not in run.out and "GRANT CREATE ON DATABASE" not in run.out, run.out
+    sql(pg_db, *statements)
+    ok_run = cdc("validate", pipe.file)
+    assert ok_run.code == 0, ok_run
+
+    snapshot(pipe)
+    sql(pg_db, "INSERT INTO p VALUES (1, 'eu', 'x'), (2, 'us', 'y')", "INSERT INTO a VALUES (1, 'a')")
+    sql(pg_db, "SET synchronous_commit = on", "CREATE TEMP TABLE flush_it(x int)")
+    run = cdc("stream", pipe.file, "--until", "current")
+    assert run.code == 0, run
+    assert_same(pipe, {"public.a": ["id"], "public.p": ["id", "region"]})
