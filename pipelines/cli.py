@@ -345,11 +345,15 @@ DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_ty
 @DEV_DIR
 @handle_errors
 def dev_up(services: tuple[str, ...], base: Path) -> None:
-    """Start services (default: all available) and print NAME=VALUE lines for them."""
+    """Start services (default: all available) and print `export NAME=VALUE` lines for eval."""
+    import shlex
+
     from pipelines.devservices import registry
 
+    # `eval "$(cdc dev up)"` must put the values into the environment of later commands
+    # (a plain NAME=VALUE only sets a shell variable: ${PG_DSN} in a pipeline file stays unset)
     for key, value in registry.up(base, services).items():
-        click.echo(f"{key}={value}")
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @dev.command("down")

@@ -234,7 +234,7 @@ def test_cli_dev_up_status_down(tmp_base: Path) -> None:
     up = cdc("dev", "up", "kafka", "--dir", tmp_base, timeout=180)
     try:
         assert up.code == 0, up.out + up.err
-        lines = [line for line in up.out.splitlines() if line.startswith("KAFKA_BOOTSTRAP=")]
+        lines = [line for line in up.out.splitlines() if line.startswith("export KAFKA_BOOTSTRAP=")]
         assert len(lines) == 1, up.out
         bootstrap = lines[0].split("=", 1)[1]
         host, port = bootstrap.split(":")

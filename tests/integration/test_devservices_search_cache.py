@@ -34,7 +34,8 @@ def cdc(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 
 def env_lines(stdout: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+    """`export NAME=VALUE` lines of `cdc dev up` as {NAME: VALUE} (the values need no shell quoting here)."""
+    return dict(line.removeprefix("export ").split("=", 1) for line in stdout.splitlines() if "=" in line)
 
 
 # -- Redis ----------------------------------------------------------------------------------------
