@@ -35,6 +35,15 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader gone (`| head`) shows here, not at interpreter exit
+        except BrokenPipeError as exc:
+            if _stdout_gone():
+                _quiet_exit_on_closed_stdout()
+            if os.environ.get("CDC_DEBUG"):  # a socket of ours, not our reader: a real failure
+                raise
+            err(f"internal error: {type(exc).__name__}: {exc}")
+            err("  fix: rerun with CDC_DEBUG=1 for a traceback and report it")
+            sys.exit(int(ExitCode.RUNTIME))
         except CdcError as exc:
             if os.environ.get("CDC_DEBUG"):
                 raise
@@ -60,6 +69,26 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return wrapper
+
+
+def _stdout_gone() -> bool:
+    """Is stdout a pipe (or socket) whose reader has gone away? (poll reports an error on it)"""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _quiet_exit_on_closed_stdout() -> None:
+    """Behave like a Unix tool whose reader went away (`cdc log read ... | head -1`): no message,
+    and the exit status a shell shows for a process ended by SIGPIPE (128 + 13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout would fail again
+    sys.exit(128 + 13)
 
 
 def load(path: Path, check_state_dir: bool = True):

@@ -476,3 +476,44 @@ eval "$({cdc_cmd} dev up postgres --dir {base})"
         shutil.rmtree(base, ignore_errors=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all checks passed" in done.stdout, done.stdout
+
+
+# ---- issue 22 item 9: the reader of stdout goes away --------------------------------------------------------
+def test_closed_stdout_exits_quietly(pg_db: str, tmp_path: Path) -> None:
+    """`cdc log read ... | head -1` and `cdc status | head -2`: no "internal error", no traceback,
+    the exit status of a process ended by SIGPIPE (141), like cat or grep."""
+    import os
+    import sys
+
+    from tests.harness import REPO
+
+    make_table(pg_db, "t", 3000)  # far more than a pipe buffer of JSON lines
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
+    snapshot(pipe)
+    cdc_cmd = f"{sys.executable} -m pipelines.cli"
+    for command, lines in ((f"log read {pipe.file}", 1), (f"status {pipe.file}", 2)):
+        done = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {cdc_cmd} {command} | head -{lines}"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            check=False,
+        )
+        assert len(done.stdout.splitlines()) == lines, done
+        assert done.stderr == "", done.stderr
+        assert done.returncode in (0, 141), done  # 0 when all output fit in the pipe before head left
+    # the reader is gone before anything is written: always the broken pipe
+    for command in (["log", "read", pipe.file], ["status", pipe.file]):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", *map(str, command)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=dict(os.environ),
+        )
+        proc.stdout.close()
+        err = proc.stderr.read()
+        proc.wait(timeout=120)
+        assert err == "" and proc.returncode == 141, (command, proc.returncode, err)
