@@ -666,21 +666,27 @@ def run_stream(
     publisher = None
     try:
         ack_limit = None
+        check_publisher = None
         if pipeline.log_config.kafka is not None:
-            from cdc.log.kafka.child import PublisherProcess, check_broker
+            from cdc.log.kafka.child import PublisherProcess, PublishWatch, check_broker
             from cdc.log.kafka.publisher import published_lsn
 
             check_broker(pipeline)
             publisher = PublisherProcess(pipeline)
             publisher.start()
             ack_limit = lambda: published_lsn(log)  # noqa: E731
+            watch = PublishWatch(pipeline, log, say)  # says when the broker is away, and when it is back
+
+            def check_publisher() -> None:
+                publisher.check()
+                watch.check()
         reader = StreamReader(
             pipeline,
             log,
             until=until,
             say=say,
             ack_limit=ack_limit,
-            check_publisher=publisher.check if publisher else None,
+            check_publisher=check_publisher,
             rebaser=rebaser,
         )
         return reader.run()

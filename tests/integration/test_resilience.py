@@ -517,3 +517,63 @@ def test_closed_stdout_exits_quietly(pg_db: str, tmp_path: Path) -> None:
         err = proc.stderr.read()
         proc.wait(timeout=120)
         assert err == "" and proc.returncode == 141, (command, proc.returncode, err)
+
+
+# ---- issue 22 item 10: `cdc stream` says when the Kafka broker is away ------------------------------------------
+@pytest.fixture(scope="module")
+def away_kafka(kafka_factory):
+    """A broker of this module's own, stopped and started by the test (the session broker stays up)."""
+    return kafka_factory()
+
+
+@pytest.mark.slow
+def test_stream_says_when_the_kafka_broker_is_unreachable(pg_db: str, tmp_path: Path, away_kafka) -> None:
+    """While the broker is down `cdc stream` warns that it is unreachable and that it waits (slot
+    held, nothing lost), says when it is back, and every change reaches Kafka afterwards."""
+    import threading
+
+    from tests.integration import test_kafka_log as kl
+
+    broker = away_kafka
+    make_table(pg_db, "t", 20)
+    pipe = kl.make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap, sinks=[])
+    kl.snapshot(pipe)
+    proc = kl.start_stream(pipe)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        broker.stop()
+        sql(
+            pg_db,
+            "INSERT INTO t SELECT g, 'while down' FROM generate_series(21, 40) g",
+            "DELETE FROM t WHERE id <= 5",
+        )
+        wait_for(
+            "the unreachable warning",
+            lambda: any("Kafka broker is unreachable" in line for line in lines),
+            proc,
+        )
+        warning = next(line for line in lines if "Kafka broker is unreachable" in line)
+        assert broker.bootstrap in warning and "waiting for it" in warning and "nothing is lost" in warning, (
+            warning
+        )
+        assert kl.published_lsn(pipe) < kl.staged_lsn(pipe)
+        broker.start()
+        wait_for("the broker to be back", lambda: any("Kafka is back" in line for line in lines), proc, 180)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        reader.join(10)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            kl.kill_tree(proc)
+        if not broker.running():
+            broker.start()
+    assert proc.returncode == 0, (proc.returncode, "".join(lines), err)
+    no_traceback(("".join(lines), err))
+    kl.stream_until_current(pipe)
+    records = kl.table_records(broker.bootstrap, pipe.topic("public.t"))
+    kl.check_shape(
+        kl.deduplicated(kl.check_complete(pipe, "public.t", records, 20)), pipe.topic("public.t"), ["id"]
+    )

@@ -32,6 +32,90 @@ def check_broker(pipeline) -> None:
     kc.admin(cfg.bootstrap_servers).close()
 
 
+class PublishWatch:
+    """Says when Kafka stops taking the stream's changes, and when it takes them again.
+
+    While the broker is away `cdc stream` goes on: changes become durable in the staging log and
+    the slot is acknowledged only up to what Kafka holds, so nothing is lost; but the user must
+    hear that it is waiting (and that the source keeps WAL meanwhile). Called by the reader
+    between transactions; at most one staging-log look per second and one TCP probe of the
+    bootstrap servers per PROBE_EVERY_S once publishing has not moved for STALL_S."""
+
+    STALL_S = 5.0
+    PROBE_EVERY_S = 10.0
+    WARN_EVERY_S = 60.0
+
+    def __init__(self, pipeline, staging, say, clock=None):
+        import time
+
+        servers = pipeline.log_config.kafka.bootstrap_servers
+        self.servers = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()]
+        self.staging = staging
+        self.say = say
+        self.clock = clock or time.monotonic
+        now = self.clock()
+        self._published = -1
+        self._moved = now
+        self._next_look = 0.0
+        self._next_probe = 0.0
+        self._last_warn: float | None = None
+        self._away_since: float | None = None
+
+    def check(self) -> None:
+        from cdc.log.kafka.publisher import published_lsn
+        from cdc.lsn import format_lsn
+
+        now = self.clock()
+        if now < self._next_look:
+            return
+        self._next_look = now + 1.0
+        published = published_lsn(self.staging)
+        if published != self._published:
+            self._published, self._moved = published, now
+            if self._away_since is not None:
+                self.say(
+                    f"Kafka is back after {now - self._away_since:.0f}s: publishing resumed "
+                    f"(Kafka holds the changes up to {format_lsn(published)})"
+                )
+                self._away_since = self._last_warn = None
+            return
+        cut = self.staging.latest_cut()
+        staged = cut.lsn if cut is not None else 0
+        if staged <= published or now - self._moved < self.STALL_S or now < self._next_probe:
+            return
+        self._next_probe = now + self.PROBE_EVERY_S
+        problem = unreachable(self.servers)
+        if problem is None:
+            return  # the broker answers: the publisher is busy (a large backlog), not waiting
+        if self._last_warn is not None and now - self._last_warn < self.WARN_EVERY_S:
+            return
+        if self._away_since is None:
+            self._away_since = self._moved
+        self._last_warn = now
+        self.say(
+            f"warning: the Kafka broker is unreachable ({problem}); waiting for it "
+            f"(nothing published for {now - self._moved:.0f}s). Changes stay durable in the staging log "
+            f"(up to {format_lsn(staged)}) and the slot is acknowledged only up to what Kafka holds "
+            f"({format_lsn(published)}): nothing is lost, but the source keeps the WAL meanwhile "
+            "(retained_wal_bytes in `cdc status`)"
+        )
+
+
+def unreachable(servers: list[str], timeout: float = 2.0) -> str | None:
+    """None if any bootstrap server accepts a TCP connection, else what each one said."""
+    import socket
+
+    failures = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout).close()
+            return None
+        except (OSError, ValueError) as exc:
+            failures.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
+    return "; ".join(failures) or "no bootstrap servers"
+
+
 class PublisherProcess:
     def __init__(self, pipeline):
         ctx = multiprocessing.get_context("spawn")
