@@ -90,18 +90,17 @@ class RewriteWatch:
         self.state_dir = Path(state_dir)
         self.rebaser = rebaser
         self.say = say
-        self.truncated: set[int] = set()  # table ids with a decoded TRUNCATE since their last check
         # table id -> (table, reason, filenodes, WAL position when the catalog was read): a storage
         # change is only a rewrite once the stream passed that position without decoding a TRUNCATE
         # of the table (a lagging stream reads the catalog before it gets to the TRUNCATE).
         self.suspects: dict[int, tuple[TableName, str, str, int]] = {}
 
     def truncate(self, table_id: int) -> None:
-        self.truncated.add(table_id)
-        if self.suspects.pop(table_id, None) is not None:
-            # The TRUNCATE explains the new storage, but not necessarily all of it: from here on
-            # only what the columns show counts, until the table's next snapshot.
-            self.log.set_meta(filenodes_key(table_id), "")
+        """A decoded TRUNCATE explains a new storage, but not necessarily all of it: from here on
+        only what the columns show counts, until the table's next check records the storage again.
+        Kept in the log (with the batch), so a stream restarted after the TRUNCATE knows it too."""
+        self.suspects.pop(table_id, None)
+        self.log.set_meta(filenodes_key(table_id), "")
 
     def due(self, position: int) -> None:
         """The stream has decoded everything before `position`: suspects read before it are rewrites."""
@@ -149,7 +148,7 @@ class RewriteWatch:
             changed = _type_changes(previous, schema)
             if changed:
                 reasons.append(f"column type changed ({changed}), which may rewrite every row")
-        elif known != now and table_id not in self.truncated:
+        elif known != now:
             storage = _storage_change(conn, json.loads(known), catalog)
             if storage:
                 self.suspects[table_id] = (table, storage, now, _wal_lsn(conn))
@@ -159,7 +158,6 @@ class RewriteWatch:
         if conflicts:
             values = "; ".join(f"{c}: " + ", ".join(f"{leaf}={v!r}" for leaf, v in sorted(catalog.conflicts[c].items())) for c in conflicts)
             reasons.append(f"its partitions hold different values for new column(s) that rows not written since have ({values})")
-        self.truncated.discard(table_id)
         self.log.set_meta(key, now)
         if reasons:
             self._rebase(table, "; ".join(r for r in reasons if r))
