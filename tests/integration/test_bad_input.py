@@ -465,14 +465,15 @@ def test_odd_identifiers(pg_db: str, tmp_path: Path) -> None:
 def test_stream_before_snapshot(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
     sql(pg_db, "CREATE TABLE t(id int PRIMARY KEY)")
     path = write_pipeline(tmp_path, pg_db, ["public.t"])
+    # a missing slot is a slot problem: exit 3 like a dropped or busy one (README "Exit codes")
     check_error(
         cdc("stream", path),
-        USAGE,
+        SOURCE,
         "replication slot cdc_test does not exist",
         "cdc snapshot",
         secrets=[pg.password],
     )
-    check_error(cdc("stream", path, "--until", "current"), USAGE, "cdc snapshot")
+    check_error(cdc("stream", path, "--until", "current"), SOURCE, "cdc snapshot")
     assert_nothing_created(pg_db)
 
 
