@@ -31,7 +31,9 @@ def new_topic(kafka: LocalKafka) -> str:
 
 
 def read_all(kafka: LocalKafka, topic: str) -> list:
-    consumer = KafkaConsumer(bootstrap_servers=[kafka.bootstrap], enable_auto_commit=False, consumer_timeout_ms=5000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=[kafka.bootstrap], enable_auto_commit=False, consumer_timeout_ms=5000
+    )
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -57,7 +59,11 @@ def test_records_over_many_batches_arrive_once_in_order(kafka: LocalKafka) -> No
     topic = new_topic(kafka)
     producer = BatchProducer([kafka.bootstrap], batch_bytes=16 << 10)  # ~14 records per batch
     records = [
-        (f'{{"id":{i}}}'.encode(), None if i % 7 == 0 else (b"v%d-" % i) * 100, [("cdc.lsn", str(i).encode())])
+        (
+            f'{{"id":{i}}}'.encode(),
+            None if i % 7 == 0 else (b"v%d-" % i) * 100,
+            [("cdc.lsn", str(i).encode())],
+        )
         for i in range(1000)
     ]
     encoded = [(k, v, encode_headers(h)) for k, v, h in records]
@@ -100,14 +106,35 @@ def test_a_batch_sent_twice_is_written_once(kafka: LocalKafka) -> None:
 def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
     topic = new_topic(kafka)
     producer = BatchProducer([kafka.bootstrap], request_timeout_ms=5000, retry_s=120)
+    sending, broker_back = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def send() -> None:
+        sending.set()
+        try:
+            outcome["result"] = producer.send(topic, [(b"b", b"2", NO_HEADERS), (b"c", b"3", NO_HEADERS)])
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+        outcome["returned_after_restart"] = broker_back.is_set()
+
     try:
         producer.send(topic, [(b"a", b"1", NO_HEADERS)])
-        restart = threading.Thread(target=kafka.restart)
-        restart.start()
-        time.sleep(0.5)  # the broker is going down while we send
-        result = producer.send(topic, [(b"b", b"2", NO_HEADERS), (b"c", b"3", NO_HEADERS)])
-        restart.join()
+        kafka.stop()  # down before the send starts, so the send overlaps the outage by construction
+        sender = threading.Thread(target=send, daemon=True)
+        try:
+            sender.start()
+            sending.wait()
+            kafka.start()
+            broker_back.set()
+        finally:
+            if not kafka.running():
+                kafka.start()  # the session broker stays up for the next tests
+        sender.join()
     finally:
         producer.close()
+    assert "error" not in outcome, outcome
+    # the send was neither answered nor given up while the broker was down: it waited for it
+    assert outcome["returned_after_restart"] is True, outcome
+    result = outcome["result"]
     assert result == (1, 2, 2)
     assert [(r.key, r.value) for r in read_all(kafka, topic)] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
