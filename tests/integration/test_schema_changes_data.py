@@ -18,10 +18,9 @@ from tests.harness import apply_once, cdc, source_rows, sql, stream_until_curren
 pytestmark = pytest.mark.integration
 
 
-def _pipeline(tmp_path: Path, dsn: str, tables: list[str]) -> Path:
-    return write_pipeline(
-        tmp_path, dsn, tables, name="ddl", sinks=[{"name": "lake", "delta": {"path": "lake"}}]
-    )
+def _pipeline(tmp_path: Path, dsn: str, tables: list[str], *more_sinks: dict) -> Path:
+    sinks = [{"name": "lake", "delta": {"path": "lake"}}, *more_sinks]
+    return write_pipeline(tmp_path, dsn, tables, name="ddl", sinks=sinks)
 
 
 def _snapshot(file: Path) -> None:
@@ -56,7 +55,8 @@ def test_add_column_default_on_partitioned_table_reaches_untouched_rows(
         "CREATE TABLE o_us PARTITION OF o FOR VALUES IN ('us')",
         "INSERT INTO o SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, 'v' || g FROM generate_series(1, 10) g",
     )
-    file = _pipeline(tmp_path, pg_db, ["public.o"])
+    search = {"name": "search", "search": {"engine": "tantivy", "path": "search", "tables": ["public.o"]}}
+    file = _pipeline(tmp_path, pg_db, ["public.o"], search)
     _snapshot(file)
     apply_once(file, spark)
     sql(
@@ -69,8 +69,8 @@ def test_add_column_default_on_partitioned_table_reaches_untouched_rows(
     got = _delta(spark, tmp_path, "public.o", ["region", "v", "tier"])
     assert got == _source(pg_db, "public.o", ["region", "v", "tier"])
     assert got["1"][2] == "std" and got["2"][2] == "std" and got["11"][2] == "given"
-    code, report = verify(file, spark)
-    assert code == 0, report
+    code, report = verify(file, spark)  # Delta and the search index
+    assert code == 0 and "sink search: public.o: identical" in report, report
 
 
 def test_partition_attached_with_its_own_default_is_re_based(pg_db: str, tmp_path: Path, spark) -> None:
