@@ -154,6 +154,7 @@ class StreamReader:
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
+        self._durable_counts = (0, 0)  # (events, transactions) durable in the log, for reconnects
 
     def request_stop(self, *_args) -> None:
         self._stop = True
@@ -334,6 +335,8 @@ class StreamReader:
         limit = self.cfg.reconnect_timeout_s
         lost = _one_line(exc)
         self.log.rollback()
+        # the dropped batch's transactions come again: count them once
+        self.stats.events, self.stats.transactions = self._durable_counts
         self._close_connections()
         if limit <= 0:
             raise SourceError(
@@ -437,6 +440,7 @@ class StreamReader:
             self._ack(cur, flushed)
             self._watch.poll(self._conn, flushed)  # tables gone from the source: marked once passed
             stats.batches += 1
+            self._durable_counts = (stats.events, stats.transactions)  # what a reconnect keeps
             batch_events = 0
             last_txn = None
 

@@ -98,6 +98,8 @@ def test_stream_reconnects_after_walsender_is_terminated(pg_db: str, tmp_path: P
             proc.kill()
     assert out.count("lost the connection to the source") == 2, out
     assert out.count("reconnected after") == 2, out
+    # transactions resent after a reconnect are counted once
+    assert f"streamed {writer.changes + 1:,} events in {len(writer.txns) + 1:,} transactions" in out, out
     assert_txns_streamed(pipe, "public.t", writer.txns)
     assert_same(
         pipe, {"public.t": ["id"], "public.m": ["id"]}
