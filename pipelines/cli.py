@@ -106,7 +106,8 @@ def cli() -> None:
     """Change-data-capture from PostgreSQL into a compacted log, applied by Spark to followers.
 
     Exit codes: 0 ok, 1 follower differs from source (verify), 2 bad usage or pipeline file,
-    3 source not usable (wal_level, rights, keys...), 4 runtime failure, 130 interrupted.
+    3 source not usable (wal_level, rights, slots, keys...), 4 runtime failure, 130 interrupted
+    (a continuous command stopped by Ctrl-C/SIGTERM exits 0), 141 the reader of the output went away.
     """
 
 
@@ -192,7 +193,7 @@ def stream(pipeline: Path, until: str | None) -> int:
 @cli.command()
 @PIPELINE
 @click.option("--once", is_flag=True, help="drain the log to its latest consistent cut and exit (for schedulers)")
-@click.option("--sink", "sink_name", help="only this sink (default: every sink)")
+@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
 @click.option(
     "--lock-wait",
     "lock_wait_s",
@@ -202,15 +203,16 @@ def stream(pipeline: Path, until: str | None) -> int:
     help="seconds to wait for another apply of a sink to finish (default: leave that sink to it, exit 4)",
 )
 @handle_errors
-def apply(pipeline: Path, once: bool, sink_name: str | None, lock_wait_s: float) -> int:
+def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: float) -> int:
     """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
     from pipelines.apply.job import ApplyJob
     from pipelines.spark import spark_session
     from pipelines.stages import reporting
 
     p = load(pipeline)
-    if sink_name:
-        p.sink(sink_name)  # unknown sink: exit 2 before Spark starts
+    for name in sink_names:
+        p.sink(name)  # unknown sink: exit 2 before Spark starts
+    sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
     with reporting():  # stage lines on stderr (pipelines/stages.py)
         job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
         if not once:
@@ -234,28 +236,28 @@ def run(pipeline: Path) -> int:
 
 @cli.command()
 @PIPELINE
-@click.option("--sink", "sink_name", help="only this sink (default: every sink)")
+@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
 @click.option("--wait", "wait_s", default=60.0, show_default=True, help="seconds to wait for a running stream to pass the verification point")
 @handle_errors
-def verify(pipeline: Path, sink_name: str | None, wait_s: float) -> int:
+def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
     """Compare each follower with the source at a matching position; exit 0 only if identical."""
     from pipelines.spark import spark_session
     from pipelines.stages import reporting
     from pipelines.verify import run_verify
 
     p = load(pipeline)
-    if sink_name:
-        p.sink(sink_name)
+    for name in sink_names:
+        p.sink(name)  # unknown sink: exit 2 before Spark starts
     with reporting():  # stage lines on stderr (pipelines/stages.py)
-        return run_verify(p, spark_session(p), sink_name, wait_s, say)
+        return run_verify(p, spark_session(p), list(dict.fromkeys(sink_names)) or None, wait_s, say)
 
 
 @cli.command()
 @PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @handle_errors
-def status(pipeline: Path, as_json: bool) -> None:
-    """Slot lag, log end and each follower's position."""
+def status(pipeline: Path, as_json: bool) -> int:
+    """Slot lag, log end and each follower's position (exit 4 if a follower's checkpoint is unreadable)."""
     from pipelines.status import collect_status, print_status
 
     data = collect_status(load(pipeline))
@@ -265,6 +267,7 @@ def status(pipeline: Path, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, default=str))
     else:
         print_status(data, say)
+    return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
 
 
 @cli.command()
@@ -347,6 +350,30 @@ def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
             raise UsageError(f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes")
         click.confirm(f"delete {what}?", abort=True)
     run_teardown(p, drop_slot, say)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--sink", "sink_name", required=True, help="the follower to reset (no other is touched)")
+@click.option("--rebuild", is_flag=True, help="start over from the log's base: every table is rebuilt on the next apply")
+@click.option("--to-cut", "to_cut", type=click.IntRange(min=1), help="go back to this earlier cut: the next apply applies every change after it again")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@handle_errors
+def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes: bool) -> None:
+    """Rebuild one follower from the log's base, or rewind it to an earlier cut (its checkpoint only)."""
+    from pipelines.errors import UsageError
+    from pipelines.reset import run_reset
+
+    p = load(pipeline)
+    p.sink(sink_name)  # unknown sink: exit 2
+    if rebuild == (to_cut is not None):
+        raise UsageError("cdc reset needs exactly one of --rebuild and --to-cut N", "pass --rebuild or --to-cut N")
+    if not yes:
+        what = "rebuild it from the log's base" if rebuild else f"rewind it to cut {to_cut}"
+        if not sys.stdin.isatty():  # cron, CI, a pipe: nobody can answer, so nothing changes
+            raise UsageError(f"cdc reset would {what} (sink {sink_name}), and there is no terminal to confirm it on", "pass --yes")
+        click.confirm(f"sink {sink_name}: {what}?", abort=True)
+    run_reset(p, sink_name, to_cut, rebuild, say)
 
 
 @cli.command()
