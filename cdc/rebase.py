@@ -144,17 +144,23 @@ class RewriteWatch:
         key = filenodes_key(table_id)
         known, now = self.log.meta(key), encode_filenodes(catalog)
         reasons = []
+        fresh = [c for c in schema.columns if previous is not None and c.name not in previous.column_names]
         if not known:  # a log from before baselines were kept, or after a TRUNCATE: what the columns show
             changed = _type_changes(previous, schema)
             if changed:
                 reasons.append(f"column type changed ({changed}), which may rewrite every row")
+            lost = _defaults_without_value(conn, catalog.oid, [c.name for c in fresh if c.missing is None])
+            if lost:
+                reasons.append(
+                    f"new column(s) {', '.join(lost)} have a default that rows not written since hold, but the catalog "
+                    "keeps no value for them (a volatile default, or a rewrite cleared it)"
+                )
         elif known != now:
             storage = _storage_change(conn, json.loads(known), catalog)
             if storage:
                 self.suspects[table_id] = (table, storage, now, _wal_lsn(conn))
                 return
-        fresh = [c.name for c in schema.columns if previous is not None and c.name not in previous.column_names]
-        conflicts = [c for c in fresh if c in catalog.conflicts]
+        conflicts = [c.name for c in fresh if c.name in catalog.conflicts]
         if conflicts:
             values = "; ".join(f"{c}: " + ", ".join(f"{leaf}={v!r}" for leaf, v in sorted(catalog.conflicts[c].items())) for c in conflicts)
             reasons.append(f"its partitions hold different values for new column(s) that rows not written since have ({values})")
@@ -186,6 +192,19 @@ def _wal_lsn(conn) -> int:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         return int(cur.fetchone()[0])
+
+
+def _defaults_without_value(conn, oid: int, names: list[str]) -> list[str]:
+    """Of these columns, those with a DEFAULT expression (a column added with one, or given one since)."""
+    if not names:
+        return []
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT a.attname FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+            " WHERE d.adrelid = %s AND a.attname = ANY(%s) AND a.attgenerated = '' ORDER BY a.attnum",
+            (oid, names),
+        )
+        return [r[0] for r in cur.fetchall()]
 
 
 def _has_rows(conn, oid: int) -> bool:

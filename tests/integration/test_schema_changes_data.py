@@ -228,6 +228,35 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
     assert code == 0, report
 
 
+def test_rewrite_noticed_on_a_log_without_storage_baseline(pg_db: str, tmp_path: Path, spark) -> None:
+    """A log written before relfilenodes were kept (or after a TRUNCATE) has no storage baseline
+    for the table: the stream still notices a volatile default by what the catalog shows (a
+    DEFAULT and no value kept for rows not written since) and re-bases the table."""
+    import sqlite3
+
+    sql(
+        pg_db,
+        "CREATE TABLE acc (id int PRIMARY KEY, n int)",
+        "INSERT INTO acc SELECT g, g FROM generate_series(1, 5) g",
+    )
+    file = _pipeline(tmp_path, pg_db, ["public.acc"])
+    _snapshot(file)
+    apply_once(file, spark)
+    db = sqlite3.connect(load_pipeline(file).local_log_path / "log.db")
+    with db:
+        assert db.execute("DELETE FROM meta WHERE k LIKE 'filenodes:%'").rowcount == 1
+    db.close()
+    sql(pg_db, "ALTER TABLE acc ADD COLUMN r float8 DEFAULT random()", "INSERT INTO acc VALUES (6, 6, 0.5)")
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    assert "new column(s) r have a default" in run.out and "re-base public.acc: done" in run.out, run.out
+    apply_once(file, spark)
+    got = _delta(spark, tmp_path, "public.acc", ["n", "r"])
+    assert got == _source(pg_db, "public.acc", ["n", "r"]) and got["1"][1] is not None
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+
 def test_kafka_log_add_column_default_then_vacuum_full_is_re_based(
     pg_db: str, tmp_path: Path, kafka, spark
 ) -> None:
