@@ -32,7 +32,8 @@ from pipelines.errors import SinkError
 from sinks.base import make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
-from tests.harness import apply_once, cdc, sql, verify, write_pipeline
+from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
+from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_until_current as _stream
 
 pytestmark = pytest.mark.integration
@@ -172,6 +173,69 @@ def hits(
     return list(run_search(load_pipeline(f), table, query, sink, limit))
 
 
+# ---- independent reads: the engine's own client, not the sink's code ------------------------------
+def _text(v: str) -> str:
+    return v
+
+
+def _float(v: str) -> float | str:
+    return v if v in ("NaN", "Infinity", "-Infinity") else float(v)
+
+
+# the JSON value a document holds for a source column's PostgreSQL text (sinks/search/documents.py)
+JSON_OF = {"id": int, "qty": int, "score": _float, "ok": lambda v: v == "t"}
+COMPARED = {
+    "public.items": ("id", "title", "code", "qty", "price", "score", "ok", "day", "ref", "feeling", "big"),
+    "public.t": ("id", "v"),
+}
+
+
+def _settings(f: Path, sink: str) -> dict[str, Any]:
+    doc = yaml.safe_load(f.read_text())
+    return next(s for s in doc["sinks"] if s["name"] == sink)["search"]
+
+
+def index_docs(f: Path, sink: str = "s", table: str = "public.items") -> dict[str, dict[str, Any]]:
+    """The live documents as the engine itself returns them: opensearch-py on the table's alias,
+    or tantivy's searcher on the generation cdc.json names."""
+    settings = _settings(f, sink)
+    if settings.get("engine") == "opensearch":
+        return opensearch_docs(settings["hosts"][0], f"{settings.get('index_prefix', 'test')}.{table}")
+    schema, name = table.split(".")
+    return tantivy_docs(load_pipeline(f).state_path / "search" / schema / name)
+
+
+def index_ids(f: Path, sink: str, table: str, tantivy_query: str, opensearch_query: dict) -> set[str]:
+    """Ids matched by a query in the engine's own query language (fields indexed with their types)."""
+    settings = _settings(f, sink)
+    if settings.get("engine") == "opensearch":
+        url, alias = settings["hosts"][0], f"{settings.get('index_prefix', 'test')}.{table}"
+        return opensearch_ids(url, alias, opensearch_query)
+    schema, name = table.split(".")
+    return tantivy_ids(load_pipeline(f).state_path / "search" / schema / name, tantivy_query, ["title"])
+
+
+def assert_index_is_source(
+    f: Path, dsn: str, sink: str = "s", table: str = "public.items"
+) -> dict[str, dict[str, Any]]:
+    """Read the index independently and compare it with the source: the same ids (deleted rows
+    absent), the compared columns with their JSON types, versions as the engine stores them."""
+    docs = index_docs(f, sink, table)
+    source = {k[0]: row for k, row in source_rows(dsn, table, ("id",)).items()}
+    assert sorted(docs, key=int) == sorted(source, key=int), (sorted(docs), sorted(source))
+    for doc_id, row in source.items():
+        doc = docs[doc_id]
+        for column in COMPARED[table]:
+            text = row[column]
+            expected = None if text is None else JSON_OF.get(column, _text)(text)
+            assert doc.get(column) == expected, (doc_id, column, doc.get(column), text)
+            assert type(doc.get(column)) is type(expected), (doc_id, column, doc.get(column))
+        assert isinstance(doc["_version"], int) and doc["_version"] > 0, doc
+        if "_cdc_version" in doc:  # OpenSearch: its own version is the change's version
+            assert doc["_version"] == doc["_cdc_version"], doc
+    return docs
+
+
 # ---- 1. changes reach the index --------------------------------------------------------------------
 @pytest.mark.parametrize("engine", ENGINES)
 def test_changes_reach_the_index(engine: str, pg_db: str, tmp_path: Path, spark, request) -> None:
@@ -187,8 +251,16 @@ def test_changes_reach_the_index(engine: str, pg_db: str, tmp_path: Path, spark,
     first = stats_of(runs)["public.items"]
     assert (first.inserted, first.updated, first.deleted) == (52, 0, 0), first.line()
     assert_verified(f, spark)
+    assert_index_is_source(f, pg_db)
+    assert index_ids(f, "s", "public.items", "qty:[5 TO 7]", {"range": {"qty": {"gte": 5, "lte": 7}}}) == {
+        "5",
+        "6",
+        "7",
+    }
     lines = hits(f, "hello")
-    assert "top 10 of 50 hit(s) for 'hello' among 52 document(s)" in lines[0], lines  # --limit is not the count
+    assert "top 10 of 50 hit(s) for 'hello' among 52 document(s)" in lines[0], (
+        lines
+    )  # --limit is not the count
     if engine == "opensearch":  # deletes are remembered long enough to reject late writes
         from sinks.search.opensearch_engine import OpenSearchSink
 
@@ -214,6 +286,11 @@ def test_changes_reach_the_index(engine: str, pg_db: str, tmp_path: Path, spark,
     # 10 title updates + id 30 updated; 11-15 and old key 20 deleted; 51-60 and 2000 inserted
     assert (second.inserted, second.updated, second.deleted) == (11, 11, 6), second.line()
     assert_verified(f, spark)
+    independent = assert_index_is_source(f, pg_db)
+    assert independent["3"]["big"] == hashlib.md5(b"3").hexdigest() * 100  # kept TOAST value
+    assert "20" not in independent and "11" not in independent and independent["2000"]["big"] == "moved"
+    changed = index_ids(f, "s", "public.items", "title:changed", {"match": {"title": "changed"}})
+    assert changed == {str(i) for i in range(1, 11)}
     docs = {r[0]: r for r in documents(f, spark)}
     assert (
         docs[3][1] == "changed 3" and docs[3][-1] == hashlib.md5(b"3").hexdigest() * 100
@@ -230,6 +307,7 @@ def test_changes_reach_the_index(engine: str, pg_db: str, tmp_path: Path, spark,
     third = stats_of(runs)["public.items"]
     assert third.inserted == 3, third.line()
     assert_verified(f, spark)
+    assert sorted(assert_index_is_source(f, pg_db)) == ["1", "2", "3"]
     assert [r[0] for r in documents(f, spark)] == [1, 2, 3]
     lines = hits(f, "truncate")
     assert "3 hit(s)" in lines[0] and "among 3 document(s)" in lines[0], lines
@@ -257,6 +335,7 @@ def test_replayed_and_late_batches_change_nothing(
     _, end = applied_end(f)
     state = documents(f, spark)
     assert len(state) == 15
+    independent = assert_index_is_source(f, pg_db)  # with each document's version
 
     # the same batch again: every change is not newer than the index
     replay = apply_batch(f, spark, snap_end, end)
@@ -267,6 +346,7 @@ def test_replayed_and_late_batches_change_nothing(
     assert (late.inserted, late.updated, late.deleted, late.stale) == (0, 0, 0, 20), late.line()
     assert documents(f, spark) == state  # ids 11-15 stay deleted
     assert_verified(f, spark)
+    assert index_docs(f) == independent  # same documents, same versions, 11-15 still absent
 
     # after a truncate, nothing older than it comes back
     sql(pg_db, "TRUNCATE items")
@@ -280,6 +360,7 @@ def test_replayed_and_late_batches_change_nothing(
         assert late.inserted == late.updated == late.deleted == 0, late.line()
         assert documents(f, spark) == after
     assert_verified(f, spark)
+    assert sorted(assert_index_is_source(f, pg_db)) == ["1", "2"]
 
 
 # ---- 3. OpenSearch down -----------------------------------------------------------------------------
@@ -332,6 +413,7 @@ def test_opensearch_down_fails_only_that_follower(
     assert local.cut_id > before.cut_id  # the other follower advanced
     assert failed.cut_id == before.cut_id and failed.pending is not None  # kept its place
     assert_verified(f, spark, "local")
+    assert_index_is_source(f, pg_db, "local")
 
     # more changes while down; then the node comes back and the next runs catch up
     insert_items(pg_db, 11, 12, "late arrival")
@@ -348,6 +430,8 @@ def test_opensearch_down_fails_only_that_follower(
     assert_verified(f, spark, "os")
     assert_verified(f, spark, "local")
     assert "2 hit(s)" in hits(f, '"late arrival"', "os")[0]
+    assert assert_index_is_source(f, pg_db, "os")["1"]["title"] == "while down 1"
+    assert "10" not in assert_index_is_source(f, pg_db, "local")
 
 
 # ---- 4. rejected documents ------------------------------------------------------------------------
@@ -384,6 +468,7 @@ def test_rejected_row_names_table_and_key(engine: str, pg_db: str, tmp_path: Pat
     apply_once(f, spark)
     assert load_checkpoint(state, "s").pending is None
     assert_verified(f, spark)
+    assert assert_index_is_source(f, pg_db, table="public.t")["3"]["v"] == "abc"
     assert "1 hit(s)" in hits(f, "v:abc", table="public.t")[0]
 
 
@@ -405,6 +490,8 @@ def test_cdc_search_command(pg_db: str, tmp_path: Path, spark) -> None:
     ), before
 
     apply_once(f, spark, "s")
+    assert len(assert_index_is_source(f, pg_db)) == 30
+    assert index_docs(f, table="public.empty") == {}
     run = cdc("search", f, "public.items", "title:world AND qty:[5 TO 7]", "--limit", "5")
     assert run.code == 0, run
     lines = run.out.splitlines()
@@ -422,29 +509,3 @@ def test_cdc_search_command(pg_db: str, tmp_path: Path, spark) -> None:
     ):
         bad = cdc("search", f, *args)
         assert bad.code == 2 and expected in bad.err and "Traceback" not in bad.err, (args, bad)
-
-
-def test_pipeline_file_search_options(tmp_path: Path) -> None:
-    from pipelines.config import parse_pipeline
-    from pipelines.errors import PipelineFileError
-
-    def parse(search: dict) -> None:
-        parse_pipeline(
-            {
-                "name": "p",
-                "source": {"postgres": {"dsn": "x", "tables": ["public.t"]}},
-                "sinks": [{"name": "s", "search": search}],
-            }
-        )
-
-    parse({"tables": ["public.t"], "fields": {"public.t": {"v": "keyword"}}, "gc_deletes": "12h"})
-    for bad, expected in (
-        ({"tables": ["public.t"], "colour": 1}, "unknown key 'colour'"),
-        ({"tables": ["public.t"], "fields": {"public.u": {"v": "text"}}}, "not among this sink's `tables`"),
-        ({"tables": ["public.t"], "fields": {"public.t": {"v": "blob"}}}, "fields.public.t.v"),
-        ({"tables": ["public.t"], "gc_deletes": "soon"}, "gc_deletes"),
-        ({"engine": "opensearch", "tables": ["public.t"]}, "needs `hosts`"),
-    ):
-        with pytest.raises(PipelineFileError) as exc:
-            parse(bad)
-        assert expected in str(exc.value), (bad, str(exc.value))
