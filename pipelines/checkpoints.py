@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pipelines.errors import LogError
 
 
 @dataclass
@@ -22,6 +25,10 @@ class Checkpoint:
     ts_ms: int = 0
     tables: dict[str, list[int]] = field(default_factory=dict)  # str(TableName) -> [base, end offset applied]
     pending: dict[str, Any] | None = None  # {"cut_id", "lsn", "tables": {...}} being applied
+    markers: bool = False  # the follower carries a marker per table (sinks/marker.py) since this was set
+    lost: dict[str, Any] | None = (
+        None  # the last time the follower was found to have lost data (status shows it)
+    )
 
     @property
     def path_name(self) -> str:
@@ -32,12 +39,30 @@ def checkpoint_dir(state_path: Path) -> Path:
     return state_path / "checkpoints"
 
 
-def load_checkpoint(state_path: Path, sink: str) -> Checkpoint:
-    path = checkpoint_dir(state_path) / f"{sink}.json"
+class CheckpointError(LogError):
+    """A checkpoint file cannot be read (truncated, emptied, edited by hand): exit 4."""
+
+
+def checkpoint_path(state_path: Path, sink: str) -> Path:
+    return checkpoint_dir(state_path) / f"{sink}.json"
+
+
+def load_checkpoint(state_path: Path, sink: str, pipeline_file: str = "PIPELINE") -> Checkpoint:
+    path = checkpoint_path(state_path, sink)
     if not path.exists():
         return Checkpoint(sink)
-    data = json.loads(path.read_text())
-    return Checkpoint(**data)
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("sink") != sink:
+            raise ValueError("not a checkpoint of this sink")
+        return Checkpoint(**data)
+    except (OSError, ValueError, TypeError) as exc:
+        # save_checkpoint never leaves half a file: this one was damaged outside the tool
+        raise CheckpointError(
+            f"sink {sink}: its checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:120]})",
+            f"rebuild the follower from the log's base: `cdc reset {shlex.quote(pipeline_file)} --sink {sink} --rebuild --yes` "
+            "(replaces the checkpoint; the next apply rebuilds every table of this follower)",
+        ) from None
 
 
 def save_checkpoint(state_path: Path, checkpoint: Checkpoint) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -171,6 +172,11 @@ class SinkConfig(_Strict):
     delta: DeltaSink | None = None
     search: SearchSink | None = None
     redis: RedisSink | None = None
+    on_lost: Literal["rebuild", "stop"] = Field(
+        default="rebuild",
+        description="when the engine lost data this follower had applied (its marker is gone or behind): "
+        "rebuild the table from the log's base, or stop with the remedy",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SinkConfig:
@@ -218,6 +224,8 @@ class Pipeline(_Strict):
 
     # Where the file was loaded from; relative paths resolve against its directory.
     base_dir: Path = Field(default=Path("."), exclude=True)
+    # The file as given on the command line: printed remedies name it so they run as written.
+    file: str = Field(default="PIPELINE", exclude=True)
 
     @model_validator(mode="after")
     def _unique_sinks(self) -> Pipeline:
@@ -236,6 +244,10 @@ class Pipeline(_Strict):
     @property
     def state_path(self) -> Path:
         return self.path(self.state_dir or f".cdc/{self.name}")
+
+    def command(self, verb: str, *args: str) -> str:
+        """`cdc VERB <this pipeline file> ARGS`, shell-quoted, for `fix:` lines that run as printed."""
+        return " ".join(["cdc", verb, shlex.quote(self.file), *args])
 
     @property
     def slot(self) -> str:
@@ -439,4 +451,5 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
             f"{file}: not valid YAML{at}: {problem}",
             "fix the YAML syntax there (indentation, a missing ':', an unclosed bracket or quote)",
         ) from None
-    return parse_pipeline(data, str(file), file.resolve().parent)
+    pipeline = parse_pipeline(data, str(file), file.resolve().parent)
+    return pipeline.model_copy(update={"file": str(path)})

@@ -13,12 +13,16 @@ from cdc.rebase import load_states
 from cdc.source import connect, current_wal_lsn, slot_state
 from cdc.tables import TableName
 from pipelines.checkpoints import Checkpoint, load_checkpoint
-from pipelines.config import Pipeline, SinkConfig, sink_tables
+from pipelines.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
 from pipelines.errors import CdcError
 
 
 def collect_status(pipeline: Pipeline) -> dict[str, Any]:
-    data: dict[str, Any] = {"pipeline": pipeline.name, "slot": pipeline.slot, "publication": pipeline.publication}
+    data: dict[str, Any] = {
+        "pipeline": pipeline.name,
+        "slot": pipeline.slot,
+        "publication": pipeline.publication,
+    }
     source_lsn = None
     try:
         conn = connect(pipeline.source.postgres.dsn, application_name="cdc status")
@@ -32,7 +36,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             data["source"]["slot"] = None
         else:
             data["source"]["slot"] = {
-                "confirmed_flush_lsn": format_lsn(state["confirmed_flush_lsn"]) if state["confirmed_flush_lsn"] else None,
+                "confirmed_flush_lsn": format_lsn(state["confirmed_flush_lsn"])
+                if state["confirmed_flush_lsn"]
+                else None,
                 "lag_bytes": state["lag_bytes"],
                 "retained_wal_bytes": state["retained_wal_bytes"],
                 "active_pid": state["active_pid"],
@@ -50,7 +56,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             position = log.stream_position()
             log_info["stream_position"] = format_lsn(position[1]) if position else None
             log_info["cut"] = (
-                {"id": cut.id, "lsn": format_lsn(cut.lsn), "age_s": round(time.time() - cut.ts_ms / 1000, 1)} if cut else None
+                {"id": cut.id, "lsn": format_lsn(cut.lsn), "age_s": round(time.time() - cut.ts_ms / 1000, 1)}
+                if cut
+                else None
             )
             tables = []
             for t in log.tables():
@@ -73,8 +81,12 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
 
     followers = []
     for sink in pipeline.sinks:
-        ckpt = load_checkpoint(pipeline.state_path, sink.name)
         entry: dict[str, Any] = {"sink": sink.name, "kind": sink.kind}
+        try:
+            ckpt = load_checkpoint(pipeline.state_path, sink.name, pipeline.file)
+        except CdcError as exc:  # one unreadable checkpoint: that follower says so, the others are shown
+            followers.append(entry | {"error": exc.problem, "fix": exc.fix})
+            continue
         if ckpt.cut_id == 0:
             entry["position"] = None
         else:
@@ -87,6 +99,8 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             entry.update(follower_lag(pipeline, sink, ckpt, cut))
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
+        if ckpt.lost:
+            entry["lost"] = ckpt.lost
         followers.append(entry)
     data["followers"] = followers
     # tables re-based (or to be re-based) because their rows changed without change events
@@ -94,12 +108,17 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
     return data
 
 
-def pending_ranges(sink: SinkConfig, ckpt: Checkpoint, cut: Cut) -> dict[TableName, tuple[int, int]]:
+def pending_ranges(
+    sink: SinkConfig, ckpt: Checkpoint, cut: Cut, pipeline: Pipeline | None = None
+) -> dict[TableName, tuple[int, int]]:
     """Per table the sink follows: the offsets (after, upto] of the latest cut it has not applied.
-    Only the sink's own `tables:` count (a cache of one table is not behind on the others); a table
-    it never applied, or whose base changed, is pending from its base (as `cdc apply` reads it)."""
+    Only the sink's own `tables:` count (a cache of one table is not behind on the others), and
+    only tables the pipeline file still names (the log may hold more; `cdc apply` leaves them
+    alone); a table it never applied, or whose base changed, is pending from its base (as
+    `cdc apply` reads it)."""
     out = {}
-    for table in sink_tables(sink, list(cut.tables)):
+    tables = list(cut.tables) if pipeline is None else pipeline_tables(pipeline, list(cut.tables))
+    for table in sink_tables(sink, tables):
         rng = cut.tables[table]
         prev = ckpt.tables.get(str(table))
         after = prev[1] if prev and prev[0] == rng.base else rng.base - 1
@@ -122,7 +141,9 @@ def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cu
     follower that never applied: its whole backlog). lag_s: seconds since the source committed the
     oldest of them (0 when none is pending; snapshot rows: since their snapshot started; None when
     the log cannot say)."""
-    pending = pending_ranges(sink, ckpt, cut)
+    if ckpt.cut_id == cut.id and not ckpt.pending:
+        return {"events_behind_log": 0, "lag_s": 0.0}  # at the latest cut: applied all of it (issue 23 item 9)
+    pending = pending_ranges(sink, ckpt, cut, pipeline)
     if not pending:
         return {"events_behind_log": 0, "lag_s": 0.0}
     # kafka: offsets (compaction gaps make it an upper bound); local: events, snapshot rows one by one
@@ -154,9 +175,22 @@ def _rebase_line(table: str, r: dict[str, Any]) -> str:
         return f"re-base of {table}: done at {r.get('lsn')} ({r.get('rows', 0):,} rows, {when}); reason: {r.get('reason')}"
     if state == "running":
         return f"re-base of {table}: running since {when} (followers rebuild the table when it is done); reason: {r.get('reason')}"
-    fix = r.get("fix") or f"run `cdc snapshot PIPELINE --tables {table}` (or `cdc stream`, which re-bases by itself)"
+    fix = (
+        r.get("fix")
+        or f"run `cdc snapshot PIPELINE --tables {table}` (or `cdc stream`, which re-bases by itself)"
+    )
     what = f"FAILED: {r.get('error')}" if state == "failed" else "NEEDED: followers may be stale"
     return f"re-base of {table}: {what} ({when}); reason: {r.get('reason')}; fix: {fix}"
+
+
+def _lost_line(sink: str, lost: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lost.get("ts_ms", 0) / 1000))
+    what = ", ".join(f"{t} ({why})" for t, why in sorted(lost.get("tables", {}).items()))
+    if lost.get("action") == "rebuilt":
+        return f"follower {sink} lost data at {when}: {what}; rebuilt from the log's base"
+    return (
+        f"follower {sink} LOST DATA at {when}: {what}; apply stopped (on_lost: stop); fix: {lost.get('fix')}"
+    )
 
 
 def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -179,12 +213,23 @@ def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"  log ({log['kind']}): {log['error']}")
     else:
         cut = log.get("cut")
-        say(f"  log ({log['kind']}): " + (f"cut {cut['id']} at {cut['lsn']} ({cut['age_s']}s ago)" if cut else "empty"))
+        say(
+            f"  log ({log['kind']}): "
+            + (f"cut {cut['id']} at {cut['lsn']} ({cut['age_s']}s ago)" if cut else "empty")
+        )
         for t in log.get("tables", []):
             say(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
     for table, r in sorted(data.get("rebases", {}).items()):
         say(f"  {_rebase_line(table, r)}")
     for f in data["followers"]:
+        if "error" in f:
+            say(
+                f"  follower {f['sink']} ({f['kind']}): ERROR: {f['error']}"
+                + (f"; fix: {f['fix']}" if f.get("fix") else "")
+            )
+            continue
+        if f.get("lost"):
+            say(f"  {_lost_line(f['sink'], f['lost'])}")
         behind = f.get("events_behind_log")
         lag = f.get("lag_s")
         if behind is None:

@@ -243,8 +243,11 @@ def _changed_after(spark, log, table: TableName, schema: TableSchema, point: int
 
 
 # ---- orchestration ----------------------------------------------------------------------------------
-def run_verify(pipeline: Pipeline, spark: SparkSession, sink_name: str | None, wait_s: float, say: Callable[[str], None]) -> int:
-    sinks = [pipeline.sink(sink_name)] if sink_name else list(pipeline.sinks)
+def run_verify(
+    pipeline: Pipeline, spark: SparkSession, sink_name: str | list[str] | None, wait_s: float, say: Callable[[str], None]
+) -> int:
+    names = [sink_name] if isinstance(sink_name, str) else list(sink_name or [])
+    sinks = [pipeline.sink(n) for n in names] if names else list(pipeline.sinks)
     if not sinks:
         from pipelines.errors import UsageError
 
@@ -271,7 +274,7 @@ def run_verify(pipeline: Pipeline, spark: SparkSession, sink_name: str | None, w
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         verdicts = [_verify_sink(pipeline, spark, conn, log, s, source, wait_s) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):
-            ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name)
+            ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
             for t in sink_tables(sink_cfg, list(gone)):
                 verdict.dropped.append(_dropped_line(t, gone[t], ckpt, cut.tables[t].end))
     finally:
@@ -318,12 +321,12 @@ def _ensure(path: Path) -> Path:
 def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_s: float) -> SinkVerdict:
     verdict = SinkVerdict(sink_cfg.name)
     tables = [t for t in sink_tables(sink_cfg, list(source.files)) if t in source.files]
-    ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name)
+    ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
     deadline = time.monotonic() + wait_s
     slot = _slot(conn, pipeline.slot)
     while ckpt.lsn < source.point and slot is not None and slot[2] is not None and time.monotonic() < deadline:
         time.sleep(0.5)  # a stream is running: give the follower time to pass the verification point
-        ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name)
+        ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
     verdict.follower_lsn = ckpt.lsn
     if ckpt.cut_id == 0:
         verdict.behind = "this follower has never been applied (run `cdc apply`)"

@@ -58,6 +58,17 @@ class Sink(ABC):
         rebuilds it from the log's base. Sinks that cannot tell keep the default."""
         return True
 
+    # Markers (sinks/marker.py): a sink that keeps them sets `markers` and implements both methods.
+    markers: bool = False
+
+    def read_marker(self, table: TableName) -> str | None:
+        """The table's marker text as the engine holds it (None: there is none)."""
+        return None
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        """Store the table's marker in the engine, after the batch's rows."""
+        return None
+
     @property
     def settings(self) -> Any:
         return self.config.settings

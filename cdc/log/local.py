@@ -496,12 +496,21 @@ class LocalLog(LogWriter, LogReader):
             self.db.execute("DELETE FROM cuts WHERE id <= ?", (cut_id - KEEP_CUTS,))
         return Cut(cut_id, lsn, ts, ranges)
 
+    def cut(self, cut_id: int) -> Cut | None:
+        """An earlier cut by id (the last KEEP_CUTS are kept; None when it is gone or never was)."""
+        row = self.db.execute("SELECT id, lsn, ts_ms, tables FROM cuts WHERE id = ?", (cut_id,)).fetchone()
+        return None if row is None else self._cut_of(row)
+
     def latest_cut(self) -> Cut | None:
         row = self.db.execute("SELECT id, lsn, ts_ms, tables FROM cuts ORDER BY id DESC LIMIT 1").fetchone()
         if row is None:
             return None
+        return self._cut_of(row)
+
+    def _cut_of(self, row: tuple) -> Cut:
         names = {t.id: t.table for t in self.tables()}
-        ranges = {names[int(k)]: TableRange(b, e) for k, (b, e) in orjson.loads(row[3]).items()}
+        body = orjson.loads(row[3])
+        ranges = {names[int(k)]: TableRange(b, e) for k, (b, e) in body.items() if int(k) in names}
         return Cut(row[0], row[1], row[2], ranges)
 
     # ---- snapshots -------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ from pipelines.errors import CdcError, LogError, SinkError, UsageError
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
 from pipelines.stages import stage
-from sinks.base import ApplyStats, make_sink
+from sinks.base import ApplyStats, Sink, make_sink
+from sinks.marker import Marker, lost_reason
 
 
 @dataclass
@@ -53,7 +54,9 @@ def spark_error_line(exc: BaseException) -> str:
     text = str(exc).strip()
     for line in text.splitlines():
         line = line.strip()
-        if line and not line.startswith(("at ", "Traceback", "File ", "py4j.", "Caused by: java.lang.reflect")):
+        if line and not line.startswith(
+            ("at ", "Traceback", "File ", "py4j.", "Caused by: java.lang.reflect")
+        ):
             return line[:500]
     return type(exc).__name__
 
@@ -67,7 +70,7 @@ def plan_ranges(
     cut_tables: dict[str, TableRange],
     purged: dict[str, int],
     wanted: list[str],
-    remedy: str = "run `cdc snapshot --tables {table}` to give the table a new base; the follower then rebuilds it",
+    remedy: str = "run `cdc snapshot PIPELINE --tables {table}` to give the table a new base; the follower then rebuilds it",
 ) -> dict[str, tuple[int, int, bool]]:
     """Per table: (after, upto, bootstrap) to read for this sink."""
     plans = {}
@@ -92,7 +95,11 @@ def plan_ranges(
 
 class ApplyJob:
     def __init__(
-        self, pipeline: Pipeline, spark: SparkSession, say: Callable[[str], None] = print, lock_wait_s: float = 0.0
+        self,
+        pipeline: Pipeline,
+        spark: SparkSession,
+        say: Callable[[str], None] = print,
+        lock_wait_s: float = 0.0,
     ):
         self.pipeline = pipeline
         self.spark = spark
@@ -103,12 +110,16 @@ class ApplyJob:
     def request_stop(self, *_args) -> None:
         self._stop = True
 
-    def _sinks(self, only: str | None) -> list[SinkConfig]:
+    def _sinks(self, only: str | list[str] | None) -> list[SinkConfig]:
         if not self.pipeline.sinks:
-            raise UsageError(f"pipeline {self.pipeline.name} has no sinks", "add one under `sinks:` in the pipeline file")
-        return [self.pipeline.sink(only)] if only else list(self.pipeline.sinks)
+            raise UsageError(
+                f"pipeline {self.pipeline.name} has no sinks", "add one under `sinks:` in the pipeline file"
+            )
+        if not only:
+            return list(self.pipeline.sinks)
+        return [self.pipeline.sink(name) for name in ([only] if isinstance(only, str) else only)]
 
-    def run_once(self, only: str | None = None) -> list[SinkRun]:
+    def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         runs = []
         log = open_log_view(self.pipeline)
         try:
@@ -127,7 +138,9 @@ class ApplyJob:
                         latest = log.latest_cut() or cut
                         self._apply_sink(log, latest, sink_cfg, run)
                         if run.used_pending and run.cut_id != latest.id:
-                            self._apply_sink(log, latest, sink_cfg, run)  # then on to the latest cut: --once drains
+                            self._apply_sink(
+                                log, latest, sink_cfg, run
+                            )  # then on to the latest cut: --once drains
                 except CdcError as exc:
                     run.error = exc
                 except Exception as exc:  # one follower's failure must not stop the others
@@ -145,7 +158,7 @@ class ApplyJob:
 
     def _apply_sink(self, log, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
         state = self.pipeline.state_path
-        ckpt = load_checkpoint(state, sink_cfg.name)
+        ckpt = load_checkpoint(state, sink_cfg.name, self.pipeline.file)
         names = {t.table: t for t in log.tables()}
         by_name = {str(t): t for t in names}
         run.used_pending = bool(ckpt.pending)
@@ -168,10 +181,16 @@ class ApplyJob:
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
-        for name in wanted:
-            if name in ckpt.tables and name in by_name and not sink.has_table(by_name[name]):
-                del ckpt.tables[name]  # the follower lost the table (moved away, dropped): rebuild it from the base
-        plans = plan_ranges(ckpt, cut_tables, purged, wanted, *([log.rebuild_hint] if hasattr(log, "rebuild_hint") else []))
+        self._check_markers(
+            sink, sink_cfg, ckpt, [n for n in wanted if n in ckpt.tables and n in by_name], by_name
+        )
+        # remedies name this pipeline file and sink, so they run as printed
+        hint = getattr(log, "rebuild_hint", None) or (
+            f"run `{self.pipeline.command('snapshot')} --tables {{table}}` to give the table a new base; "
+            "every follower then rebuilds it"
+        )
+        reset = self.pipeline.command("reset", "--sink", sink_cfg.name, "--rebuild", "--yes")
+        plans = plan_ranges(ckpt, cut_tables, purged, wanted, hint.replace("{reset}", reset))
         batches = []
         for name, (after, upto, bootstrap) in plans.items():
             if upto <= after and not bootstrap:
@@ -193,7 +212,11 @@ class ApplyJob:
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
             batches.append(batch)
-        ckpt.pending = {"cut_id": cut_id, "lsn": cut_lsn, "tables": {k: [r.base, r.end] for k, r in cut_tables.items()}}
+        ckpt.pending = {
+            "cut_id": cut_id,
+            "lsn": cut_lsn,
+            "tables": {k: [r.base, r.end] for k, r in cut_tables.items()},
+        }
         save_checkpoint(state, ckpt)
         if batches:
             name = sink_cfg.name
@@ -211,7 +234,9 @@ class ApplyJob:
                 if run.tables:
                     crash_point("apply:between-tables")
                 try:
-                    with stage(f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"):
+                    with stage(
+                        f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"
+                    ):
                         changes = batch.versions() if sink.wants_versions else batch.net()
                         try:
                             run.tables.append(sink.apply(batch, changes, cut_id))
@@ -220,6 +245,18 @@ class ApplyJob:
                 finally:
                     batch.release()
             crash_point("apply:after-merge")
+        if sink.markers:
+            # after the rows: a marker never claims more than the engine holds
+            redo = (
+                [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in wanted]
+            )  # older followers
+            ends = {b.table: (cut_tables[str(b.table)].base, b.last_offset) for b in batches}
+            ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
+            for table, (base, end) in ends.items():
+                sink.write_marker(
+                    table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json()
+                )
+            ckpt.markers = True
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
             if name in cut_tables:
@@ -227,18 +264,68 @@ class ApplyJob:
         ckpt.pending = None
         save_checkpoint(state, ckpt)
 
+    def _check_markers(
+        self,
+        sink: Sink,
+        sink_cfg: SinkConfig,
+        ckpt: Checkpoint,
+        applied: list[str],
+        by_name: dict[str, TableName],
+    ) -> None:
+        """Does the engine still hold what the checkpoint says this follower applied? (sinks/marker.py)
+        Tables it lost are rebuilt from the log's base, or the run stops (on_lost: stop)."""
+        lost: dict[str, str] = {}
+        for name in applied:
+            table = by_name[name]
+            if not sink.has_table(table):
+                lost[name] = "the table is gone from the engine (deleted or moved away)"
+            elif sink.markers and ckpt.markers:
+                base, end = ckpt.tables[name]
+                expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
+                reason = lost_reason(Marker.from_json(sink.read_marker(table)), expected)
+                if reason is not None:
+                    lost[name] = reason
+        if not lost:
+            return
+        what = "; ".join(f"{t}: {why}" for t, why in sorted(lost.items()))
+        note = {"ts_ms": int(time.time() * 1000), "tables": lost}
+        if sink_cfg.on_lost == "stop":
+            fix = (
+                f"rebuild it from the log's base: `{self.pipeline.command('reset', '--sink', sink_cfg.name, '--rebuild', '--yes')}`, "
+                f"then `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}`"
+            )
+            ckpt.lost = note | {"action": "stopped", "fix": fix}
+            save_checkpoint(self.pipeline.state_path, ckpt)
+            raise SinkError(
+                f"sink {sink_cfg.name}: the follower lost data it had applied ({what}); on_lost: stop", fix
+            )
+        self.say(
+            f"sink {sink_cfg.name}: the follower lost data it had applied ({what}): rebuilding from the log's base"
+        )
+        for name in lost:
+            del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
+        ckpt.lost = note | {"action": "rebuilt"}
+
     def report(self, runs: list[SinkRun]) -> None:
         for run in runs:
             if run.error is not None:
-                self.say(f"sink {run.sink}: FAILED: {run.error.problem}" + (f"\n  fix: {run.error.fix}" if run.error.fix else ""))
+                self.say(
+                    f"sink {run.sink}: FAILED: {run.error.problem}"
+                    + (f"\n  fix: {run.error.fix}" if run.error.fix else "")
+                )
             elif run.up_to_date:
                 self.say(f"sink {run.sink}: up to date at {format_lsn(run.lsn or 0)}")
             else:
                 detail = "; ".join(s.line() for s in run.tables) or "no changes"
-                self.say(f"sink {run.sink}: applied cut {run.cut_id} ({format_lsn(run.lsn or 0)}) in {run.seconds:.1f}s: {detail}")
+                self.say(
+                    f"sink {run.sink}: applied cut {run.cut_id} ({format_lsn(run.lsn or 0)}) in {run.seconds:.1f}s: {detail}"
+                )
 
     def run_forever(
-        self, only: str | None = None, interval: float | None = None, keep_going: Callable[[], bool] = lambda: True
+        self,
+        only: str | list[str] | None = None,
+        interval: float | None = None,
+        keep_going: Callable[[], bool] = lambda: True,
     ) -> None:
         """Apply every `interval` seconds until SIGINT/SIGTERM (or keep_going() turns False)."""
         interval = interval or self.pipeline.spark.trigger_interval_s

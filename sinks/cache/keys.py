@@ -16,7 +16,8 @@
   whose table patterns overlap are refused before anything is written.
 * Our own keys start with `__cdc:` (a template must not): `__cdc:d:<row key>` the tombstone
   of a deleted row, `__cdc:t:<table pattern>` the table's truncate position, `__cdc:s:<table
-  pattern>` the columns whose fast defaults were filled into cached rows.
+  pattern>` the columns whose fast defaults were filled into cached rows, `__cdc:m:<table
+  pattern>` the follower's marker (sinks/marker.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ INTERNAL = "__cdc:"
 TOMBSTONE = INTERNAL + "d:"
 TRUNCATED = INTERNAL + "t:"
 DEFAULTS = INTERNAL + "s:"
+MARKER = INTERNAL + "m:"
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
@@ -83,6 +85,11 @@ class TableKeys:
     @property
     def defaults_key(self) -> str:
         return DEFAULTS + self.pattern
+
+    @property
+    def marker_key(self) -> str:
+        """The follower's marker for the table (sinks/marker.py)."""
+        return MARKER + self.pattern
 
     def row_key(self, pk_texts: list[str]) -> str:
         """The key of one row from its key values' texts (as Spark prints them); for tests and tools."""

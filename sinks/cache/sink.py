@@ -37,6 +37,9 @@ Writes (sinks/cache/writer.py, scripts.py)
   * Columns added with a constant DEFAULT (PostgreSQL fills them without WAL): cached rows
     written before the column existed get the member, as Delta backfills them; which columns
     were filled is remembered in `__cdc:s:<table pattern>`.
+  * A renamed source column: `prepare` renames the member in every cached row of the table
+    (SCAN + the RENAME script, in place, TTL kept) before the batch is written. A dropped
+    column's member stays, with the last value the source had.
   * `ttl`: upserts are written with EX ttl; tombstones keep their own TTL. An expired row is a
     cache miss until its next change; it also forgets its position, so a replay of an older
     cut after the expiry could write that older version back (until the next change or ttl).
@@ -337,6 +340,18 @@ class RedisSink(Sink):
             return None
         raw = self.spark.createDataFrame(values, "v string")
         return raw.select(F.from_json("v", schema, JSON_OPTIONS).alias("r")).select("r.*")
+
+    # ---- marker (sinks/marker.py) ----------------------------------------------------------------
+    markers = True
+
+    def read_marker(self, table: TableName) -> str | None:
+        client = self._client()
+        raw = self._redis("reading from", client.get, self.template.for_table(table).marker_key)
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        client = self._client()
+        self._redis("writing to", client.set, self.template.for_table(table).marker_key, text)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -36,6 +36,8 @@ from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 
+MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
+
 TABLE_PROPERTIES = {
     "delta.columnMapping.mode": "name",
     "delta.minReaderVersion": "2",
@@ -85,6 +87,20 @@ class DeltaSink(Sink):
 
     def has_table(self, table: TableName) -> bool:
         return self._exists(self.path_of(table))
+
+    # ---- marker (sinks/marker.py): the table property `cdc.follower` -----------------------------
+    markers = True
+
+    def read_marker(self, table: TableName) -> str | None:
+        path = self.path_of(table)
+        if not self._exists(path):
+            return None
+        return DeltaTable.forPath(self.spark, path).detail().first()["properties"].get(MARKER_PROPERTY)
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        if self.read_marker(table) != text:  # a replayed cut adds no commit
+            value = text.replace("\\", "\\\\").replace("'", "\\'")
+            self.spark.sql(f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')")
 
     # ---- schema --------------------------------------------------------------------------------
     @property

@@ -41,7 +41,9 @@ executors; OpenSearch itself rejects stale writes (external versioning).
   batch is written (a table starting over from a new base gets an empty generation instead).
   A reindex forgets the old generation's delete tombstones: only the truncate version and the
   documents' own versions guard the new one. A document the new mapping rejects stops the
-  batch, named by key; the old generation stays in use.
+  batch, named by key; the old generation stays in use. A renamed source column also makes
+  the next generation: `_reindex` renames the member with a script (RENAME_SCRIPT). Fields of
+  dropped columns stay mapped in every later generation (documents keep them).
 """
 
 from __future__ import annotations
@@ -376,10 +378,36 @@ class OpenSearchSink(SearchSink):
         mapping = body["mappings"]
         return concrete, mapping.get("properties", {}), dict(mapping.get("_meta", {}).get("cdc", {}))
 
+    # ---- marker (sinks/marker.py): `_meta.cdc.follower` of the table's index ---------------------
+    markers = True
+
+    def has_table(self, table: TableName) -> bool:
+        with self.calls("the index check"):
+            return self._meta(self.client(), self.index_of(table)) is not None
+
+    def read_marker(self, table: TableName) -> str | None:
+        with self.calls("the index check"):
+            state = self._meta(self.client(), self.index_of(table))
+        return None if state is None else state[2].get("follower")
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        client, alias = self.client(), self.index_of(table)
+        with self.calls("an index change"):
+            state = self._meta(client, alias)
+            if state is not None and state[2].get("follower") != text:
+                client.indices.put_mapping(index=alias, body={"_meta": {"cdc": state[2] | {"follower": text}}})
+
     def _create(
-        self, client: OpenSearch, alias: str, batch: TableBatch, specs: list[FieldSpec], meta: dict
+        self,
+        client: OpenSearch,
+        alias: str,
+        batch: TableBatch,
+        specs: list[FieldSpec],
+        meta: dict,
+        keep: dict | None = None,
     ) -> str:
-        """A new generation of a table's index (not yet behind the alias when one exists)."""
+        """A new generation of a table's index (not yet behind the alias when one exists); `keep`:
+        fields of the old generation the source no longer has (dropped columns), kept mapped."""
         generation = int(meta.get("generation", 0)) + 1
         concrete = f"{alias}-g{generation}"
         settings: dict[str, Any] = {
@@ -388,7 +416,7 @@ class OpenSearchSink(SearchSink):
         }
         if self.settings.replicas is not None:
             settings["number_of_replicas"] = self.settings.replicas
-        properties = {s.column: field_mapping(s) for s in specs} | META_FIELDS
+        properties = (keep or {}) | {s.column: field_mapping(s) for s in specs} | META_FIELDS
         meta = (
             {"truncate_version": 0}
             | meta
@@ -461,7 +489,7 @@ class OpenSearchSink(SearchSink):
                     if not batch.bootstrap:
                         raise SinkError(
                             f"{batch.table}: OpenSearch index {alias} does not exist, but this follower has applied the table before",
-                            f"run `cdc snapshot --tables {batch.table}` to give the table a new base; the follower then rebuilds the index",
+                            f"rebuild this follower from the log's base: `{self.pipeline.command('reset', '--sink', self.name, '--rebuild', '--yes')}`",
                         )
                     actions.append(("create", batch, alias, None))
                     continue
@@ -472,7 +500,14 @@ class OpenSearchSink(SearchSink):
                 )
                 # A renamed source column: a new generation, its documents copied with the member renamed.
                 if changed or pending_renames(meta.get("schema", {}), batch.renames):
-                    actions.append(("rebuild", batch, alias, (concrete, meta)))
+                    # Documents keep the members of dropped columns (the mapping is strict).
+                    gone = {o for olds in batch.renames.values() for o in olds}
+                    keep = {
+                        c: m
+                        for c, m in properties.items()
+                        if c not in wanted and c not in META_FIELDS and c not in gone
+                    }
+                    actions.append(("rebuild", batch, alias, (concrete, meta, keep)))
                     continue
                 added = {c: m for c, m in wanted.items() if _mapped_type(properties, c) is None}
                 actions.append(("update", batch, alias, (concrete, meta, added)))
@@ -481,8 +516,8 @@ class OpenSearchSink(SearchSink):
                 if action == "create":
                     self._create(client, alias, batch, specs[batch.table], {})
                 elif action == "rebuild":
-                    concrete, meta = extra
-                    new = self._create(client, alias, batch, specs[batch.table], meta)
+                    concrete, meta, keep = extra
+                    new = self._create(client, alias, batch, specs[batch.table], meta, keep)
                     self._switch(client, alias, concrete, new, batch, copy=not batch.bootstrap)
                 else:
                     concrete, meta, added = extra

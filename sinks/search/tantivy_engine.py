@@ -30,7 +30,8 @@ writer per index, in one Spark task per table.
 * **Schema changes**: a tantivy schema is fixed, so when the fields differ from the index's
   (a new column, another field type) the task builds the next generation from the stored
   documents (rows, tombstones, marker) with the new fields, switches `cdc.json` to it and
-  removes the old one, then applies the batch.
+  removes the old one, then applies the batch. A renamed source column does the same, with
+  each stored row's member renamed (`renamed_row`).
 * The task commits and waits for tantivy's merge threads, so segments stay merged.
 """
 
@@ -234,6 +235,9 @@ class DocumentMaker:
 
 
 # ---- index directory -----------------------------------------------------------------------------
+MARKER_FILE = "cdc_follower.json"  # the follower's marker (sinks/marker.py)
+
+
 def read_sidecar(table_dir: Path) -> dict | None:
     try:
         return json.loads((table_dir / SIDECAR).read_text())
@@ -525,7 +529,7 @@ class TantivySink(SearchSink):
                 raise SinkError(
                     f"{batch.table}: the tantivy index at {self.table_dir(batch.table)} does not exist, "
                     "but this follower has applied the table before",
-                    f"run `cdc snapshot --tables {batch.table}` to give the table a new base; the follower then rebuilds the index",
+                    f"rebuild this follower from the log's base: `{self.pipeline.command('reset', '--sink', self.name, '--rebuild', '--yes')}`",
                 )
 
     def _write(
@@ -557,6 +561,27 @@ class TantivySink(SearchSink):
                 str(batch.table), self.spark.sparkContext.parallelize([], 1).mapPartitions(write), what
             )
         return stats
+
+    # ---- marker (sinks/marker.py): a file next to the generations, which it outlives -------------
+    markers = True
+
+    def has_table(self, table: TableName) -> bool:
+        return open_index(self.table_dir(table)) is not None
+
+    def read_marker(self, table: TableName) -> str | None:
+        try:
+            return (self.table_dir(table) / MARKER_FILE).read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        directory = self.table_dir(table)
+        tmp = directory / (MARKER_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / MARKER_FILE)
 
     def stored_schema(self, table: TableName) -> TableSchema | None:
         meta = read_sidecar(self.table_dir(table))

@@ -181,8 +181,8 @@ class DebeziumLogView:
     # A follower past the topics' retention cannot be repaired by `cdc snapshot` (Debezium owns
     # the slot): rebuild it from the topics, which hold the compacted state.
     rebuild_hint = (
-        "delete this follower's data for {table} and its checkpoint ({state_dir}/checkpoints/<sink>.json), "
-        "or have the Debezium connector take a new snapshot; the next apply rebuilds the table from the topics"
+        "delete this follower's data for {table}, then `{reset}` (the next apply rebuilds the follower from the "
+        "topics, which hold the compacted state), or have the Debezium connector take a new snapshot"
     )
 
     @property

@@ -83,6 +83,15 @@ class KafkaLogView:
         tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
         return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
 
+    def cut(self, cut_id: int) -> Cut | None:
+        """An earlier cut by id, read from the cuts topic (None when it is not there)."""
+        for record in reversed(read_topic(self.consumer, cuts_topic(self.prefix))):
+            body = orjson.loads(record.value)
+            if body["cut_id"] == cut_id:
+                tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
+                return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
+        return None
+
     @property
     def log_id(self) -> str:
         if self._cut_body is None:

@@ -1,0 +1,61 @@
+"""A follower's marker: which pipeline, sink and log it follows, and how far, kept inside the
+engine next to the rows (README "Operations: rebuilding and rewinding a follower").
+
+The checkpoint (state_dir) says how far a follower got; only the engine can say whether it
+still holds that. Each sink keeps one marker per table in the engine itself (Redis: the key
+`__cdc:m:<table pattern>`; tantivy: `cdc_follower.json` in the table's index directory;
+OpenSearch: the index's `_meta.cdc.follower`; Delta: the table property `cdc.follower`), written
+after every batch it applies to the table. Before each batch the apply job compares it with the
+checkpoint: a marker that is gone (Redis flushed or restarted without persistence, an index or
+table deleted), names another pipeline, sink or log (replaced by another one), or is behind
+the checkpoint (restored from an older backup) means the follower lost data it had.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Marker:
+    pipeline: str
+    sink: str
+    log_id: str
+    base: int  # the log offset of the table's base (its snapshot) the follower started from
+    end: int  # the last log offset of the table the follower applied
+    cut_id: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes | None) -> Marker | None:
+        """None when there is no marker or it cannot be read (both mean: not ours any more)."""
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(**{k: data[k] for k in ("pipeline", "sink", "log_id", "base", "end", "cut_id")})
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def lost_reason(found: Marker | None, expected: Marker) -> str | None:
+    """Why the follower no longer holds what its checkpoint says (None: it does)."""
+    if found is None:
+        return (
+            "its marker is gone from the engine (flushed, restarted without persistence, deleted or replaced)"
+        )
+    if (found.pipeline, found.sink) != (expected.pipeline, expected.sink):
+        return f"the engine holds pipeline {found.pipeline} sink {found.sink} there"
+    if expected.log_id and found.log_id != expected.log_id:
+        return f"the engine holds data of another log ({found.log_id}, this one is {expected.log_id})"
+    if found.base != expected.base:
+        return f"the engine holds the table from another base (offset {found.base}, the checkpoint says {expected.base})"
+    if found.end < expected.end:
+        return (
+            f"the engine holds the table up to log offset {found.end} (cut {found.cut_id}), the checkpoint says "
+            f"{expected.end} (cut {expected.cut_id}): restored from an older backup?"
+        )
+    return None
