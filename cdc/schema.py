@@ -147,8 +147,11 @@ def schema_types(schema: TableSchema) -> dict[int, PgType]:
 
 
 # ---- column identity (attnum) -------------------------------------------------------------------
+# Generated columns are left out: pgoutput (PostgreSQL < 18) and the snapshot leave them out too,
+# so they must not be candidates for a column of a Relation message.
 ATTRIBUTES_SQL = (
-    "SELECT attnum, attname, attisdropped FROM pg_attribute WHERE attrelid = %s AND attnum > 0 ORDER BY attnum"
+    "SELECT attnum, attname, attisdropped FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+    " AND attgenerated = '' ORDER BY attnum"
 )
 
 

@@ -20,6 +20,7 @@ import redis
 import tantivy
 from opensearchpy import OpenSearch
 
+from cdc.tables import TableName
 from tests.harness import sql
 from tests.integration import test_kafka_log as klog
 from tests.integration.test_apply import HIST, LAKE, apply_ok, delta_df, make_pipe, snapshot, stream, verified
@@ -259,3 +260,41 @@ def test_rename_and_drop_column_kafka_log(
         "redis": redis_reader(cache_url),
     }
     scenario(pipe, spark, klog.stream_until_current, tmp_path / "lake", tmp_path / "hist", started, readers)
+
+
+def test_log_records_column_identity(pg_db: str, tmp_path: Path) -> None:
+    """Each schema version carries the columns' attnums, also when the stream reads a Relation
+    message after later DDL renamed its column again (a generated column is never a candidate)."""
+    from cdc.log.local import LocalLog
+
+    sql(
+        pg_db,
+        "CREATE TABLE g(id int PRIMARY KEY, a text, tot int GENERATED ALWAYS AS (id * 2) STORED, b text)",
+        "INSERT INTO g(id, a, b) SELECT x, 'a' || x, 'b' || x FROM generate_series(1, 3) x",
+    )
+    pipe = make_pipe(tmp_path, pg_db, ["public.g"], sinks=[])
+    snapshot(pipe)
+    sql(
+        pg_db,
+        "UPDATE g SET a = 'x' WHERE id = 1",
+        "ALTER TABLE g RENAME COLUMN a TO a2",
+        "UPDATE g SET a2 = 'y' WHERE id = 1",
+        "ALTER TABLE g RENAME COLUMN a2 TO a3",
+        "ALTER TABLE g DROP COLUMN b",
+        "ALTER TABLE g ADD COLUMN c text",
+        "UPDATE g SET c = 'new' WHERE id = 1",
+    )
+    stream(pipe)
+    log = LocalLog(pipe.log, readonly=True)
+    try:
+        versions = [
+            [(c.name, c.attnum) for c in s.columns]
+            for _v, _since, s in log.schema_history(TableName("public", "g"))
+        ]
+    finally:
+        log.close()
+    assert versions == [
+        [("id", 1), ("a", 2), ("b", 4)],
+        [("id", 1), ("a2", 2), ("b", 4)],
+        [("id", 1), ("a3", 2), ("c", 5)],
+    ]
