@@ -163,6 +163,10 @@ class RedisSink(_Strict):
     tables: TableList
     key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
     ttl: int | None = Field(default=None, gt=0, description="seconds a cached row lives (default: forever)")
+    allow_eviction: bool = Field(
+        default=False,
+        description="accept a Redis maxmemory-policy that may evict the follower's keys (a cache whose rows may go missing)",
+    )
 
     _tables = field_validator("tables")(_check_tables)
 

@@ -57,5 +57,12 @@ class SinkError(CdcError):
     """A follower cannot be written or read."""
 
 
+class EngineSettingError(CdcError):
+    """A follower's engine is set up so it would lose the follower's data (a Redis that may evict
+    keys): exit 3, like a source that is not usable as configured."""
+
+    exit_code = ExitCode.SOURCE
+
+
 class ServiceError(CdcError):
     """A local dev service (PostgreSQL, Kafka, Redis, OpenSearch) could not be started or stopped."""

@@ -9,6 +9,7 @@ from cdc.source import check_source, connect
 from cdc.tablewatch import gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import ExitCode
+from pipelines.secrets import redact
 
 OK, BAD = "ok  ", "FAIL"
 
@@ -49,9 +50,41 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         say(f"note: {note}")
     for p in report.problems:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
-    if report.problems or dir_problems:
-        say(f"{len(report.problems) + len(dir_problems)} problem(s) found; nothing was changed")
-        # the source's problems first (3); a state_dir problem alone is the pipeline file's (2)
-        return int(ExitCode.SOURCE if report.problems else ExitCode.USAGE)
+    engine_problems = check_engines(pipeline, say)
+    if report.problems or dir_problems or engine_problems:
+        say(f"{len(report.problems) + len(dir_problems) + engine_problems} problem(s) found; nothing was changed")
+        # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
+        return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")
     return int(ExitCode.OK)
+
+
+def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+    """Followers' engines set up to lose data (a Redis that may evict keys): FAIL lines, their count.
+    An engine that cannot be reached is a note here (`cdc apply` reports it when it runs)."""
+    from sinks.cache.eviction import EVICTION_FIX, eviction_problem
+    from sinks.cache.writer import connect as redis_connect
+    from sinks.cache.writer import describe
+
+    problems = 0
+    for sink in pipeline.sinks:
+        if sink.redis is None:
+            continue
+        where = f"sink {sink.name}: Redis at {redact(sink.redis.url)}"
+        try:
+            client = redis_connect(sink.redis.url)
+            try:
+                problem = eviction_problem(client, sink.redis.ttl)
+            finally:
+                client.close()
+        except Exception as exc:  # redis-py errors: unreachable, auth, INFO not allowed
+            say(f"note: {where}: not checked ({describe(exc)})")
+            continue
+        if problem is None:
+            say(f"{OK} {where}: keys are not evicted")
+        elif sink.redis.allow_eviction:
+            say(f"note: {where}: {problem} (accepted: allow_eviction: true)")
+        else:
+            problems += 1
+            say(f"{BAD} {where}: {problem}\n       fix: {EVICTION_FIX}")
+    return problems

@@ -58,6 +58,11 @@ class Sink(ABC):
         rebuilds it from the log's base. Sinks that cannot tell keep the default."""
         return True
 
+    def check_engine(self) -> None:
+        """Raise a CdcError when the engine is set up so it would lose this follower's data (checked
+        before every batch); most engines have nothing to check."""
+        return None
+
     # Markers (sinks/marker.py): a sink that keeps them sets `markers` and implements both methods.
     markers: bool = False
 

@@ -181,6 +181,7 @@ class ApplyJob:
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
+        sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
         self._check_markers(
             sink, sink_cfg, ckpt, [n for n in wanted if n in ckpt.tables and n in by_name], by_name
         )

@@ -84,10 +84,11 @@ from cdc.schema import schema_types
 from cdc.tables import TableName
 from pipelines.apply.changes import META_COLUMNS, NetChanges, TableBatch
 from pipelines.apply.sparktypes import spark_type
-from pipelines.errors import CdcError, SinkError
+from pipelines.errors import CdcError, EngineSettingError, SinkError
 from pipelines.secrets import redact
 from sinks.base import ApplyStats, Sink
 from sinks.cache import scripts
+from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, q
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 
@@ -148,7 +149,9 @@ class RedisSink(Sink):
     # ---- connection and errors -------------------------------------------------------------------
     def _error(self, detail: str, doing: str) -> SinkError:
         resume = "this follower keeps its checkpoint and the next `cdc apply` resumes it from there"
-        if detail.startswith(("ConnectionError", "TimeoutError", "AuthenticationError")):
+        if detail.startswith("OutOfMemoryError"):  # noeviction at maxmemory: nothing was evicted, writes refused
+            fix = f"give Redis more memory (`CONFIG SET maxmemory <bytes>`, 0 for no limit, and in redis.conf) or free some; {resume}"
+        elif detail.startswith(("ConnectionError", "TimeoutError", "AuthenticationError")):
             fix = f"check that Redis is running and reachable at that URL (or correct `url` of the sink); {resume}"
         else:  # Redis answered with an error: out of memory, a key of another type, ACL...
             fix = f"correct what Redis reports (maxmemory, a foreign key under the table's key pattern, ACL rights); {resume}"
@@ -340,6 +343,13 @@ class RedisSink(Sink):
             return None
         raw = self.spark.createDataFrame(values, "v string")
         return raw.select(F.from_json("v", schema, JSON_OPTIONS).alias("r")).select("r.*")
+
+    def check_engine(self) -> None:
+        if self.settings.allow_eviction:
+            return
+        problem = self._redis("reading from", eviction_problem, self._client(), self.ttl)
+        if problem is not None:
+            raise EngineSettingError(redact(f"sink {self.name}: Redis at {self.url}: {problem}"), EVICTION_FIX)
 
     # ---- marker (sinks/marker.py) ----------------------------------------------------------------
     markers = True

@@ -26,9 +26,10 @@ from cdc.tables import TableName
 from pipelines.checkpoints import checkpoint_path, load_checkpoint
 from pipelines.cli import cli
 from pipelines.config import load_pipeline
+from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs
-from tests.harness import source_rows, sql, verify, write_pipeline
+from tests.harness import cdc, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_until_current as _stream
 from tests.integration.test_capture import flush_wal
 
@@ -308,3 +309,81 @@ def test_status_follower_at_latest_cut_is_up_to_date(tmp_path: Path, pg_db: str,
     assert follower["events_behind_log"] == 0, follower
     code, out = run("status", file)
     assert "follower lake (delta): at" in out and "up to date with the log" in out, out
+
+
+# ---- Redis eviction (issue 23 item 5) ------------------------------------------------------------
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A redis-server of this test's own (its memory settings are changed)."""
+    server = LocalRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_redis_that_may_evict_is_refused_with_a_fix_that_works(
+    tmp_path: Path, pg_db: str, own_redis: LocalRedis, spark
+) -> None:
+    make_items(pg_db)
+    sink = {"name": "cache", "redis": {"url": own_redis.url, "tables": ["public.items"]}}
+    file = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=[sink])
+    client = redis.Redis.from_url(own_redis.url)
+    client.config_set("maxmemory", 64 * 1024 * 1024)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+
+    code, out = run("validate", file)
+    assert code == 3, out
+    assert "FAIL sink cache: Redis at" in out and "maxmemory-policy is allkeys-lru" in out, out
+    code, out = run("snapshot", file, "--no-progress")
+    assert code == 0, out
+    code, out = run("apply", file, "--once")
+    assert code == 3, out
+    assert "maxmemory-policy is allkeys-lru" in out and "CONFIG SET maxmemory-policy noeviction" in out, out
+    assert redis_rows(client, "public.items:") == {}  # refused before anything was written
+
+    # the fix as printed: `CONFIG SET maxmemory-policy noeviction` on that Redis
+    command = re.search(r"`(CONFIG SET [^`]+)`", fix_line(out)).group(1).split()
+    client.execute_command(*command)
+    code, out = run("validate", file)
+    assert code == 0 and "ok   sink cache: Redis at" in out, out
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    assert len(redis_rows(client, "public.items:")) == ROWS
+    assert verify(file, spark, "cache")[0] == 0
+
+    # or accept it is a cache: allow_eviction: true
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    sink["redis"]["allow_eviction"] = True
+    file = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=[sink])
+    change_and_stream(pg_db, file)
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    code, out = run("validate", file)
+    assert code == 0 and "(accepted: allow_eviction: true)" in out, out
+
+
+def test_redis_out_of_memory_is_one_line_with_the_fix(
+    tmp_path: Path, pg_db: str, own_redis: LocalRedis, spark
+) -> None:
+    make_items(pg_db)
+    sql(pg_db, f"INSERT INTO items SELECT g, repeat('x', 2000), g FROM generate_series({ROWS + 1}, 3000) g")
+    sink = {"name": "cache", "redis": {"url": own_redis.url, "tables": ["public.items"]}}
+    file = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=[sink])
+    client = redis.Redis.from_url(own_redis.url)
+    client.config_set("maxmemory", 2 * 1024 * 1024)
+    client.config_set("maxmemory-policy", "noeviction")
+    code, out = run("snapshot", file, "--no-progress")
+    assert code == 0, out
+    done = cdc("apply", file, "--once")  # a process of its own: what the JVM prints reaches its stderr
+    out = done.out + done.err
+    assert done.code == 4, out
+    assert "OutOfMemoryError" in out and "CONFIG SET maxmemory" in fix_line(out), out
+    # no Java or Python stack: one line for the sink, with the fix
+    assert not re.search(r"^\s+at [\w.$]+\(", out, re.M) and "Traceback" not in out, out
+    assert len([line for line in done.out.splitlines() if line.startswith("sink cache")]) == 1, out
+    client.config_set("maxmemory", 0)  # the fix: more memory
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    assert verify(file, spark, "cache")[0] == 0
