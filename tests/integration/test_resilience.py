@@ -27,6 +27,8 @@ from tests.integration.test_capture import (
     snapshot,
     start_stream,
     stop_stream,
+    stream_until_current,
+    wait_slot,
 )
 
 pytestmark = pytest.mark.integration
@@ -195,6 +197,94 @@ def test_server_restart_during_cdc_run(own_pg: LocalPostgres, tmp_path: Path, sp
     apply_once(pipe.file, spark)
     code, report = verify(pipe.file, spark)
     assert code == 0, report
+
+
+def test_reconnect_timeout_zero_gives_up_at_once_with_a_fix(pg_db: str, tmp_path: Path) -> None:
+    """stream.reconnect_timeout_s: 0 and the walsender terminated: exit 3 at once, with the lost
+    connection and a fix line; the next `cdc stream` resumes from the slot and loses nothing."""
+    make_table(pg_db, "t", 20)
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], stream={"reconnect_timeout_s": 0})
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    try:
+        sql(pg_db, "UPDATE t SET v = 'before' WHERE id <= 5")
+        sql(pg_db, "SELECT pg_terminate_backend(%s)", params=(slot_info(pg_db, pipe.slot)[0],))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, (proc.returncode, out, err)
+    assert "error: lost the connection to the source: " in err, err
+    assert "  fix: run `cdc stream` again once the server is reachable: it resumes from the slot" in err, err
+    assert "stream.reconnect_timeout_s" in err and "reconnecting for up to" not in out, (out, err)
+    no_traceback((out, err))
+    sql(pg_db, "DELETE FROM t WHERE id > 15")
+    stream_until_current(pipe)
+    assert_same(pipe, {"public.t": ["id"]})
+    assert_log_well_formed(pipe)
+
+
+def test_stream_gives_up_when_the_server_stays_down(own_pg: LocalPostgres, tmp_path: Path) -> None:
+    """The source server stops and stays down longer than stream.reconnect_timeout_s (3 s): exit 3
+    saying it gave up after 3 s, with a fix; once the server is back, `cdc stream --until current`
+    brings the log to the source (nothing lost, every transaction once)."""
+    dsn = own_pg.dsn()
+    make_table(dsn, "t", 50)
+    pipe = make_pipe(tmp_path, dsn, ["public.t"], stream={"reconnect_timeout_s": 3})
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    try:
+        sql(dsn, "UPDATE t SET v = 'before the stop' WHERE id <= 10", "DELETE FROM t WHERE id > 45")
+        own_pg.stop()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if not own_pg.running():
+            own_pg.start()
+    assert proc.returncode == 3, (proc.returncode, out, err)
+    assert "lost the connection to the source" in out and "reconnecting for up to 3s" in out, out
+    assert "error: lost the connection to the source and could not reconnect within 3s (" in err, err
+    assert "  fix: check that the server is up and reachable, then run `cdc stream` again" in err, err
+    assert "raise stream.reconnect_timeout_s to wait longer" in err, err
+    no_traceback((out, err))
+    sql(dsn, "INSERT INTO t SELECT g, 'after the restart' FROM generate_series(100, 110) g")
+    stream_until_current(pipe)
+    assert_same(pipe, {"public.t": ["id"]})
+    assert_log_well_formed(pipe)
+
+
+def test_slot_dropped_while_disconnected_is_a_clear_error(
+    pg_db: str, lp_role: tuple[str, str], tmp_path: Path
+) -> None:
+    """The stream lost its connection and, while it retries, its slot is dropped: the reconnect
+    stops retrying and exits 3 with the remedy (`cdc snapshot`). The stream's role is kept from
+    logging in meanwhile, so the slot is dropped for sure before it comes back."""
+    role, dsn = lp_role
+    make_table(pg_db, "t", 20)
+    sql(
+        pg_db,
+        "CREATE PUBLICATION cdc_test FOR TABLE public.t WITH (publish_via_partition_root = true)",
+        f"GRANT SELECT ON public.t TO {role}",
+    )
+    pipe = make_pipe(tmp_path, dsn, ["public.t"], stream={"reconnect_timeout_s": 300})
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    try:
+        sql(pg_db, f"ALTER ROLE {role} NOLOGIN")
+        sql(pg_db, "SELECT pg_terminate_backend(%s)", params=(slot_info(pg_db, pipe.slot)[0],))
+        wait_slot(pg_db, pipe.slot, active=False)
+        sql(pg_db, "SELECT pg_drop_replication_slot(%s)", params=(pipe.slot,))
+        sql(pg_db, f"ALTER ROLE {role} LOGIN")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, (proc.returncode, out, err)
+    assert "lost the connection to the source" in out and "reconnect attempt 1 failed" in out, out
+    assert f"error: replication slot {pipe.slot} no longer exists" in err, err
+    assert "  fix: run `cdc snapshot` for this pipeline" in err, err
+    no_traceback((out, err))
 
 
 # ---- issue 11 item 7: exit codes ---------------------------------------------------------------------
