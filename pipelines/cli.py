@@ -401,7 +401,13 @@ DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_ty
 @DEV_DIR
 @handle_errors
 def dev_up(services: tuple[str, ...], base: Path) -> None:
-    """Start services (default: all available) and print `export NAME=VALUE` lines for eval."""
+    """Start services (default: postgres kafka redis opensearch) and print `export NAME=VALUE` lines for eval.
+
+    `debezium` (a Kafka Connect JVM running the Debezium PostgreSQL connector on the dev postgres
+    and kafka; tables $DEBEZIUM_TABLES, default public.*; topic prefix $DEBEZIUM_TOPIC_PREFIX,
+    default dbz) starts only when named, after those: `cdc dev up postgres kafka debezium`.
+    `cdc dev down` with no names stops it too.
+    """
     import shlex
 
     from pipelines.devservices import registry
@@ -417,7 +423,7 @@ def dev_up(services: tuple[str, ...], base: Path) -> None:
 @DEV_DIR
 @handle_errors
 def dev_down(services: tuple[str, ...], base: Path) -> None:
-    """Stop services started by `cdc dev up`."""
+    """Stop services started by `cdc dev up` (default: every one, debezium's Kafka Connect included)."""
     from pipelines.devservices import registry
 
     for line in registry.down(base, services):
@@ -429,7 +435,7 @@ def dev_down(services: tuple[str, ...], base: Path) -> None:
 @DEV_DIR
 @handle_errors
 def dev_status(services: tuple[str, ...], base: Path) -> None:
-    """Show which services run, with their addresses."""
+    """Show which services run, with their addresses (default: every one, debezium included)."""
     from pipelines.devservices import registry
 
     for line in registry.status(base, services):

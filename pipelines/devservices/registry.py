@@ -70,8 +70,9 @@ FACTORIES = {
 OPTIONAL = {"debezium"}
 
 
-def _chosen(services: Iterable[str]) -> list[str]:
-    names = list(services) or [n for n in FACTORIES if n not in OPTIONAL]
+def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
+    """The named services; none named: the default ones (`every`: the optional ones too)."""
+    names = list(services) or [n for n in FACTORIES if every or n not in OPTIONAL]
     unknown = [n for n in names if n not in FACTORIES]
     if unknown:
         raise UsageError(f"unknown service(s): {', '.join(unknown)}", f"choose from: {', '.join(FACTORIES)}")
@@ -87,7 +88,9 @@ def up(base: Path, services: Iterable[str]) -> dict[str, str]:
 
 def down(base: Path, services: Iterable[str]) -> list[str]:
     lines = []
-    for name in _chosen(services):
+    # No names: every service, Debezium's Kafka Connect included (started only when named, but a
+    # bare `down` must not leave its JVM running); in reverse order, so it stops before Kafka.
+    for name in reversed(_chosen(services, every=True)):
         svc = FACTORIES[name](base.resolve())
         if svc.running():
             svc.stop()
@@ -99,7 +102,7 @@ def down(base: Path, services: Iterable[str]) -> list[str]:
 
 def status(base: Path, services: Iterable[str]) -> list[str]:
     lines = []
-    for name in _chosen(services):
+    for name in _chosen(services, every=True):
         svc = FACTORIES[name](base.resolve())
         if svc.running():
             lines.append(f"{name}: running " + " ".join(f"{k}={v}" for k, v in svc.env().items()))
