@@ -574,16 +574,31 @@ eval "$({cdc_cmd} dev up postgres --dir {base})"
 def test_closed_stdout_exits_quietly(pg_db: str, tmp_path: Path) -> None:
     """`cdc log read ... | head -1` and `cdc status | head -2`: no "internal error", no traceback,
     the exit status of a process ended by SIGPIPE (141), like cat or grep."""
+    make_table(pg_db, "t", 3000)  # far more than a pipe buffer of JSON lines
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
+    snapshot(pipe)
+    assert_quiet_when_stdout_closes(pipe.file)
+
+
+def test_closed_stdout_exits_quietly_with_the_kafka_log(pg_db: str, tmp_path: Path, kafka) -> None:
+    """The same with `log: kafka` (records read from the topics, status from the cuts topic)."""
+    from tests.integration import test_kafka_log as kl
+
+    make_table(pg_db, "t", 3000)
+    pipe = kl.make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap, sinks=[])
+    kl.snapshot(pipe)
+    assert_quiet_when_stdout_closes(pipe.file)
+
+
+def assert_quiet_when_stdout_closes(file: Path) -> None:
+    """`cdc log read | head -1`, `cdc status | head -2` and both with stdout closed at once."""
     import os
     import sys
 
     from tests.harness import REPO
 
-    make_table(pg_db, "t", 3000)  # far more than a pipe buffer of JSON lines
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
-    snapshot(pipe)
     cdc_cmd = f"{sys.executable} -m pipelines.cli"
-    for command, lines in ((f"log read {pipe.file}", 1), (f"status {pipe.file}", 2)):
+    for command, lines in ((f"log read {file}", 1), (f"status {file}", 2)):
         done = subprocess.run(
             ["bash", "-c", f"set -o pipefail; {cdc_cmd} {command} | head -{lines}"],
             capture_output=True,
@@ -596,7 +611,7 @@ def test_closed_stdout_exits_quietly(pg_db: str, tmp_path: Path) -> None:
         assert done.stderr == "", done.stderr
         assert done.returncode in (0, 141), done  # 0 when all output fit in the pipe before head left
     # the reader is gone before anything is written: always the broken pipe
-    for command in (["log", "read", pipe.file], ["status", pipe.file]):
+    for command in (["log", "read", file], ["status", file]):
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", *map(str, command)],
             stdout=subprocess.PIPE,
