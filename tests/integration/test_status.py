@@ -2,7 +2,8 @@
 
 * a follower of some tables counts only its own tables' events (a follower of `a` is not behind
   on changes to `b`);
-* a follower that never applied shows its backlog (snapshot rows + events to apply);
+* a follower that never applied shows its backlog (snapshot rows + events to apply), on the
+  local and the Kafka log;
 * lag in seconds: since the source committed the oldest event not applied yet (0 when none).
 """
 
@@ -81,3 +82,43 @@ def test_status_lag_per_follower(pg_db: str, tmp_path: Path, spark) -> None:
     apply_once(file, spark)
     f = followers(file)
     assert all(x["events_behind_log"] == 0 and x["lag_s"] == 0 for x in f.values()), f
+
+
+def test_status_backlog_of_a_never_applied_follower_with_the_kafka_log(
+    pg_db: str, tmp_path: Path, kafka
+) -> None:
+    """`log: kafka`: a follower that never applied shows its backlog over its own tables (snapshot
+    records + events to apply, read from the topics), with a lag in seconds; no Spark needed."""
+    from tests.integration.test_kafka_log import make_kpipe, snapshot, stream_until_current
+
+    sql(
+        pg_db,
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, v text)",
+        "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 5) g",
+        "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 7) g",
+    )
+    sinks = [
+        {"name": "all", "delta": {"path": str(tmp_path / "all")}},
+        {"name": "fresh", "delta": {"path": str(tmp_path / "fresh"), "tables": ["public.b"]}},
+    ]
+    pipe = make_kpipe(tmp_path, pg_db, ["public.a", "public.b"], kafka.bootstrap, sinks=sinks)
+    snapshot(pipe)
+    sql(
+        pg_db,
+        "INSERT INTO b SELECT g, 'new' FROM generate_series(8, 10) g",
+        "UPDATE a SET v = 'x' WHERE id = 1",
+    )
+    stream_until_current(pipe)
+
+    f = followers(pipe.file)
+    # b: 7 snapshot records and 3 inserts; `all` also a's 5 and its update
+    assert f["fresh"]["position"] is None and f["fresh"]["events_behind_log"] == 10, f
+    assert f["all"]["position"] is None and f["all"]["events_behind_log"] == 16, f
+    assert all(x["lag_s"] is not None and x["lag_s"] >= 0 for x in f.values()), f
+
+    text = cdc("status", pipe.file)
+    assert text.code == 0, text
+    lines = {line.split(":")[0].strip(): line for line in text.out.splitlines() if "follower" in line}
+    assert "never applied; 10 events to apply (oldest committed " in lines["follower fresh (delta)"], text.out
+    assert "never applied; 16 events to apply (oldest committed " in lines["follower all (delta)"], text.out
