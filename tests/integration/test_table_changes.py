@@ -332,3 +332,32 @@ def test_another_table_under_a_captured_name_stops_the_stream(pg_db: str, tmp_pa
     assert "fix: run `cdc snapshot --tables public.a`" in run.err, run.err
     assert confirmed_flush(s) <= swapped_at
     assert 10 not in log_rows(s, "public.a")
+
+
+def test_new_follower_skips_a_table_removed_from_the_file_but_live_in_the_log(
+    pg_db: str, tmp_path: Path, spark
+) -> None:
+    """Item 6 as reported: a captured table, still live in the log, is taken out of the file's
+    `tables:` (no `cdc log remove-table`). A follower added afterwards must not build it, and the
+    existing follower, which built it before, keeps applying without error."""
+    for t in ("events", "keep_t"):
+        make_table(pg_db, f"public.{t}", 3)
+    s = Setup(tmp_path, pg_db, ["public.events", "public.keep_t"])
+    s.write()
+    ok("snapshot", s.file, "--no-progress")
+    apply(s, spark)
+
+    s.tables = ["public.keep_t"]
+    s.write()
+    sql(pg_db, "INSERT INTO keep_t VALUES (40, 'after removal')")
+    ok("stream", s.file, "--until", "current")
+    assert log_tables(s)["public.events"][0] == "live", "the precondition: the log still holds it"
+
+    s.sinks = [LAKE, {"name": "fresh", "delta": {"path": "fresh"}}]
+    s.write()
+    apply(s, spark)  # asserts no follower failed, the existing one included
+    fresh = s.dir / "fresh" / "public"
+    assert sorted(p.name for p in fresh.iterdir()) == ["keep_t"]
+    assert delta_rows(spark, fresh / "keep_t") == source(s, "keep_t")
+    assert delta_rows(spark, s.dir / "lake" / "public" / "keep_t") == source(s, "keep_t")
+    verified(s, spark)
