@@ -31,7 +31,8 @@ from pipelines.devservices.base import free_port
 from pipelines.devservices.redis import LocalRedis
 from pipelines.errors import SinkError
 from sinks.cache.keys import KeyTemplate
-from tests.harness import apply_once, cdc, sql, verify, write_pipeline
+from tests.fixtures.readers import delta_rows, redis_rows
+from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_until_current as _stream
 from tests.integration.test_capture import flush_wal
 
@@ -89,9 +90,24 @@ def dump(url: str) -> dict[bytes, tuple[bytes | None, bool]]:
 def rows_of(url: str, prefix: str) -> dict[str, dict]:
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        return {k: json.loads(client.get(k)) for k in client.scan_iter(match=prefix + "*", count=1000)}
+        return redis_rows(client, prefix)
     finally:
         client.close()
+
+
+def assert_cache_is_source(url: str, dsn: str, table: str = "t", columns: tuple[str, ...] = ("v",)) -> None:
+    """Read the cache with redis-py (not the sink's `current`) and compare it with the source:
+    the same keys (`public.<table>:<id>`, integer ids need no escaping) and column values."""
+    cached = rows_of(url, f"public.{table}:")
+    source = source_rows(dsn, f"public.{table}", ("id",))
+    assert sorted(cached) == sorted(f"public.{table}:{i}" for (i,) in source), (len(cached), len(source))
+    for (i,), row in source.items():
+        got = cached[f"public.{table}:{i}"]
+        assert got["id"] == int(i), got
+        for column in columns:
+            text = row[column]
+            want = None if text is None else (int(text) if column == "n" else text)
+            assert got[column] == want, (i, column, got[column], text)
 
 
 def assert_verified(file: Path, spark, sink: str) -> None:
@@ -391,6 +407,7 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
     assert (stats.inserted, stats.updated, stats.deleted) == (0, 0, 0)
     assert dump(fresh_db) == before  # 51..60 and 300 stay deleted, 1..50 stay 'second'
     assert_verified(file, spark, "cache")
+    assert_cache_is_source(fresh_db, pg_db)
 
 
 # ---- 3. Redis killed mid-apply ------------------------------------------------------------------------
@@ -451,6 +468,7 @@ def test_redis_killed_mid_apply_then_restarted(
     ckpt = load_checkpoint(pipeline.state_path, "cache")
     assert ckpt.pending is None and ckpt.cut_id > done_before
     assert_verified(file, spark, "cache")
+    assert_cache_is_source(own_redis.url, pg_db, columns=("v", "n"))  # 100,000 rows minus the deletes
 
 
 # ---- 4. Redis unreachable -----------------------------------------------------------------------------
@@ -532,3 +550,8 @@ def test_redis_down_fails_only_the_cache_sink(
     assert load_checkpoint(state, "cache").pending is None
     assert_verified(file, spark, "cache")
     assert_verified(file, spark, "lake")
+    assert_cache_is_source(own_redis.url, pg_db)
+    lake = delta_rows(spark, tmp_path / "lake" / "public" / "t")  # plain Spark SQL on the Delta path
+    assert {k: r["v"] for k, r in lake.items()} == {
+        k: r["v"] for k, r in source_rows(pg_db, "public.t", ("id",)).items()
+    }
