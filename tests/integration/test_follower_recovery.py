@@ -15,6 +15,8 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,6 +201,18 @@ def test_search_index_deleted_is_rebuilt(tmp_path: Path, pg_db: str, engine: str
     assert len(got) == len(want) == ROWS - 1
     assert {(str(d["id"]),): d["title"] for d in got.values()} == {k: r["title"] for k, r in want.items()}
     assert verify(file, spark, "s")[0] == 0
+    if engine == "tantivy":  # the README's direct reader, run as written (only the path changed)
+        readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+        block = readme.split("*Reading a tantivy follower without `cdc`*", 1)[1].split("```python\n", 1)[1]
+        code = block.split("```", 1)[0].replace(
+            ".cdc/shop/search/public/customers", str(tmp_path / "search/public/items")
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        printed = done.stdout.splitlines()
+        assert len(printed) == ROWS - 1 and "'title': 'changed'" in done.stdout, done.stdout[:500]
     # the other follower was not touched: it applies the change on its own next run
     assert load_checkpoint(load_pipeline(file).state_path, "lake").cut_id == lake_before
 
