@@ -141,8 +141,8 @@ def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cu
     follower that never applied: its whole backlog). lag_s: seconds since the source committed the
     oldest of them (0 when none is pending; snapshot rows: since their snapshot started; None when
     the log cannot say)."""
-    if ckpt.cut_id == cut.id and not ckpt.pending:
-        return {"events_behind_log": 0, "lag_s": 0.0}  # at the latest cut: applied all of it (issue 23 item 9)
+    if ckpt.cut_id == cut.id and not ckpt.pending:  # at the latest cut: it applied all of it
+        return {"events_behind_log": 0, "lag_s": 0.0}
     pending = pending_ranges(sink, ckpt, cut, pipeline)
     if not pending:
         return {"events_behind_log": 0, "lag_s": 0.0}
