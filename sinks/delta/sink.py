@@ -10,7 +10,8 @@
   than the snapshot first.
 * Schema: new source columns are added; widenable type changes (int -> bigint, float -> double,
   larger decimals, date -> timestamp_ntz) are applied with Delta type widening; any other
-  difference stops the batch before anything is written. A renamed source column (same attnum)
+  difference stops the batch before anything is written, except in a batch that starts the
+  table over from a new base (a re-base): then the table takes the new type (sinks/delta/retype.py). A renamed source column (same attnum)
   is renamed in the Delta table too (metadata only, thanks to column mapping). Dropped source
   columns stay in the Delta table with the last value the source had; rows written after the
   drop keep theirs (updates) or get NULL (inserts).
@@ -34,6 +35,7 @@ from pipelines.errors import SinkError
 from sinks.base import ApplyStats, Sink
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
+from sinks.delta.retype import end_history, rebuild_scd1
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -70,6 +72,9 @@ class _Evolution:
     add: list[T.StructField] = field(default_factory=list)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
     rename: list[tuple[str, str]] = field(default_factory=list)  # (old, new)
+    # A re-base with a type change Delta cannot widen: (column, its type in the table, the new type).
+    replace: list[tuple[str, T.DataType, T.DataType]] = field(default_factory=list)
+    current: dict[str, T.DataType] = field(default_factory=dict)  # the table's columns before the plan
 
 
 class DeltaSink(Sink):
@@ -90,6 +95,13 @@ class DeltaSink(Sink):
 
     # ---- marker (sinks/marker.py): the table property `cdc.follower` -----------------------------
     markers = True
+
+    def clear_table(self, table: TableName) -> None:
+        # the directory goes, not only the rows: the new table keeps no txn version of an old cut,
+        # which would make Delta skip the rebuild's writes as already applied
+        jvm = self.spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(self.path_of(table))
+        path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
 
     def read_marker(self, table: TableName) -> str | None:
         path = self.path_of(table)
@@ -118,7 +130,7 @@ class DeltaSink(Sink):
         if not self._exists(path):
             return _Evolution(path, create=wanted)
         current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
-        plan = _Evolution(path)
+        plan = _Evolution(path, current=dict(current))
         for f in wanted.fields:  # a renamed source column: the follower renames its own (a metadata-only change)
             old = next((o for o in batch.renames.get(f.name, ()) if o in current), None) if f.name not in current else None
             if old is not None:
@@ -136,6 +148,10 @@ class DeltaSink(Sink):
             elif have != f.dataType:
                 if f.name not in meta and _widenable(have, f.dataType):
                     plan.widen.append((f.name, f.dataType))
+                elif f.name not in meta and batch.bootstrap and batch.snapshot_lsn is not None:
+                    # A new base (a re-base after a table rewrite): the table is rebuilt from it, so the
+                    # column may take the new type; the rewrite and the rebuild happen in apply.
+                    plan.replace.append((f.name, have, f.dataType))
                 elif not (isinstance(have, T.DecimalType | T.StringType) and have == f.dataType):
                     raise SinkError(
                         f"Delta table {path} ({batch.table}): column {f.name!r} is {have.simpleString()} but the source "
@@ -148,7 +164,10 @@ class DeltaSink(Sink):
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
         batch_by_path = {self.path_of(b.table): b for b in batches}
         self._created: set[str] = set()
+        self._replaced: dict[str, _Evolution] = {p.path: p for p in plans if p.replace}
         for plan in plans:
+            if plan.replace:
+                continue  # renames, adds and widenings are part of the table's rewrite in apply
             if plan.create is not None:
                 self._created.add(plan.path)
                 builder = DeltaTable.createIfNotExists(self.spark).location(plan.path)
@@ -190,9 +209,17 @@ class DeltaSink(Sink):
 
     def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
         path = self.path_of(batch.table)
-        target = DeltaTable.forPath(self.spark, path)
         stats = ApplyStats(str(batch.table))
         fresh = path in getattr(self, "_created", set())
+        replace = getattr(self, "_replaced", {}).get(path)
+        if replace is not None and not self.scd2:
+            stats.inserted = rebuild_scd1(
+                self.spark, path, replace.current, replace.rename, batch, changes, cut_id, self.app_id
+            )
+            return stats
+        if replace is not None:
+            end_history(self.spark, path, replace.rename, replace.replace, batch, changes)
+        target = DeltaTable.forPath(self.spark, path)
         if self.scd2:
             stats.inserted = apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)["inserted"]
             return stats

@@ -56,7 +56,7 @@ from cdc.tables import TableName
 from pipelines.apply.changes import TableBatch
 from pipelines.errors import SinkError, UsageError
 from sinks.delta.paths import table_path
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
 
 if TYPE_CHECKING:
@@ -268,10 +268,16 @@ def open_index(table_dir: Path) -> tuple[tantivy.Index, dict] | None:
 
 
 def _rebuild(
-    old: tantivy.Index, path: Path, fields: list[Field], renames: dict[str, tuple[str, ...]] | None = None
+    old: tantivy.Index,
+    path: Path,
+    fields: list[Field],
+    renames: dict[str, tuple[str, ...]] | None = None,
+    below: int | None = None,
 ) -> tantivy.Index:
     """A new index with `fields`, holding every document of `old` (rows re-indexed from `_cdc_row`,
-    members of renamed source columns under their new names)."""
+    members of renamed source columns under their new names) except those with a version under
+    `below`, which the batch deletes anyway (a new base): a re-base that changed a column's type
+    (int -> text) must not re-index the old rows into the new field type."""
     import tantivy
 
     index = tantivy.Index(build_schema(fields), path=str(path))
@@ -282,6 +288,8 @@ def _rebuild(
         for _score, addr in searcher.search(tantivy.Query.all_query(), searcher.num_docs, count=False).hits:
             stored = searcher.doc(addr)
             doc_id, kind = stored.get_first("_cdc_id"), stored.get_first("_cdc_kind")
+            if below is not None and stored.get_first("_cdc_version") < below:
+                continue
             raw = stored.get_first("_cdc_row") if kind == ROW else None
             try:
                 row = orjson.loads(raw) if raw is not None else None
@@ -303,9 +311,10 @@ def writable_index(
     schema_json: dict,
     fields: list[Field],
     renames: dict[str, tuple[str, ...]] | None = None,
+    below: int | None = None,
 ) -> tantivy.Index:
     """The index to write this batch into: created, reused, or rebuilt when the fields changed or
-    a source column it holds was renamed."""
+    a source column it holds was renamed (documents under version `below` left out, see _rebuild)."""
     import tantivy
 
     table_dir.mkdir(parents=True, exist_ok=True)
@@ -326,7 +335,7 @@ def writable_index(
         shutil.rmtree(path, ignore_errors=True)  # a rebuild that died half-way
         path.mkdir(parents=True)
         if current is not None:
-            index = _rebuild(current, path, fields, renames)
+            index = _rebuild(current, path, fields, renames, below)
         else:
             index = tantivy.Index(build_schema(fields), path=str(path))
     new_meta = {
@@ -352,6 +361,7 @@ class IndexPlan:
     layout: RowLayout
     truncate: int | None
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
+    base: int | None = None  # version of a new base: older documents are not carried into a rebuild
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -392,7 +402,9 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
 
     layout = plan.layout
     fields = list(plan.fields)
-    index = writable_index(Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames)
+    index = writable_index(
+        Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames, plan.base
+    )
     index.reload()
     schema = index.schema
     make = DocumentMaker(fields, schema)
@@ -548,6 +560,7 @@ class TantivySink(SearchSink):
             layout,
             truncate,
             dict(batch.renames),
+            version(batch.snapshot_lsn, 0) if batch.bootstrap and batch.snapshot_lsn is not None else None,
         )
         what = f"the tantivy index at {directory}"
         write = partial(write_partition, plan)
@@ -567,6 +580,9 @@ class TantivySink(SearchSink):
 
     def has_table(self, table: TableName) -> bool:
         return open_index(self.table_dir(table)) is not None
+
+    def clear_table(self, table: TableName) -> None:
+        shutil.rmtree(self.table_dir(table), ignore_errors=True)
 
     def read_marker(self, table: TableName) -> str | None:
         try:
