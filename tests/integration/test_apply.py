@@ -26,7 +26,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.harness import REPO, cdc, cdc_popen, sql, stream_until_current, verify, write_pipeline
+from tests.fixtures.readers import delta_rows as read_delta
+from tests.harness import REPO, cdc, cdc_popen, source_rows, sql, stream_until_current, verify, write_pipeline
 from tests.integration.test_capture import (
     BIG_TEXT,
     TYPE_COLUMNS,
@@ -135,6 +136,14 @@ def delta_rows(spark, pipe: Pipe, table: str, columns: list[str], base: str = "l
     out = {r["id"]: tuple(r[c] for c in columns) for r in rows}
     assert len(out) == len(rows), f"{table}: duplicate keys in the Delta table"
     return out
+
+
+def assert_delta_is_source(spark, pipe: Pipe, dsn: str, table: str, base: str = "lake") -> None:
+    """The Delta table read with plain Spark SQL (not the sink's `current`) holds the source's keys
+    and `v` values (tables made by make_table)."""
+    lake = read_delta(spark, delta_dir(pipe, table, base))
+    source = source_rows(dsn, table, ("id",))
+    assert {k: r["v"] for k, r in lake.items()} == {k: r["v"] for k, r in source.items()}, table
 
 
 def delta_commits(path: Path) -> list[dict]:
@@ -672,6 +681,8 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         assert after["cut_id"] == cut and after["pending"] is None, after
         merged = {t: len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables}
         assert merged == dict.fromkeys(tables, 1), f"{fault}: MERGE commits for cut {cut}: {merged}"
+        for t in tables:
+            assert_delta_is_source(spark, pipe, pg_db, t)
     verified(pipe, spark)
 
 
@@ -718,6 +729,7 @@ def test_apply_on_local_cluster(pg_db: str, tmp_path: Path, spark) -> None:
         f"expected the two executor JVMs of local-cluster[2,1,1024], saw {len(executors)}"
     )
     verified(pipe, spark)
+    assert_delta_is_source(spark, pipe, pg_db, "public.lc")
 
 
 # ---- 7. bad input ---------------------------------------------------------------------------------------------
@@ -745,12 +757,13 @@ def test_compacted_log_and_values_spark_cannot_hold(pg_db: str, tmp_path: Path, 
     stream(pipe)
     ok("log", "compact", pipe.file, "--tombstone-retention", "0s")
     report = apply_fails(pipe, spark)
-    assert "public.p" in report and "cdc snapshot --tables public.p" in report, report
+    assert "public.p" in report and f"`cdc snapshot {pipe.file} --tables public.p`" in report, report
     assert ckpt(pipe) == before, "a failed apply moved the checkpoint"
-    ok("snapshot", pipe.file, "--no-progress", "--tables", "public.p")
+    ok("snapshot", pipe.file, "--no-progress", "--tables", "public.p")  # the remedy, as printed
     stream(pipe)
     apply_ok(pipe, spark)
     verified(pipe, spark)
+    assert_delta_is_source(spark, pipe, pg_db, "public.p")
 
     # Values Spark cannot hold, next to an ordinary change of another table in the same batch.
     versions = {t: delta_version(delta_dir(pipe, t)) for t in ("public.p", "public.r")}
