@@ -26,9 +26,9 @@ class Checkpoint:
     tables: dict[str, list[int]] = field(default_factory=dict)  # str(TableName) -> [base, end offset applied]
     pending: dict[str, Any] | None = None  # {"cut_id", "lsn", "tables": {...}} being applied
     markers: bool = False  # the follower carries a marker per table (sinks/marker.py) since this was set
-    lost: dict[str, Any] | None = (
-        None  # the last time the follower was found to have lost data (status shows it)
-    )
+    # the last time the follower was found to have lost data (status shows it)
+    lost: dict[str, Any] | None = None
+    clear: bool = False  # `cdc reset --rebuild`: the next apply clears the follower's tables first
 
     @property
     def path_name(self) -> str:

@@ -2,10 +2,10 @@
 
 Only that sink's checkpoint changes; the log and every other follower are left alone.
 
-* `--rebuild`: the checkpoint is replaced by an empty one, so the next `cdc apply` reads every
-  table from the log's base and each sink starts the table over from its snapshot (rows older
-  than the base are removed). For a follower that lost or damaged its data, or whose checkpoint
-  cannot be read.
+* `--rebuild`: the checkpoint is replaced by an empty one that asks for a clean start: the next
+  `cdc apply` removes the follower's tables (rows, its bookkeeping, markers) and rebuilds each
+  from the log's base. For a follower that lost or damaged its data, or whose checkpoint cannot
+  be read.
 * `--to-cut N`: the checkpoint goes back to cut N (one the log still keeps), so the next apply
   applies every change after it again. Sinks never let an older position overwrite a newer one
   and are idempotent per cut, so changes the follower still holds are left as they are; what
@@ -42,8 +42,10 @@ def run_reset(
                 was = f"was at cut {old.cut_id}" if old.cut_id else "had not applied anything"
             except CdcError:
                 was = "its checkpoint was unreadable"
-            save_checkpoint(state, Checkpoint(sink))
-            say(f"sink {sink}: reset ({was}); the next `cdc apply` rebuilds every table from the log's base")
+            save_checkpoint(state, Checkpoint(sink, clear=True))
+            say(
+                f"sink {sink}: reset ({was}); the next `cdc apply` clears its tables and rebuilds them from the log's base"
+            )
             return
         assert to_cut is not None
         ckpt = load_checkpoint(state, sink, pipeline.file)

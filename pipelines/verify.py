@@ -281,7 +281,7 @@ def run_verify(
         log.close()
         conn.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    _print(verdicts, say)
+    _print(verdicts, say, pipeline)
     return int(ExitCode.OK if all(v.identical for v in verdicts) else ExitCode.DIFFERENCE)
 
 
@@ -375,7 +375,7 @@ def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> 
     return count
 
 
-def _print(verdicts: list[SinkVerdict], say: Callable[[str], None]) -> None:
+def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pipeline | None = None) -> None:
     for v in verdicts:
         if v.error:
             say(f"sink {v.sink}: ERROR {v.error}")
@@ -403,6 +403,12 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None]) -> None:
                 say(f"    missing {t.missing:,}, extra {t.extra:,}, different {t.different:,}; first keys:")
                 for s in t.samples:
                     say(f"      {s}")
+                if pipeline is not None:  # rows lost or changed behind the tool's back (README Operations)
+                    say(
+                        f"  fix: if the follower lost or changed rows itself, rebuild it: "
+                        f"`{pipeline.command('reset', '--sink', v.sink, '--rebuild', '--yes')}`, "
+                        f"then `{pipeline.command('apply', '--once', '--sink', v.sink)}`"
+                    )
     ok = all(v.identical for v in verdicts)
     say("verify: all followers identical to the source" if ok else "verify: differences found")
 

@@ -63,6 +63,12 @@ class Sink(ABC):
         before every batch); most engines have nothing to check."""
         return None
 
+    def clear_table(self, table: TableName) -> None:
+        """Remove everything the follower holds of the table (rows, its own bookkeeping, marker), so
+        a rebuild starts from nothing: rows changed behind the tool's back (a position as new as
+        the log's) would otherwise survive it."""
+        raise NotImplementedError(f"sink kind {self.kind} cannot clear a table")
+
     # Markers (sinks/marker.py): a sink that keeps them sets `markers` and implements both methods.
     markers: bool = False
 

@@ -182,6 +182,12 @@ class ApplyJob:
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
         sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
+        if ckpt.clear:  # `cdc reset --rebuild`: start from nothing (changed rows would survive a replay)
+            self.say(f"sink {sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
+            for name in wanted:
+                if name in by_name:
+                    sink.clear_table(by_name[name])
+            ckpt.tables, ckpt.clear = {}, False
         self._check_markers(
             sink, sink_cfg, ckpt, [n for n in wanted if n in ckpt.tables and n in by_name], by_name
         )
@@ -304,6 +310,7 @@ class ApplyJob:
             f"sink {sink_cfg.name}: the follower lost data it had applied ({what}): rebuilding from the log's base"
         )
         for name in lost:
+            sink.clear_table(by_name[name])  # what is left (an older backup, another pipeline's data) goes
             del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
         ckpt.lost = note | {"action": "rebuilt"}
 

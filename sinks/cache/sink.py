@@ -89,7 +89,7 @@ from pipelines.secrets import redact
 from sinks.base import ApplyStats, Sink
 from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
-from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, q
+from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape, q
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 
 TOMBSTONE_TTL_S = 7 * 24 * 3600
@@ -350,6 +350,19 @@ class RedisSink(Sink):
         problem = self._redis("reading from", eviction_problem, self._client(), self.ttl)
         if problem is not None:
             raise EngineSettingError(redact(f"sink {self.name}: Redis at {self.url}: {problem}"), EVICTION_FIX)
+
+    def clear_table(self, table: TableName) -> None:
+        client = self._client()
+        keys = self.template.for_table(table)
+        for pattern in (keys.pattern, glob_escape(TOMBSTONE) + keys.pattern):
+            cursor = 0
+            while True:
+                cursor, found = self._redis("scanning", client.scan, cursor, match=pattern, count=SCAN_COUNT)
+                if found:
+                    self._redis("writing to", client.delete, *found)
+                if cursor == 0:
+                    break
+        self._redis("writing to", client.delete, keys.truncate_key, keys.defaults_key, keys.marker_key)
 
     # ---- marker (sinks/marker.py) ----------------------------------------------------------------
     markers = True

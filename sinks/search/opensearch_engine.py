@@ -385,6 +385,12 @@ class OpenSearchSink(SearchSink):
         with self.calls("the index check"):
             return self._meta(self.client(), self.index_of(table)) is not None
 
+    def clear_table(self, table: TableName) -> None:
+        client, alias = self.client(), self.index_of(table)
+        with self.calls("an index change"):
+            if client.indices.exists(index=alias):
+                client.indices.delete(index=list(client.indices.get_alias(index=alias)))
+
     def read_marker(self, table: TableName) -> str | None:
         with self.calls("the index check"):
             state = self._meta(self.client(), self.index_of(table))
