@@ -7,6 +7,7 @@ the parquet/Delta files) and checks `cdc verify` too.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,103 @@ def test_kafka_log_add_column_default_then_vacuum_full_is_re_based(
     got = _delta(spark, tmp_path, "public.items", columns)
     assert got == _source(pg_db, "public.items", columns) and got["3"][2] == "dflt"
     verified(pipe, spark)
+
+
+# ---- issue 22 item 3: a re-base with a type change Delta cannot widen --------------------------------
+def test_re_base_with_type_change_delta_cannot_widen(pg_db: str, tmp_path: Path, spark, redis_server) -> None:
+    """`ALTER COLUMN n TYPE text USING ...` and `ALTER COLUMN code TYPE int USING ...`: Delta cannot
+    widen either. The stream re-bases the table by itself, and every follower takes the new types
+    from the new base with no step by hand: SCD1 Delta is rewritten with them, SCD2 Delta keeps the
+    old values of older versions in `<column>__before_<base LSN>`, search and cache hold the new
+    values. Outside a re-base the same change still stops the batch
+    (tests/integration/test_apply.py::test_incompatible_schemas_stop_the_batch)."""
+    import redis
+
+    from tests.fixtures.readers import delta_rows, redis_rows, tantivy_docs
+
+    cache_url = redis_server.url.rsplit("/", 1)[0] + "/6"
+    redis.Redis.from_url(cache_url).flushdb()
+    sql(
+        pg_db,
+        "CREATE TABLE acc (id int PRIMARY KEY, n int, code text)",
+        "INSERT INTO acc SELECT g, g, (g * 7)::text FROM generate_series(1, 6) g",
+    )
+    hist = {"name": "hist", "delta": {"path": "hist", "mode": "scd2"}}
+    search = {"name": "search", "search": {"engine": "tantivy", "path": "idx", "tables": ["public.acc"]}}
+    cache = {"name": "cache", "redis": {"url": cache_url, "tables": ["public.acc"]}}
+    lake = {"name": "lake", "delta": {"path": "lake"}}
+    fast_jvm = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2}
+    sinks = [lake, hist, search, cache]
+    file = write_pipeline(tmp_path, pg_db, ["public.acc"], name="ddl", sinks=sinks, spark={"conf": fast_jvm})
+    _snapshot(file)
+    apply_once(file, spark)
+    sql(pg_db, "UPDATE acc SET n = 20 WHERE id = 2")
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    apply_once(file, spark)
+    sql(
+        pg_db,
+        "ALTER TABLE acc ALTER COLUMN n TYPE text USING 'n' || n::text",
+        "ALTER TABLE acc ALTER COLUMN code TYPE int USING code::int + 1",
+        "UPDATE acc SET n = 'changed' WHERE id = 3",
+        "INSERT INTO acc VALUES (7, 'n7', 50)",
+        "DELETE FROM acc WHERE id = 6",
+    )
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    assert "public.acc: its storage was rewritten" in run.out and "re-base public.acc: done" in run.out, (
+        run.out
+    )
+
+    # Each Delta follower killed right after its writes, before its checkpoint (`cdc apply` exits by
+    # SIGKILL): the next apply applies the same cut again and changes nothing in either table.
+    def held() -> dict:
+        keys = {"lake": ("id",), "hist": ("id", "_cdc_start_lsn")}  # SCD2: one row per version
+        return {s: delta_rows(spark, tmp_path / s / "public" / "acc", keys[s]) for s in keys}
+
+    for sink in ("lake", "hist"):
+        crashed = cdc(
+            "apply", file, "--once", "--sink", sink, env={"CDC_FAULT": "apply:after-merge"}, timeout=900
+        )
+        assert crashed.code == -signal.SIGKILL, crashed.out + crashed.err
+    written = held()
+    apply_once(file, spark)
+    assert held() == written
+    apply_once(file, spark)  # nothing new: changes nothing
+
+    columns = ["n", "code"]
+    want = _source(pg_db, "public.acc", columns)
+    assert want["2"] == ("n20", "15") and "6" not in want
+    assert _delta(spark, tmp_path, "public.acc", columns) == want
+    lake = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / "acc"))
+    assert dict(lake.dtypes)["n"] == "string" and dict(lake.dtypes)["code"] == "int", lake.dtypes
+
+    # SCD2: the current versions hold the new values and types; the older versions kept theirs.
+    rows = [
+        r.asDict()
+        for r in spark.sql(f"SELECT * FROM delta.`{tmp_path / 'hist' / 'public' / 'acc'}`").collect()
+    ]
+    current = {
+        str(r["id"]): (r["n"], None if r["code"] is None else str(r["code"]))
+        for r in rows
+        if r["_cdc_end_lsn"] is None
+    }
+    assert current == want
+    (before_n,) = [c for c in rows[0] if c.startswith("n__before_")]
+    (before_code,) = [c for c in rows[0] if c.startswith("code__before_")]
+    base = int(before_n.rsplit("_", 1)[1])
+    old = sorted((r["id"], r[before_n], r[before_code]) for r in rows if r["_cdc_start_lsn"] < base)
+    assert old == sorted([(g, g, str(g * 7)) for g in range(1, 7)] + [(2, 20, "14")]), old
+    assert all(r["_cdc_end_lsn"] is not None and r["n"] is None for r in rows if r["_cdc_start_lsn"] < base)
+    assert all(r[before_n] is None for r in rows if r["_cdc_start_lsn"] >= base)
+
+    # Search and cache, read with tantivy and redis-py themselves.
+    docs = tantivy_docs(tmp_path / "idx" / "public" / "acc")
+    cached = redis_rows(redis.Redis.from_url(cache_url), "public.acc:")
+    for name, got in {"tantivy": docs, "redis": cached}.items():
+        by_id = {str(d["id"]): (d["n"], str(d["code"])) for d in got.values()}
+        assert by_id == want, (name, got)
+        assert all(isinstance(d["n"], str) and isinstance(d["code"], int) for d in got.values()), (name, got)
+    assert delta_rows(spark, tmp_path / "lake" / "public" / "acc")[("3",)]["n"] == "changed"
+    code, report = verify(file, spark)
+    assert code == 0, report
