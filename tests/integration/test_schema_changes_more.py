@@ -92,3 +92,26 @@ def test_defaults_replica_identity_full_key_change_and_set_schema(pg_db: str, tm
     assert delta(spark, lake / "other" / "mv") == source(pg_db, "other.mv")
     assert delta(spark, lake / "public" / "mv") == {1: "x1", 2: "x2", 3: "x3"}  # kept as it was
     verified(pipe, spark)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known bug (README Schema changes): REPLICA IDENTITY USING INDEX jams the stream"
+)
+def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path, spark) -> None:
+    """With REPLICA IDENTITY USING INDEX on a unique index that is not the primary key, PostgreSQL
+    sends a deleted row's old values with that index's columns only. Today `cdc stream` stops there
+    with an internal error (exit 4) every run; this is what it should do instead."""
+    sql(
+        pg_db,
+        "CREATE TABLE ri(id int PRIMARY KEY, code int NOT NULL UNIQUE, v text)",
+        "INSERT INTO ri SELECT g, g * 10, 'x' || g FROM generate_series(1, 3) g",
+    )
+    pipe = make_pipe(tmp_path, pg_db, ["public.ri"])
+    snapshot(pipe)
+    sql(pg_db, "ALTER TABLE ri REPLICA IDENTITY USING INDEX ri_code_key", "DELETE FROM ri WHERE id = 2")
+    flush_wal(pg_db)
+    run = cdc("stream", pipe.file, "--until", "current")
+    assert run.code == 0, f"{run.code}\n{run.out}\n{run.err}"
+    apply_ok(pipe, spark)
+    assert delta(spark, tmp_path / "lake" / "public" / "ri") == source(pg_db, "ri")
+    verified(pipe, spark)
