@@ -489,7 +489,8 @@ def test_unreachable_redis_is_a_clear_error(pg_db: str, tmp_path: Path, spark) -
     assert f"127.0.0.1:{port}" in message and "s3cr3t" not in message and "***" in message, message
     assert "fix:" in message and "checkpoint" in message, message
     ckpt = load_checkpoint(load_pipeline(file).state_path, "cache")
-    assert ckpt.cut_id == 0 and ckpt.pending is not None
+    # Redis is checked (eviction policy, markers) before a cut is started: nothing pending
+    assert ckpt.cut_id == 0 and ckpt.pending is None
 
 
 def test_bad_key_template_is_refused(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
@@ -541,7 +542,7 @@ def test_redis_down_fails_only_the_cache_sink(
     assert "Traceback" not in run.out + run.err and "Py4J" not in run.out + run.err
     assert load_checkpoint(state, "lake").cut_id > lake_before
     cache = load_checkpoint(state, "cache")
-    assert cache.cut_id == cache_before and cache.pending is not None
+    assert cache.cut_id == cache_before and cache.pending is None  # Redis checked before the cut starts
 
     own_redis.start()
     runs = apply_once(file, spark)
