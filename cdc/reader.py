@@ -25,7 +25,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg2
 from psycopg2 import sql
@@ -43,6 +43,7 @@ from cdc.source import (
     check_source,
     connect,
     flushed_wal_lsn,
+    replica_index_without_key,
     slot_holder,
     slot_state,
     stream_application_name,
@@ -580,7 +581,10 @@ class StreamReader:
             old_kind = "K" if marker == 75 else "O"
             end = tuple_end(p, 6)
             old = p[6:end]
-            old_key = key_from_values(tuple_prefix(old, 0, rel.key_len), rel.key_idx)
+            old_vals = tuple_prefix(old, 0, rel.key_len)
+            if old_kind == "K" and any(old_vals[i] is None for i in rel.key_idx):
+                self._short_old_row(rel)  # key columns are NOT NULL: a None here was left out by PostgreSQL
+            old_key = key_from_values(old_vals, rel.key_idx)
             offset = end + 1  # skip the 'N' of the new tuple
         if kind == 68:  # delete
             seq += 1
@@ -609,6 +613,23 @@ class StreamReader:
         seq += 1
         rows.append((commit_lsn, seq, "u", new_key, new, old, old_kind, rel.schema_version, xid, ts, elsn))
         return seq, 1
+
+    def _short_old_row(self, rel: _Rel) -> NoReturn:
+        """REPLICA IDENTITY USING INDEX on an index without the primary key: the old row has no key.
+        Stop before this transaction's batch commits, so nothing past it is acknowledged."""
+        try:
+            index = replica_index_without_key(self._conn, rel.table) or "an index"
+        except psycopg2.Error:
+            index = "an index"  # the catalog connection is gone: the message still holds
+        name = self.pipeline.name
+        raise SourceError(
+            f"table {rel.table} has REPLICA IDENTITY USING INDEX {index}, without the primary key columns: PostgreSQL "
+            "sent a deleted (or key-changed) row's old values without the primary key the log keys rows by; "
+            "the stream stopped there and acknowledged nothing past it",
+            f"run ALTER TABLE {rel.table} REPLICA IDENTITY DEFAULT (or FULL); then start the pipeline over, as the WAL "
+            "already written keeps the short old rows: `cdc teardown PIPELINE --drop-slot --yes` and `cdc snapshot PIPELINE` "
+            f"(PIPELINE: the file of pipeline {name})",
+        )
 
     @staticmethod
     def _has_unchanged(tuple_bytes: bytes) -> bool:

@@ -213,6 +213,25 @@ def _index_columns(cur, where: str, oid: int) -> list[tuple[str, list[str]]]:
     return [(name, cols) for name, cols, not_null in cur.fetchall() if not_null]
 
 
+def replica_index_without_key(conn, table: TableName) -> str | None:
+    """The index named by REPLICA IDENTITY USING INDEX when it lacks a primary-key column of a table
+    that has one, else None. PostgreSQL then sends deleted (or key-changed) rows' old values with
+    that index's columns only, so the primary key the log keys rows by is missing."""
+    with conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT ri.indexrelid::regclass::text
+            FROM pg_class c
+            JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
+            JOIN pg_index pk ON pk.indrelid = c.oid AND pk.indisprimary
+            WHERE c.oid = to_regclass(%s) AND c.relreplident = 'i' AND NOT (pk.indkey::int2[] <@ ri.indkey::int2[])
+            """,
+            (str(table),),
+        )
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
 def _key_of(cur, oid: int, replident: str, columns: tuple[ColumnInfo, ...]) -> tuple[tuple[str, ...], str]:
     """The columns that identify a row: primary key, else the replica identity index, else (with
     REPLICA IDENTITY FULL) a unique index on NOT NULL columns. No key -> ((), '')."""

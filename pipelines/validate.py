@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cdc.schema import generated_columns
-from cdc.source import check_source, connect
+from cdc.source import Problem, check_source, connect, replica_index_without_key
 from cdc.tablewatch import gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import ExitCode
@@ -28,6 +28,18 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
         report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=gone)
         generated = {t.table: generated_columns(conn, t.oid) for t in report.tables}
+        for t in report.tables:
+            # deletes would reach the stream without the primary key: it would stop there
+            index = replica_index_without_key(conn, t.table) if t.replica_identity == "i" else None
+            if index is not None:
+                report.problems.append(
+                    Problem(
+                        f"table {t.table} has REPLICA IDENTITY USING INDEX {index}, without the primary key columns: "
+                        "PostgreSQL would send deleted (and key-changed) rows without the key, and `cdc stream` stops there",
+                        f"run ALTER TABLE {t.table} REPLICA IDENTITY DEFAULT; (if `cdc stream` already stopped on it, then also "
+                        "`cdc teardown PIPELINE --drop-slot --yes` and `cdc snapshot PIPELINE`)",
+                    )
+                )
     finally:
         conn.close()
     info = report.server

@@ -94,13 +94,11 @@ def test_defaults_replica_identity_full_key_change_and_set_schema(pg_db: str, tm
     verified(pipe, spark)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known bug (README Schema changes): REPLICA IDENTITY USING INDEX jams the stream"
-)
-def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path, spark) -> None:
+def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path) -> None:
     """With REPLICA IDENTITY USING INDEX on a unique index that is not the primary key, PostgreSQL
-    sends a deleted row's old values with that index's columns only. Today `cdc stream` stops there
-    with an internal error (exit 4) every run; this is what it should do instead."""
+    sends a deleted row's old values with that index's columns only (no primary key). `cdc validate`
+    names it up front; `cdc stream` stops at the delete with a SourceError (exit 3) and the fix,
+    not an internal error, and acknowledges nothing past it (a second run stops at the same place)."""
     sql(
         pg_db,
         "CREATE TABLE ri(id int PRIMARY KEY, code int NOT NULL UNIQUE, v text)",
@@ -108,10 +106,19 @@ def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path, spark)
     )
     pipe = make_pipe(tmp_path, pg_db, ["public.ri"])
     snapshot(pipe)
+    ok = cdc("validate", pipe.file)
+    assert ok.code == 0 and "REPLICA IDENTITY" not in ok.out, f"{ok.code}\n{ok.out}\n{ok.err}"
     sql(pg_db, "ALTER TABLE ri REPLICA IDENTITY USING INDEX ri_code_key", "DELETE FROM ri WHERE id = 2")
     flush_wal(pg_db)
-    run = cdc("stream", pipe.file, "--until", "current")
-    assert run.code == 0, f"{run.code}\n{run.out}\n{run.err}"
-    apply_ok(pipe, spark)
-    assert delta(spark, tmp_path / "lake" / "public" / "ri") == source(pg_db, "ri")
-    verified(pipe, spark)
+    bad = cdc("validate", pipe.file)
+    assert bad.code == 3, f"{bad.code}\n{bad.out}\n{bad.err}"
+    assert "table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key" in bad.out, bad.out
+    assert "fix: run ALTER TABLE public.ri REPLICA IDENTITY DEFAULT;" in bad.out, bad.out
+    for _ in range(2):  # the second run meets the same delete: nothing was acknowledged past it
+        run = cdc("stream", pipe.file, "--until", "current")
+        assert run.code == 3, f"{run.code}\n{run.out}\n{run.err}"
+        assert "error: table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key" in run.err
+        assert "  fix: run ALTER TABLE public.ri REPLICA IDENTITY DEFAULT (or FULL)" in run.err, run.err
+        assert "`cdc teardown PIPELINE --drop-slot --yes` and `cdc snapshot PIPELINE`" in run.err, run.err
+        assert "internal error" not in run.out + run.err
+        no_traceback(run)
