@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+import shlex
 import signal
 import struct
 import time
@@ -149,13 +150,18 @@ class StreamReader:
         self._keys: dict[TableName, tuple[str, ...]] = {}
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
-        self._watch = TableWatch(log, say, pipeline.name)  # captured tables renamed or dropped in the source
+        # captured tables renamed or dropped in the source; remedies name the pipeline file as given
+        self._watch = TableWatch(log, say, pipeline.command)
         self._rebaser = rebaser
-        self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say)  # tables changed without change events
+        # tables changed without change events
+        self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say, pipeline.command)
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
         self._durable_counts = (0, 0)  # (events, transactions) durable in the log, for reconnects
+
+    def _snapshot_cmd(self, table: TableName) -> str:
+        return self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
 
     def request_stop(self, *_args) -> None:
         self._stop = True
@@ -179,7 +185,14 @@ class StreamReader:
         pg = self.pipeline.source.postgres
         conn = self._conn = connect(pg.dsn, application_name="cdc stream catalog")
         gone = self._watch.start(conn)  # a dropped table still in the file must not stop the stream
-        report = check_source(conn, self.selectors, self.pipeline.slot, self.pipeline.publication, dropped=gone)
+        report = check_source(
+            conn,
+            self.selectors,
+            self.pipeline.slot,
+            self.pipeline.publication,
+            dropped=gone,
+            command=self.pipeline.command,
+        )
         report.raise_if_problems()
         self._check_slot(conn)
         for t in report.tables:
@@ -197,12 +210,12 @@ class StreamReader:
             if self.log.latest_cut() is None:
                 raise SourceError(
                     f"replication slot {self.pipeline.slot} does not exist yet",
-                    "run `cdc snapshot` for this pipeline first (it creates the slot at a consistent point)",
+                    f"run `{self.pipeline.command('snapshot')}` first (it creates the slot at a consistent point)",
                 )
             raise SourceError(
                 f"replication slot {self.pipeline.slot} no longer exists (dropped, or invalidated and removed); "
                 "changes made since it went are not in the log",
-                "run `cdc snapshot` for this pipeline: it creates the slot again and re-copies every table, "
+                f"run `{self.pipeline.command('snapshot')}`: it creates the slot again and re-copies every table, "
                 "then `cdc stream` continues from there",
             )
         state = slot_state(conn, self.pipeline.slot)
@@ -210,8 +223,8 @@ class StreamReader:
             raise SourceError(
                 f"replication slot {self.pipeline.slot} was invalidated (the server removed WAL it still needed, "
                 "max_slot_wal_keep_size); changes since are not in the log",
-                f"drop it (SELECT pg_drop_replication_slot('{self.pipeline.slot}');), then run `cdc snapshot` "
-                "for this pipeline to re-copy every table",
+                f"drop it (SELECT pg_drop_replication_slot('{self.pipeline.slot}');), then run "
+                f"`{self.pipeline.command('snapshot')}` to re-copy every table",
             )
         if slot[2] is not None:
             raise _SlotBusy(*slot_holder(conn, self.pipeline.slot, slot[2]))
@@ -229,16 +242,20 @@ class StreamReader:
         key = self._keys.get(table)
         names = [c.name for c in msg.columns]
         if key is None or any(k not in names for k in key):
-            key = self._keys[table] = self._watch.key_of(conn, table)  # new table or key changed (or gone since)
+            key = self._keys[table] = self._watch.key_of(
+                conn, table
+            )  # new table or key changed (or gone since)
         missing = [k for k in key if k not in names]
         if not key or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
-                "give the table a primary key again, then `cdc snapshot --tables` it",
+                f"give the table a primary key again, then run `{self._snapshot_cmd(table)}`",
             )
         columns = [(c.name, c.type_oid, c.typmod) for c in msg.columns]
         catalog = table_catalog(conn, table)  # fast defaults of every leaf partition, relfilenodes
-        extras = self._watch.extras(conn, table, lambda: catalog.extras if catalog else column_extras(conn, table))
+        extras = self._watch.extras(
+            conn, table, lambda: catalog.extras if catalog else column_extras(conn, table)
+        )
         schema = build_schema(conn, columns, key, self._types, extras)
         table_id = self.log.ensure_table(table)
         # Column identity (attnum), so followers can tell a rename from a drop + add.
@@ -299,13 +316,19 @@ class StreamReader:
 
     def _start_replication(self):
         self._rconn = connect(
-            self.pipeline.source.postgres.dsn, replication=True, application_name=stream_application_name(self.pipeline.name)
+            self.pipeline.source.postgres.dsn,
+            replication=True,
+            application_name=stream_application_name(self.pipeline.name),
         )
         cur = self._rconn.cursor()
         cur.start_replication(
             slot_name=self.pipeline.slot,
             decode=False,
-            options={"proto_version": "1", "publication_names": self.pipeline.publication, "messages": "true"},
+            options={
+                "proto_version": "1",
+                "publication_names": self.pipeline.publication,
+                "messages": "true",
+            },
             status_interval=self.cfg.status_interval_s,
         )
         return cur
@@ -362,10 +385,14 @@ class StreamReader:
 
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            self.say(f"  reconnect attempt {state.attempt_number} failed ({_one_line(error)}); next in {state.upcoming_sleep:.1f}s")
+            self.say(
+                f"  reconnect attempt {state.attempt_number} failed ({_one_line(error)}); next in {state.upcoming_sleep:.1f}s"
+            )
 
         retrying = Retrying(
-            retry=retry_if_exception_type((psycopg2.OperationalError, psycopg2.InterfaceError, _SlotBusy, _Unreachable)),
+            retry=retry_if_exception_type(
+                (psycopg2.OperationalError, psycopg2.InterfaceError, _SlotBusy, _Unreachable)
+            ),
             wait=wait_exponential(multiplier=0.5, min=0.5, max=15),
             stop=stop_after_delay(limit),
             sleep=self._pause,
@@ -377,7 +404,9 @@ class StreamReader:
         except _Stopped:
             return None
         except _SlotBusy as busy:
-            raise SourceError(f"could not resume the stream within {limit:g}s: {busy.problem}", busy.fix) from None
+            raise SourceError(
+                f"could not resume the stream within {limit:g}s: {busy.problem}", busy.fix
+            ) from None
         except (psycopg2.Error, _Unreachable) as last:
             raise SourceError(
                 f"lost the connection to the source and could not reconnect within {limit:g}s "
@@ -389,8 +418,14 @@ class StreamReader:
         self._acked = 0  # acknowledge again on the new connection
         self._limit_checked = 0.0
         slot = slot_state(self._conn, self.pipeline.slot)
-        at = format_lsn(slot["confirmed_flush_lsn"]) if slot and slot["confirmed_flush_lsn"] is not None else "?"
-        self.say(f"reconnected after {time.monotonic() - started:.1f}s ({attempts} attempt(s)); resuming from the slot at {at}")
+        at = (
+            format_lsn(slot["confirmed_flush_lsn"])
+            if slot and slot["confirmed_flush_lsn"] is not None
+            else "?"
+        )
+        self.say(
+            f"reconnected after {time.monotonic() - started:.1f}s ({attempts} attempt(s)); resuming from the slot at {at}"
+        )
         return cur
 
     def _pause(self, seconds: float) -> None:
@@ -462,7 +497,9 @@ class StreamReader:
                         stats.flushed_lsn = flushed
                     now = time.monotonic()
                     if flushed > cut_lsn and now - last_cut_time >= 1.0:
-                        log.commit(flushed, None)  # a cut at the new position (no events): followers see progress
+                        log.commit(
+                            flushed, None
+                        )  # a cut at the new position (no events): followers see progress
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
                     self._watch.poll(self._conn, flushed)
@@ -494,7 +531,21 @@ class StreamReader:
                 rows = buffers.get(rel.table_id)
                 if rows is None:
                     rows = buffers[rel.table_id] = []
-                rows.append((commit_lsn, seq, "c", key_from_values(vals, rel.key_idx), p[6:], None, None, rel.schema_version, xid, ts, msg.data_start))
+                rows.append(
+                    (
+                        commit_lsn,
+                        seq,
+                        "c",
+                        key_from_values(vals, rel.key_idx),
+                        p[6:],
+                        None,
+                        None,
+                        rel.schema_version,
+                        xid,
+                        ts,
+                        msg.data_start,
+                    )
+                )
                 if len(rows) >= _FLUSH_ROWS:
                     log.append(rel.table_id, rows)
                     buffers[rel.table_id] = []
@@ -561,7 +612,19 @@ class StreamReader:
                     seq += 1
                     self._rewrites.truncate(rel.table_id)  # explains the table's new relfilenode
                     buffers.setdefault(rel.table_id, []).append(
-                        (commit_lsn, seq, "t", None, None, None, None, rel.schema_version, xid, ts, msg.data_start)
+                        (
+                            commit_lsn,
+                            seq,
+                            "t",
+                            None,
+                            None,
+                            None,
+                            None,
+                            rel.schema_version,
+                            xid,
+                            ts,
+                            msg.data_start,
+                        )
                     )
                     batch_events += 1
             # 'Y' type, 'O' origin, 'M' logical message: nothing to log (types are resolved from the catalog).
@@ -571,7 +634,9 @@ class StreamReader:
             commit_batch()
         self._report(final=True)
 
-    def _update_or_delete(self, p, kind, rel: _Rel, rows: list, commit_lsn, seq, xid, ts, elsn) -> tuple[int, int]:
+    def _update_or_delete(
+        self, p, kind, rel: _Rel, rows: list, commit_lsn, seq, xid, ts, elsn
+    ) -> tuple[int, int]:
         """Append the log rows for an Update or Delete; returns (new seq, rows added)."""
         marker = p[5]
         old = old_key = None
@@ -588,7 +653,9 @@ class StreamReader:
             offset = end + 1  # skip the 'N' of the new tuple
         if kind == 68:  # delete
             seq += 1
-            rows.append((commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn))
+            rows.append(
+                (commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn)
+            )
             return seq, 1
         new = p[offset:]
         key_vals = tuple_prefix(new, 0, rel.key_len)
@@ -596,7 +663,7 @@ class StreamReader:
             if old_key is None:
                 raise SourceError(
                     f"an update of {rel.table} arrived without its key (a key column is an unchanged TOAST value)",
-                    f"run ALTER TABLE {rel.table} REPLICA IDENTITY FULL; then `cdc snapshot --tables {rel.table}`",
+                    f"run ALTER TABLE {rel.table} REPLICA IDENTITY FULL; then `{self._snapshot_cmd(rel.table)}`",
                 )
             new_key = old_key
         else:
@@ -606,7 +673,9 @@ class StreamReader:
             if self._has_unchanged(new):
                 new = self._fill_unchanged(rel, new, old if old_kind == "O" else None)
             seq += 1
-            rows.append((commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn))
+            rows.append(
+                (commit_lsn, seq, "d", old_key, None, old, old_kind, rel.schema_version, xid, ts, elsn)
+            )
             seq += 1
             rows.append((commit_lsn, seq, "c", new_key, new, None, None, rel.schema_version, xid, ts, elsn))
             return seq, 2
@@ -621,14 +690,13 @@ class StreamReader:
             index = replica_index_without_key(self._conn, rel.table) or "an index"
         except psycopg2.Error:
             index = "an index"  # the catalog connection is gone: the message still holds
-        name = self.pipeline.name
         raise SourceError(
             f"table {rel.table} has REPLICA IDENTITY USING INDEX {index}, without the primary key columns: PostgreSQL "
             "sent a deleted (or key-changed) row's old values without the primary key the log keys rows by; "
             "the stream stopped there and acknowledged nothing past it",
             f"run ALTER TABLE {rel.table} REPLICA IDENTITY DEFAULT (or FULL); then start the pipeline over, as the WAL "
-            "already written keeps the short old rows: `cdc teardown PIPELINE --drop-slot --yes` and `cdc snapshot PIPELINE` "
-            f"(PIPELINE: the file of pipeline {name})",
+            f"already written keeps the short old rows: `{self.pipeline.command('teardown', '--drop-slot', '--yes')}` "
+            f"and `{self.pipeline.command('snapshot')}`",
         )
 
     @staticmethod
@@ -654,7 +722,10 @@ class StreamReader:
             keys = [schema.columns[i].name for i in rel.key_idx]
             query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
                 sql.SQL(", ").join(
-                    sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%%s', {c}) END").format(c=sql.Identifier(n)) for n in names
+                    sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%%s', {c}) END").format(
+                        c=sql.Identifier(n)
+                    )
+                    for n in names
                 ),
                 sql.Identifier(rel.table.schema, rel.table.name),
                 sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in keys),
@@ -679,7 +750,11 @@ class StreamReader:
 
 
 def run_stream(
-    pipeline, *, until: str | int | None = None, say: Callable[[str], None] = print, rebaser: Rebaser | None = None
+    pipeline,
+    *,
+    until: str | int | None = None,
+    say: Callable[[str], None] = print,
+    rebaser: Rebaser | None = None,
 ) -> StreamStats:
     """`cdc stream`. With `log: kafka` a publisher child process turns the staging log into
     Kafka topics while we read, and acknowledgements to PostgreSQL wait for Kafka's.
@@ -705,6 +780,7 @@ def run_stream(
             def check_publisher() -> None:
                 publisher.check()
                 watch.check()
+
         reader = StreamReader(
             pipeline,
             log,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdc.log.base import TableSchema
+from cdc.remedy import Command, placeholder
 from cdc.schema import RelationCatalog
 from cdc.tables import TableName
 
@@ -70,7 +72,11 @@ def save_state(state_dir: Path, table: TableName, **fields: Any) -> None:
 
 def unfinished(state_dir: Path) -> dict[str, str]:
     """Tables whose re-base was needed or started and did not finish -> reason."""
-    return {t: e.get("reason", "") for t, e in load_states(state_dir).items() if e.get("state") in ("needed", "running", "failed")}
+    return {
+        t: e.get("reason", "")
+        for t, e in load_states(state_dir).items()
+        if e.get("state") in ("needed", "running", "failed")
+    }
 
 
 class Rebaser(Protocol):
@@ -85,8 +91,16 @@ class Rebaser(Protocol):
 
 # ---- detection -------------------------------------------------------------------------------------
 class RewriteWatch:
-    def __init__(self, log, state_dir: Path, rebaser: Rebaser | None, say: Callable[[str], None]):
+    def __init__(
+        self,
+        log,
+        state_dir: Path,
+        rebaser: Rebaser | None,
+        say: Callable[[str], None],
+        command: Command = placeholder,
+    ):
         self.log = log
+        self.command = command  # `cdc VERB <pipeline file> ...` for the printed fix (cdc/remedy.py)
         self.state_dir = Path(state_dir)
         self.rebaser = rebaser
         self.say = say
@@ -162,8 +176,13 @@ class RewriteWatch:
                 return
         conflicts = [c.name for c in fresh if c.name in catalog.conflicts]
         if conflicts:
-            values = "; ".join(f"{c}: " + ", ".join(f"{leaf}={v!r}" for leaf, v in sorted(catalog.conflicts[c].items())) for c in conflicts)
-            reasons.append(f"its partitions hold different values for new column(s) that rows not written since have ({values})")
+            values = "; ".join(
+                f"{c}: " + ", ".join(f"{leaf}={v!r}" for leaf, v in sorted(catalog.conflicts[c].items()))
+                for c in conflicts
+            )
+            reasons.append(
+                f"its partitions hold different values for new column(s) that rows not written since have ({values})"
+            )
         self.log.set_meta(key, now)
         if reasons:
             self._rebase(table, "; ".join(r for r in reasons if r))
@@ -173,10 +192,13 @@ class RewriteWatch:
             save_state(self.state_dir, table, state="needed", reason=reason)
             self.say(
                 f"warning: {table}: {reason}: its rows may have changed without change events, so followers may be stale; "
-                f"fix: run `cdc snapshot PIPELINE --tables {table}` (`cdc stream` from the CLI does this by itself)"
+                f"fix: run `{self.command('snapshot', '--tables', shlex.quote(str(table)))}` (`cdc stream` from the CLI "
+                "does this by itself)"
             )
             return
-        self.say(f"{table}: {reason}: re-basing the table (a new snapshot of it into the log, as `cdc snapshot --tables {table}`)")
+        self.say(
+            f"{table}: {reason}: re-basing the table (a new snapshot of it into the log, as `cdc snapshot --tables {table}`)"
+        )
         save_state(self.state_dir, table, state="running", reason=reason, started_ms=int(time.time() * 1000))
         self.rebaser.start(table, reason)
 
@@ -185,7 +207,9 @@ def _type_changes(previous: TableSchema | None, schema: TableSchema) -> str:
     if previous is None:
         return ""
     before = {c.name: (c.type_oid, c.typmod) for c in previous.columns}
-    return ", ".join(c.name for c in schema.columns if c.name in before and before[c.name] != (c.type_oid, c.typmod))
+    return ", ".join(
+        c.name for c in schema.columns if c.name in before and before[c.name] != (c.type_oid, c.typmod)
+    )
 
 
 def _wal_lsn(conn) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
 
+from cdc.remedy import Command, placeholder
 from cdc.session import libpq_options
 from cdc.tables import TableName, TableSelector, quote_ident
 from pipelines.errors import PipelineFileError, SourceError
@@ -48,9 +50,12 @@ def connect(dsn: str, *, replication: bool = False, application_name: str = "cdc
         conn = psycopg2.connect(dsn, **kwargs)
     except psycopg2.OperationalError as exc:
         message = redact_with(" ".join(str(exc).split()), _password_of(dsn))
-        if "invalid" in message and ("connection option" in message or "value for parameter" in message or "integer value" in message):
+        if "invalid" in message and (
+            "connection option" in message or "value for parameter" in message or "integer value" in message
+        ):
             raise PipelineFileError(
-                f"source.postgres.dsn has an invalid value: {message}", "fix that parameter of the connection string"
+                f"source.postgres.dsn has an invalid value: {message}",
+                "fix that parameter of the connection string",
             ) from None
         fix = "check host, port, user and password in source.postgres.dsn and that the server accepts connections"
         if "replication" in message and "pg_hba" in message:
@@ -182,7 +187,10 @@ def table_info(conn, table: TableName) -> TableInfo:
         )
         row = cur.fetchone()
         if row is None:
-            raise SourceError(f"table {table} does not exist in the source database", "create it or remove it from source.postgres.tables")
+            raise SourceError(
+                f"table {table} does not exist in the source database",
+                "create it or remove it from source.postgres.tables",
+            )
         oid, relkind, replident, can_select, owned = row
         cur.execute(
             """
@@ -250,7 +258,12 @@ def _key_of(cur, oid: int, replident: str, columns: tuple[ColumnInfo, ...]) -> t
 
 
 def check_source(
-    conn, selectors: list[TableSelector], slot: str, publication: str, dropped: Collection[TableName] = ()
+    conn,
+    selectors: list[TableSelector],
+    slot: str,
+    publication: str,
+    dropped: Collection[TableName] = (),
+    command: Command = placeholder,
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
@@ -259,7 +272,9 @@ def check_source(
     info = report.server = server_info(conn)
     who = quote_ident(info.user)
     if info.version < MIN_SERVER_VERSION:
-        report.problems.append(Problem(f"PostgreSQL {info.version_text.split(',')[0]} is too old", "use PostgreSQL 14 or newer"))
+        report.problems.append(
+            Problem(f"PostgreSQL {info.version_text.split(',')[0]} is too old", "use PostgreSQL 14 or newer")
+        )
     if info.wal_level != "logical":
         report.problems.append(
             Problem(
@@ -269,11 +284,16 @@ def check_source(
         )
     if info.encoding != "UTF8":
         report.problems.append(
-            Problem(f"the database encoding is {info.encoding}; the change stream is read as UTF-8", "capture a UTF8 database")
+            Problem(
+                f"the database encoding is {info.encoding}; the change stream is read as UTF-8",
+                "capture a UTF8 database",
+            )
         )
     if not (info.superuser or info.replication_role):
         report.problems.append(
-            Problem(f"role {info.user} lacks the REPLICATION attribute", f"run ALTER ROLE {who} WITH REPLICATION;")
+            Problem(
+                f"role {info.user} lacks the REPLICATION attribute", f"run ALTER ROLE {who} WITH REPLICATION;"
+            )
         )
     slot_row = _slot(conn, slot)
     if slot_row is None and info.used_slots >= info.max_replication_slots:
@@ -309,26 +329,40 @@ def check_source(
         if sel in gone:
             report.notes.append(
                 f"table {sel} was dropped in the source; its changes up to the drop are in the log (remove it from "
-                "source.postgres.tables, and from the log with `cdc log remove-table` once followers have applied them)"
+                f"source.postgres.tables, and from the log with `{command('log remove-table', '--table', shlex.quote(sel), '--yes')}` "
+                "once followers have applied them)"
             )
             continue
         report.problems.append(
-            Problem(f"table {sel} does not exist in database {info.database}", "create it, or fix source.postgres.tables")
+            Problem(
+                f"table {sel} does not exist in database {info.database}",
+                "create it, or fix source.postgres.tables",
+            )
         )
     for table in tables:
         ti = table_info(conn, table)
         report.tables.append(ti)
         name = str(table)
         if ti.relkind not in ("r", "p"):
-            report.problems.append(Problem(f"{name} is not a table (relkind {ti.relkind!r})", "capture the underlying tables"))
+            report.problems.append(
+                Problem(f"{name} is not a table (relkind {ti.relkind!r})", "capture the underlying tables")
+            )
             continue
         if not ti.can_select:
-            report.problems.append(Problem(f"role {info.user} cannot SELECT from {name}", f"run GRANT SELECT ON {name} TO {who};"))
+            report.problems.append(
+                Problem(
+                    f"role {info.user} cannot SELECT from {name}", f"run GRANT SELECT ON {name} TO {who};"
+                )
+            )
         if not ti.key_columns:
             report.problems.append(
                 Problem(
                     f"table {name} has no primary key"
-                    + (" (REPLICA IDENTITY FULL but no unique index on NOT NULL columns)" if ti.replica_identity == "f" else ""),
+                    + (
+                        " (REPLICA IDENTITY FULL but no unique index on NOT NULL columns)"
+                        if ti.replica_identity == "f"
+                        else ""
+                    ),
                     f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or give it a unique index on NOT NULL columns "
                     f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; "
                     "(rows that cannot be told apart cannot be followed exactly)",
@@ -368,7 +402,9 @@ def _check_publication(conn, report: CheckReport, info: ServerInfo, publication:
                 f"run GRANT CREATE ON DATABASE {quote_ident(info.database)} TO {quote_ident(info.user)}; "
                 f"or, as a superuser, {statement}"
             )
-        report.problems.append(Problem(f"publication {publication} does not exist and {why}, so it cannot create it", fix))
+        report.problems.append(
+            Problem(f"publication {publication} does not exist and {why}, so it cannot create it", fix)
+        )
         return
     pub_oid, via_root, own_pub, pub_owner, all_tables = row
     with conn.cursor() as cur:
@@ -422,7 +458,8 @@ def slot_holder(conn, slot: str, active_pid: int) -> tuple[str, str]:
     and host) holds it when the walsender's application_name says so, else what the server knows."""
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT application_name, client_addr::text, backend_start FROM pg_stat_activity WHERE pid = %s", (active_pid,)
+            "SELECT application_name, client_addr::text, backend_start FROM pg_stat_activity WHERE pid = %s",
+            (active_pid,),
         )
         row = cur.fetchone()
     app, addr, since = row if row else (None, None, None)
@@ -448,7 +485,9 @@ def slot_holder(conn, slot: str, active_pid: int) -> tuple[str, str]:
 
 def _slot(conn, slot: str) -> tuple[str, str, int | None] | None:
     with conn.cursor() as cur:
-        cur.execute("SELECT plugin, database, active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        cur.execute(
+            "SELECT plugin, database, active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )
         return cur.fetchone()
 
 
@@ -476,16 +515,17 @@ def ensure_publication(conn, publication: str, tables: list[TableInfo]) -> list[
     with conn.cursor() as cur:
         if existing is None:
             cur.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)").format(
-                    sql.Identifier(publication), sql.SQL(", ").join(idents)
-                )
+                sql.SQL(
+                    "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)"
+                ).format(sql.Identifier(publication), sql.SQL(", ").join(idents))
             )
             return [t.table for t in tables]
         added = [t for t in tables if t.table not in existing]
         if added:
             cur.execute(
                 sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                    sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(t.table.schema, t.table.name) for t in added)
+                    sql.Identifier(publication),
+                    sql.SQL(", ").join(sql.Identifier(t.table.schema, t.table.name) for t in added),
                 )
             )
         return [t.table for t in added]
@@ -529,5 +569,12 @@ def slot_state(conn, slot: str) -> dict | None:
         row = cur.fetchone()
     if row is None:
         return None
-    keys = ("confirmed_flush_lsn", "restart_lsn", "active_pid", "lag_bytes", "retained_wal_bytes", "wal_status")
+    keys = (
+        "confirmed_flush_lsn",
+        "restart_lsn",
+        "active_pid",
+        "lag_bytes",
+        "retained_wal_bytes",
+        "wal_status",
+    )
     return dict(zip(keys, row, strict=True))

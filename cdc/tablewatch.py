@@ -20,11 +20,13 @@ nothing more. The log records the OID of every table it captures (`tables.relid`
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 
 from cdc.log.base import TableSchema
 from cdc.lsn import format_lsn
+from cdc.remedy import Command, placeholder
 from cdc.source import flushed_wal_lsn, table_info
 from cdc.tables import TableName
 from pipelines.errors import LogError, SourceError
@@ -65,10 +67,10 @@ def gone_from_source(pipeline, conn) -> set[TableName]:
 
 
 class TableWatch:
-    def __init__(self, log, say: Callable[[str], None] = print, pipeline_name: str = "PIPELINE"):
+    def __init__(self, log, say: Callable[[str], None] = print, command: Command = placeholder):
         self.log = log
         self.say = say
-        self.pipeline_name = pipeline_name
+        self.command = command  # `cdc VERB <pipeline file> ...` for remedies (cdc/remedy.py)
         # dropped tables (by log id) waiting for the log to be durable past _until
         self._pending: dict[int, TableName] = {}
         self._until = 0
@@ -134,9 +136,12 @@ class TableWatch:
             names = ", ".join(map(str, self._pending.values()))
             self.say(
                 f"marked dropped in the log: {names} (every change up to {format_lsn(self._until)} is in; followers keep "
-                f"their copy; `cdc log remove-table {self.pipeline_name} --table ...` takes a table out of the log)"
+                f"their copy; `{self.command('log remove-table', '--table', 'TABLE', '--yes')}` takes a table out of the log)"
             )
             self._pending.clear()
+
+    def _cmd(self, verb: str, *args: object) -> str:
+        return self.command(verb, *(shlex.quote(str(a)) for a in args))
 
     # ---- relations in the stream -------------------------------------------------------------------
     def resolve(self, relid: int, table: TableName, lsn: int, selected: bool, replay: bool) -> TableName:
@@ -159,15 +164,15 @@ class TableWatch:
                 f"{by_name.relid}): it was dropped and created again, or another table was renamed to {table}. "
                 f"The stream stopped before its first change (transaction committed at {format_lsn(lsn)}); nothing "
                 "from there on is acknowledged, so nothing is lost",
-                f"run `cdc snapshot --tables {table}` (the log takes the new table's rows as its base; followers rebuild "
-                f"it), then `cdc stream`; or, to stop capturing it, remove it from source.postgres.tables and run "
-                f"`cdc log remove-table {self.pipeline_name} --table {table}`",
+                f"run `{self._cmd('snapshot', '--tables', table)}` (the log takes the new table's rows as its base; "
+                f"followers rebuild it), then `{self._cmd('stream')}`; or, to stop capturing it, remove it from "
+                f"source.postgres.tables and run `{self._cmd('log remove-table', '--table', table, '--yes')}`",
             )
         if owner is None:
             if selected:
                 self.say(
                     f"warning: {table} is captured but has no snapshot in the log yet: its changes wait there and no "
-                    f"follower gets them until `cdc snapshot --tables {table}`"
+                    f"follower gets them until `{self._cmd('snapshot', '--tables', table)}`"
                 )
             return table
         if not selected:
@@ -177,9 +182,9 @@ class TableWatch:
                 f"new name (transaction committed at {format_lsn(lsn)}); nothing from there on is acknowledged, so "
                 "nothing is lost",
                 f"to go on capturing it, put {table} in source.postgres.tables in place of {owner.table} and run "
-                f"`cdc stream` again (the log follows it under the new name with all its history; followers build "
+                f"`{self._cmd('stream')}` again (the log follows it under the new name with all its history; followers build "
                 f"{table} and keep {owner.table} as it was); to stop capturing it, remove {owner.table} from "
-                f"source.postgres.tables and run `cdc log remove-table {self.pipeline_name} --table {owner.table}`",
+                f"source.postgres.tables and run `{self._cmd('log remove-table', '--table', owner.table, '--yes')}`",
             )
         self.log.rename_table(owner.id, table)
         self.say(

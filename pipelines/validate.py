@@ -22,11 +22,20 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     for what, fix in dir_problems:
         say(f"{BAD} {what}\n       fix: {fix}")
     if not dir_problems:
-        say(f"{OK} state_dir {pipeline.state_path} can be {'written' if pipeline.state_path.is_dir() else 'created'}")
+        say(
+            f"{OK} state_dir {pipeline.state_path} can be {'written' if pipeline.state_path.is_dir() else 'created'}"
+        )
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
-        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=gone)
+        report = check_source(
+            conn,
+            pipeline.table_selectors,
+            pipeline.slot,
+            pipeline.publication,
+            dropped=gone,
+            command=pipeline.command,
+        )
         generated = {t.table: generated_columns(conn, t.oid) for t in report.tables}
         for t in report.tables:
             # deletes would reach the stream without the primary key: it would stop there
@@ -46,7 +55,9 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     assert info is not None
     say(f"{OK} connected to {info.database} as {info.user}: {info.version_text.split(',')[0]}")
     say(f"{OK if info.wal_level == 'logical' else BAD} wal_level = {info.wal_level}")
-    say(f"{OK} replication slots {info.used_slots}/{info.max_replication_slots} used, WAL senders {info.used_wal_senders}/{info.max_wal_senders}")
+    say(
+        f"{OK} replication slots {info.used_slots}/{info.max_replication_slots} used, WAL senders {info.used_wal_senders}/{info.max_wal_senders}"
+    )
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         mark = OK if t.key_columns and t.can_select else BAD
@@ -64,7 +75,9 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
     engine_problems = check_engines(pipeline, say)
     if report.problems or dir_problems or engine_problems:
-        say(f"{len(report.problems) + len(dir_problems) + engine_problems} problem(s) found; nothing was changed")
+        say(
+            f"{len(report.problems) + len(dir_problems) + engine_problems} problem(s) found; nothing was changed"
+        )
         # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import shutil
 import tempfile
 import time
@@ -113,11 +114,17 @@ def source_columns(cur, table: TableName, schema: TableSchema) -> tuple[tuple[Co
     present = {r[0] for r in rows}
     known = set(schema.column_names)
     cols = [c for c in schema.columns if c.name in present]
-    cols += [Column(name, oid, mod, dims) for name, oid, mod, dims, generated in rows if not generated and name not in known]
+    cols += [
+        Column(name, oid, mod, dims)
+        for name, oid, mod, dims, generated in rows
+        if not generated and name not in known
+    ]
     return tuple(cols), [name for name, _o, _m, _d, generated in rows if generated and name not in known]
 
 
-def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName, TableSchema], directory: Path) -> SourceCopy:
+def copy_source(
+    pipeline: Pipeline, server_version: int, schemas: dict[TableName, TableSchema], directory: Path
+) -> SourceCopy:
     """COPY every table at one exact point (a temporary slot's exported snapshot)."""
     dsn = pipeline.source.postgres.dsn
     files: dict[TableName, Path] = {}
@@ -139,7 +146,8 @@ def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName
                     restricted[table] = TableSchema(cols, schema.key, known)
                     path = directory / f"{len(files)}.copy"
                     stmt = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
-                        sql.SQL(", ").join(sql.Identifier(c.name) for c in cols), sql.Identifier(table.schema, table.name)
+                        sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),
+                        sql.Identifier(table.schema, table.name),
                     )
                     with open(path, "wb") as f:
                         cur.copy_expert(stmt.as_string(conn), f, size=1 << 20)
@@ -150,7 +158,9 @@ def copy_source(pipeline: Pipeline, server_version: int, schemas: dict[TableName
         return SourceCopy(snap.consistent_point, files, restricted, generated)
 
 
-def unstreamed_changes(conn, slot: str, publication: str, upto: int, after_commit: int, tables: set[TableName]) -> int:
+def unstreamed_changes(
+    conn, slot: str, publication: str, upto: int, after_commit: int, tables: set[TableName]
+) -> int:
     """Changes to `tables` the slot still holds below `upto` (peeked, not consumed)."""
     rels: dict[int, TableName] = {}
     count = 0
@@ -190,7 +200,12 @@ def _typed_source(spark: SparkSession, schema: TableSchema, path: Path) -> DataF
 
 
 def compare(
-    spark: SparkSession, schema: TableSchema, source: DataFrame, follower: DataFrame | None, excused: DataFrame | None, table: str
+    spark: SparkSession,
+    schema: TableSchema,
+    source: DataFrame,
+    follower: DataFrame | None,
+    excused: DataFrame | None,
+    table: str,
 ) -> TableVerdict:
     verdict = TableVerdict(table)
     names = [c.name for c in schema.columns]
@@ -200,9 +215,19 @@ def compare(
     missing_cols = [n for n in names if n not in follower.columns]
     verdict.missing_columns = missing_cols
     follower = follower.select(
-        *(F.col(q(n)).cast(source.schema[n].dataType).alias(n) if n in follower.columns else F.lit(None).cast(source.schema[n].dataType).alias(n) for n in names)
+        *(
+            F.col(q(n)).cast(source.schema[n].dataType).alias(n)
+            if n in follower.columns
+            else F.lit(None).cast(source.schema[n].dataType).alias(n)
+            for n in names
+        )
     )
-    fingerprint = lambda df: df.agg(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64(*(F.col(q(n)) for n in names))).alias("h")).first()  # noqa: E731
+
+    def fingerprint(df):
+        return df.agg(
+            F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64(*(F.col(q(n)) for n in names))).alias("h")
+        ).first()
+
     s, f = fingerprint(source), fingerprint(follower)
     verdict.source_rows, verdict.follower_rows = s["n"], f["n"]
     if s["n"] == f["n"] and s["h"] == f["h"] and not missing_cols:
@@ -215,9 +240,9 @@ def compare(
     for n in names:
         same = same & F.col(f"s.{q(n)}").eqNullSafe(F.col(f"f.{q(n)}"))
     kind = F.when(~f_present, "missing").when(~s_present, "extra").when(~same, "different")
-    diffs = joined.select(*(F.coalesce(F.col(f"s.{q(k)}"), F.col(f"f.{q(k)}")).alias(k) for k in keys), kind.alias("__kind")).filter(
-        F.col("__kind").isNotNull()
-    )
+    diffs = joined.select(
+        *(F.coalesce(F.col(f"s.{q(k)}"), F.col(f"f.{q(k)}")).alias(k) for k in keys), kind.alias("__kind")
+    ).filter(F.col("__kind").isNotNull())
     if excused is not None:
         excused_keys = diffs.join(excused, on=keys, how="left_semi")
         verdict.excused = excused_keys.count()
@@ -230,13 +255,17 @@ def compare(
     return verdict
 
 
-def _changed_after(spark, log, table: TableName, schema: TableSchema, point: int, upto: int) -> DataFrame | None:
+def _changed_after(
+    spark, log, table: TableName, schema: TableSchema, point: int, upto: int
+) -> DataFrame | None:
     """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none."""
     first = log.first_offset_from(table, point, upto)
     if first is None:
         return None
     raw = log.read_changes(spark, table, first - 1, upto, schema)
-    key_schema = TableSchema(tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types)
+    key_schema = TableSchema(
+        tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types
+    )
     idx = [schema.column_names.index(c.name) for c in key_schema.columns]
     typed = typed_columns(key_schema, [F.col("vals")[i] for i in idx])
     return raw.filter(F.col("op") != "t").select(*(t.alias(n) for n, t, _ in typed)).distinct()
@@ -244,7 +273,11 @@ def _changed_after(spark, log, table: TableName, schema: TableSchema, point: int
 
 # ---- orchestration ----------------------------------------------------------------------------------
 def run_verify(
-    pipeline: Pipeline, spark: SparkSession, sink_name: str | list[str] | None, wait_s: float, say: Callable[[str], None]
+    pipeline: Pipeline,
+    spark: SparkSession,
+    sink_name: str | list[str] | None,
+    wait_s: float,
+    say: Callable[[str], None],
 ) -> int:
     names = [sink_name] if isinstance(sink_name, str) else list(sink_name or [])
     sinks = [pipeline.sink(n) for n in names] if names else list(pipeline.sinks)
@@ -264,7 +297,14 @@ def run_verify(
         # followers follow the file's tables; those dropped in the source have nothing to compare with
         followed = pipeline_tables(pipeline, list(cut.tables))
         gone = gone_tables(conn, log, followed)
-        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=set(gone))
+        report = check_source(
+            conn,
+            pipeline.table_selectors,
+            pipeline.slot,
+            pipeline.publication,
+            dropped=set(gone),
+            command=pipeline.command,
+        )
         report.raise_if_problems()
         all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
@@ -324,7 +364,9 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
     ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
     deadline = time.monotonic() + wait_s
     slot = _slot(conn, pipeline.slot)
-    while ckpt.lsn < source.point and slot is not None and slot[2] is not None and time.monotonic() < deadline:
+    while (
+        ckpt.lsn < source.point and slot is not None and slot[2] is not None and time.monotonic() < deadline
+    ):
         time.sleep(0.5)  # a stream is running: give the follower time to pass the verification point
         ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
     verdict.follower_lsn = ckpt.lsn
@@ -334,7 +376,9 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
     if ckpt.lsn < source.point:
         pending = _pending(conn, pipeline, log, ckpt, tables, source.point)
         if pending:
-            verdict.behind = f"{pending} change(s) committed before the verification point are not applied yet"
+            verdict.behind = (
+                f"{pending} change(s) committed before the verification point are not applied yet"
+            )
             return verdict
     try:
         sink = make_sink(sink_cfg, pipeline, spark)
@@ -346,7 +390,16 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
                 excused = _changed_after(spark, log, table, schema, source.point, end)
             with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
                 current = sink.current(table)
-                verdict.tables.append(compare(spark, schema, _typed_source(spark, schema, source.files[table]), current, excused, str(table)))
+                verdict.tables.append(
+                    compare(
+                        spark,
+                        schema,
+                        _typed_source(spark, schema, source.files[table]),
+                        current,
+                        excused,
+                        str(table),
+                    )
+                )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
     except CdcError as exc:
         verdict.error = str(exc)
@@ -369,7 +422,14 @@ def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> 
     if log_lsn < point:
         slot = _slot(conn, pipeline.slot)
         if slot is not None and slot[2] is None:
-            count += unstreamed_changes(conn, pipeline.slot, pipeline.publication, point, position[0] if position else cut.lsn - 1, set(tables))
+            count += unstreamed_changes(
+                conn,
+                pipeline.slot,
+                pipeline.publication,
+                point,
+                position[0] if position else cut.lsn - 1,
+                set(tables),
+            )
         elif slot is not None:
             count += 1  # a stream holds the slot and has not reached the point yet: cannot rule anything out
     return count
@@ -383,21 +443,34 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
         for line in v.dropped:
             say(f"sink {v.sink}: {line}")
         if v.behind:
-            say(f"sink {v.sink}: NOT VERIFIED, follower at {format_lsn(v.follower_lsn)} is behind: {v.behind}")
+            say(
+                f"sink {v.sink}: NOT VERIFIED, follower at {format_lsn(v.follower_lsn)} is behind: {v.behind}"
+            )
             continue
         for t in v.tables:
             mark = "identical" if t.identical else "DIFFERENT"
-            extra = f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
-            say(f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}")
+            extra = (
+                f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
+            )
+            say(
+                f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}"
+            )
             if t.not_compared:
                 say(
                     f"    not compared: generated column(s) {', '.join(t.not_compared)}: PostgreSQL does not publish them "
                     "(before 18; 18 with publish_generated_columns), so followers do not have them"
                 )
             if t.missing_columns:
+                tables = shlex.quote(t.table)
+                snap = (
+                    pipeline.command("snapshot", "--tables", tables)
+                    if pipeline
+                    else f"cdc snapshot PIPELINE --tables {tables}"
+                )
                 say(
                     f"    column(s) the follower does not have: {', '.join(t.missing_columns)} (added in the source; the log "
-                    "learns of a new column with the table's next change; `cdc snapshot --tables` brings it at once)"
+                    f"learns of a new column with the table's next change; `{snap}` brings it at once, then "
+                    f"`{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`)"
                 )
             if not t.identical and (t.missing or t.extra or t.different):
                 say(f"    missing {t.missing:,}, extra {t.extra:,}, different {t.different:,}; first keys:")

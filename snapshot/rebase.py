@@ -9,6 +9,7 @@ than it follow it; followers notice the new base and rebuild the table from it.
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -47,13 +48,19 @@ class ThreadRebaser:
         started = time.monotonic()
         try:
             result = run_snapshot(
-                self.pipeline, only=[str(table)], progress=False, say=lambda m: self.say(f"re-base {table}: {m}")
+                self.pipeline,
+                only=[str(table)],
+                progress=False,
+                say=lambda m: self.say(f"re-base {table}: {m}"),
             )
         except Exception as exc:  # reported, and left for the next stream or the user
             problem = exc.problem if isinstance(exc, CdcError) else f"{type(exc).__name__}: {exc}"
-            fix = f"run `cdc snapshot PIPELINE --tables {table}` (a restarted `cdc stream` also tries again)"
+            snap = self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
+            fix = f"run `{snap}` (a restarted `{self.pipeline.command('stream')}` also tries again)"
             save_state(state_dir, table, state="failed", error=problem, fix=fix)
-            self.say(f"warning: re-base of {table} failed: {problem}; followers may be stale until it is done\n  fix: {fix}")
+            self.say(
+                f"warning: re-base of {table} failed: {problem}; followers may be stale until it is done\n  fix: {fix}"
+            )
             return
         rows = result.rows.get(table, 0)  # the runner marked the re-base done in the state file
         self.say(

@@ -77,7 +77,9 @@ def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
             )
 
 
-def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: dict[TableName, tuple[str, ...]]) -> list[TablePlan]:
+def _plan_tables(
+    dsn: str, snapshot_name: str, tables: list[TableName], keys: dict[TableName, tuple[str, ...]]
+) -> list[TablePlan]:
     """Columns and sizes as of the exported snapshot (so they match what COPY will see)."""
     conn = connect(dsn, autocommit=False, application_name="cdc snapshot plan")
     try:
@@ -104,7 +106,15 @@ def _plan_tables(dsn: str, snapshot_name: str, tables: list[TableName], keys: di
                 extras = catalog.extras
                 plans.append(
                     TablePlan(
-                        table, columns, extras, keys[table], relpages, max(reltuples, 0), relkind, attnums, encode_filenodes(catalog)
+                        table,
+                        columns,
+                        extras,
+                        keys[table],
+                        relpages,
+                        max(reltuples, 0),
+                        relkind,
+                        attnums,
+                        encode_filenodes(catalog),
                     )
                 )
         conn.rollback()
@@ -126,7 +136,14 @@ def run_snapshot(
     conn = connect(pg.dsn, application_name="cdc snapshot")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
-        report = check_source(conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=gone)
+        report = check_source(
+            conn,
+            pipeline.table_selectors,
+            pipeline.slot,
+            pipeline.publication,
+            dropped=gone,
+            command=pipeline.command,
+        )
         report.raise_if_problems()
         info = {t.table: t for t in report.tables}
         all_tables = [t.table for t in report.tables]
@@ -137,10 +154,14 @@ def run_snapshot(
             targets = _targets(conn, pipeline, log, all_tables, only, slot_exists, say)
             result = SnapshotResult()
             if not targets:
-                say("nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)")
+                say(
+                    "nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)"
+                )
                 result.skipped = True
                 if pipeline.log_config.kafka is not None:
-                    _publish(pipeline, log, result, progress, say)  # finish an earlier, interrupted publication
+                    _publish(
+                        pipeline, log, result, progress, say
+                    )  # finish an earlier, interrupted publication
                 return result
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table
@@ -150,7 +171,18 @@ def run_snapshot(
             for snapshot_id, table_id, _lsn, _v in log.running_snapshots():
                 if any(log.table_id(t) == table_id for t in targets):
                     log.abandon_snapshot(snapshot_id)  # its exported snapshot died with its process
-            result = _copy_tables(pipeline, log, conn, report.server.version, targets, info, slot_exists, parallel, progress, say)
+            result = _copy_tables(
+                pipeline,
+                log,
+                conn,
+                report.server.version,
+                targets,
+                info,
+                slot_exists,
+                parallel,
+                progress,
+                say,
+            )
             if pipeline.log_config.kafka is not None:
                 _publish(pipeline, log, result, progress, say)
             result.seconds = time.monotonic() - started
@@ -161,7 +193,9 @@ def run_snapshot(
         conn.close()
 
 
-def _targets(conn, pipeline: Pipeline, log, all_tables: list[TableName], only: list[str] | None, slot_exists: bool, say) -> list[TableName]:
+def _targets(
+    conn, pipeline: Pipeline, log, all_tables: list[TableName], only: list[str] | None, slot_exists: bool, say
+) -> list[TableName]:
     if only:
         try:
             selectors = [TableSelector.parse(t) for t in only]
@@ -181,7 +215,9 @@ def _targets(conn, pipeline: Pipeline, log, all_tables: list[TableName], only: l
     if not slot_exists:
         live = [t.table for t in log.tables() if t.state == "live"]
         if live:
-            say(f"replication slot {pipeline.slot} does not exist: the log's history has a gap; snapshotting every table again")
+            say(
+                f"replication slot {pipeline.slot} does not exist: the log's history has a gap; snapshotting every table again"
+            )
         return list(all_tables)
     if only:
         return wanted
@@ -189,7 +225,9 @@ def _targets(conn, pipeline: Pipeline, log, all_tables: list[TableName], only: l
     return [t for t in wanted if states.get(t) != "live"]
 
 
-def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say) -> SnapshotResult:
+def _copy_tables(
+    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say
+) -> SnapshotResult:
     dsn = pipeline.source.postgres.dsn
     slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
     workers = max(1, parallel or min(4, os.cpu_count() or 2))
@@ -204,12 +242,22 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
             table_id = log.ensure_table(plan.table)
-            schema = with_attnums(build_schema(conn, plan.columns, plan.key, types, plan.extras), plan.attnums)
+            schema = with_attnums(
+                build_schema(conn, plan.columns, plan.key, types, plan.extras), plan.attnums
+            )
             version = log.schema_version(table_id, schema, snap.consistent_point)
-            snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(table_id, snap.consistent_point, version)
+            snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(
+                table_id, snap.consistent_point, version
+            )
             columns = tuple(c[0] for c in plan.columns)
             jobs_by_table[plan.table] = [
-                CopyJob(plan.table, columns, snapshot_id, chunk, log.segment_path(table_id, snapshot_id, chunk.number))
+                CopyJob(
+                    plan.table,
+                    columns,
+                    snapshot_id,
+                    chunk,
+                    log.segment_path(table_id, snapshot_id, chunk.number),
+                )
                 for chunk in plan_chunks(plan.relpages, plan.relkind)
             ]
         n_jobs = sum(len(j) for j in jobs_by_table.values())
@@ -220,7 +268,9 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
             pool.wait_imported()  # if a worker failed to import, its error is waiting on pool.results
     # The exported snapshot is now held by the workers' transactions; a temporary slot is gone.
     result = SnapshotResult(consistent_point=snap.consistent_point, created_slot=not slot_exists)
-    say(f"consistent point {format_lsn(snap.consistent_point)}: copying {len(plans)} table(s) in {n_jobs} chunk(s) with {pool.ready.parties - 1} worker(s)")
+    say(
+        f"consistent point {format_lsn(snap.consistent_point)}: copying {len(plans)} table(s) in {n_jobs} chunk(s) with {pool.ready.parties - 1} worker(s)"
+    )
     # Biggest tables first so workers finish together.
     order = sorted(plans, key=lambda p: -p.relpages)
     for plan in order:
@@ -235,11 +285,15 @@ def _copy_tables(pipeline, log, conn, server_version, targets, info, slot_exists
             if isinstance(item, BaseException):
                 raise _copy_error(item)
             assert isinstance(item, CopyDone)
-            log.add_segment(item.job.snapshot_id, item.job.chunk.number, item.job.path, item.rows, item.nbytes)
+            log.add_segment(
+                item.job.snapshot_id, item.job.chunk.number, item.job.path, item.rows, item.nbytes
+            )
             rows[item.job.table] += item.rows
             remaining[item.job.table] -= 1
             if remaining[item.job.table] == 0:
-                log.finish_snapshot(snapshot_ids[item.job.table], info[item.job.table].oid)  # OID: followed across renames
+                log.finish_snapshot(
+                    snapshot_ids[item.job.table], info[item.job.table].oid
+                )  # OID: followed across renames
                 _rebased(pipeline, log, plans, item.job.table, snap.consistent_point, rows[item.job.table])
     except BaseException:
         pool.cancel()
@@ -258,7 +312,9 @@ def _rebased(pipeline, log, plans: list[TablePlan], table: TableName, lsn: int, 
     if plan.filenodes is not None:
         log.set_meta(filenodes_key(log.table_id(table)), plan.filenodes)
     if str(table) in load_states(pipeline.state_path):
-        save_state(pipeline.state_path, table, state="done", lsn=format_lsn(lsn), rows=rows, error=None, fix=None)
+        save_state(
+            pipeline.state_path, table, state="done", lsn=format_lsn(lsn), rows=rows, error=None, fix=None
+        )
 
 
 def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None:
@@ -287,7 +343,9 @@ def _copy_error(exc: BaseException) -> BaseException:
     if isinstance(exc, psycopg2.Error):
         message = (exc.pgerror or str(exc)).strip()
         if "permission denied" in message:
-            return SourceError(f"snapshot copy failed: {message}", "GRANT SELECT on the table to the pipeline's role")
+            return SourceError(
+                f"snapshot copy failed: {message}", "GRANT SELECT on the table to the pipeline's role"
+            )
         return SourceError(f"snapshot copy failed: {message}")
     return exc
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -189,6 +190,8 @@ class BulkPlan:
     layout: RowLayout
     truncate: int  # changes below this version are older than the table's last truncate: dropped
     bulk_actions: int
+    # `cdc snapshot <pipeline file> --tables <table>`, built on the driver: executors have no pipeline file
+    snapshot_cmd: str = "cdc snapshot PIPELINE --tables TABLE"
 
 
 def _body(plan: BulkPlan, rows: list[Row]) -> bytes:
@@ -249,7 +252,7 @@ def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: list[int]
                     f"{plan.layout.table}: OpenSearch rejected the document for key {row.show_key(plan.layout)} "
                     f"(index {plan.index}, HTTP {status}): {_error_text(res.get('error'))}",
                     "make the column's field type fit its values (`fields:` in the sink's settings, then "
-                    f"`cdc snapshot --tables {plan.layout.table}` to rebuild the index) or fix the row at the source; "
+                    f"`{plan.snapshot_cmd}` to rebuild the index) or fix the row at the source; "
                     "the batch is not recorded as applied and the next `cdc apply` applies it again",
                 )
         if not retry:
@@ -401,7 +404,9 @@ class OpenSearchSink(SearchSink):
         with self.calls("an index change"):
             state = self._meta(client, alias)
             if state is not None and state[2].get("follower") != text:
-                client.indices.put_mapping(index=alias, body={"_meta": {"cdc": state[2] | {"follower": text}}})
+                client.indices.put_mapping(
+                    index=alias, body={"_meta": {"cdc": state[2] | {"follower": text}}}
+                )
 
     def _create(
         self,
@@ -581,7 +586,13 @@ class OpenSearchSink(SearchSink):
                         "the next `cdc apply` tries again",
                     )
         plan = BulkPlan(
-            tuple(self.hosts), self.settings.timeout_s, index, layout, recorded, self.settings.bulk_actions
+            tuple(self.hosts),
+            self.settings.timeout_s,
+            index,
+            layout,
+            recorded,
+            self.settings.bulk_actions,
+            self.pipeline.command("snapshot", "--tables", shlex.quote(str(batch.table))),
         )
         stats = self.collect(
             str(batch.table),

@@ -284,7 +284,7 @@ def test_slot_dropped_while_disconnected_is_a_clear_error(
     assert proc.returncode == 3, (proc.returncode, out, err)
     assert "lost the connection to the source" in out and "reconnect attempt 1 failed" in out, out
     assert f"error: replication slot {pipe.slot} no longer exists" in err, err
-    assert "  fix: run `cdc snapshot` for this pipeline" in err, err
+    assert f"  fix: run `cdc snapshot {pipe.file}`: it creates the slot again" in err, err
     no_traceback((out, err))
 
 
@@ -315,7 +315,7 @@ def test_stream_exit_codes(pg_db: str, tmp_path: Path) -> None:
     run = cdc("stream", pipe.file, "--until", "current")
     assert run.code == 3, run
     assert f"error: replication slot {pipe.slot} no longer exists" in run.err, run.err
-    assert "  fix: run `cdc snapshot` for this pipeline" in run.err, run.err
+    assert f"  fix: run `cdc snapshot {pipe.file}`: it creates the slot again" in run.err, run.err
     no_traceback(run)
 
 
@@ -324,7 +324,7 @@ def test_stream_before_any_snapshot_is_a_slot_problem(pg_db: str, tmp_path: Path
     pipe = make_pipe(tmp_path, pg_db, ["public.t"])
     run = cdc("stream", pipe.file, "--until", "current")
     assert run.code == 3, run
-    assert "does not exist yet" in run.err and "  fix: run `cdc snapshot`" in run.err, run.err
+    assert "does not exist yet" in run.err and f"  fix: run `cdc snapshot {pipe.file}` first" in run.err, run.err
 
 
 # ---- issue 11 item 13: who holds the slot ---------------------------------------------------------------

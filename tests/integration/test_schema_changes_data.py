@@ -7,11 +7,15 @@ the parquet/Delta files) and checks `cdc verify` too.
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from pipelines.cli import cli
 from pipelines.config import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.harness import apply_once, cdc, source_rows, sql, stream_until_current, verify, write_pipeline
@@ -133,6 +137,34 @@ def test_verify_names_a_column_added_in_the_source_that_the_follower_lacks(
     sql(pg_db, "UPDATE t SET note = 'x' WHERE id = 1")  # the next change brings the column
     stream_until_current(file)
     apply_once(file, spark)
+    assert _delta(spark, tmp_path, "public.t", ["v", "note"]) == _source(pg_db, "public.t", ["v", "note"])
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+
+def test_verify_missing_column_note_runs_as_printed(pg_db: str, tmp_path: Path, spark) -> None:
+    """Issue 23 item 2: the missing-column note's commands name the pipeline file as given; run
+    exactly as printed (snapshot, then apply), the follower gets the column and verify exits 0."""
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 5) g",
+    )
+    file = _pipeline(tmp_path, pg_db, ["public.t"])
+    _snapshot(file)
+    apply_once(file, spark)
+    sql(pg_db, "ALTER TABLE t ADD COLUMN note text")  # no write after it: the log does not know the column
+    stream_until_current(file)
+    code, report = verify(file, spark)
+    assert code == 1, report
+    note = next(line for line in report.splitlines() if "column(s) the follower does not have: note" in line)
+    commands = re.findall(r"`(cdc [^`]+)`", note)
+    assert commands == [f"cdc snapshot {file} --tables public.t", f"cdc apply {file} --once --sink lake"], (
+        note
+    )
+    for command in commands:
+        result = CliRunner().invoke(cli, shlex.split(command)[1:], catch_exceptions=False)
+        assert result.exit_code == 0, (command, result.output)
     assert _delta(spark, tmp_path, "public.t", ["v", "note"]) == _source(pg_db, "public.t", ["v", "note"])
     code, report = verify(file, spark)
     assert code == 0, report

@@ -329,7 +329,7 @@ def test_another_table_under_a_captured_name_stops_the_stream(pg_db: str, tmp_pa
     no_traceback(run)
     assert run.code == 3, f"{run.code}\n{run.out}\n{run.err}"
     assert "public.a in the source is not the table the log captured under that name" in run.err, run.err
-    assert "fix: run `cdc snapshot --tables public.a`" in run.err, run.err
+    assert f"fix: run `cdc snapshot {s.file} --tables public.a`" in run.err, run.err
     assert confirmed_flush(s) <= swapped_at
     assert 10 not in log_rows(s, "public.a")
 
