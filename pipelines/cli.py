@@ -260,13 +260,14 @@ def status(pipeline: Path, as_json: bool) -> int:
     """Slot lag, log end and each follower's position (exit 4 if a follower's checkpoint is unreadable)."""
     from pipelines.status import collect_status, print_status
 
-    data = collect_status(load(pipeline))
+    loaded = load(pipeline)
+    data = collect_status(loaded)
     if as_json:
         import json
 
         click.echo(json.dumps(data, indent=2, default=str))
     else:
-        print_status(data, say)
+        print_status(data, say, loaded.command("snapshot"))
     return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import shlex
 from collections.abc import Iterator
 
 import orjson
@@ -12,6 +13,14 @@ from cdc.log import open_log
 from cdc.tables import TableName, TableSelector
 from pipelines.config import Pipeline
 from pipelines.errors import UsageError
+
+
+def _not_in_log(pipeline: Pipeline, table: str) -> UsageError:
+    snapshot = pipeline.command("snapshot", "--tables", shlex.quote(table))
+    return UsageError(
+        f"--table: {table} is not in the log",
+        f"`cdc status` lists the tables the log holds; to add it, name it in the pipeline file's tables and run `{snapshot}`",
+    )
 
 
 def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool) -> Iterator[str]:
@@ -37,7 +46,7 @@ def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys
                 raise UsageError(f"--table: {exc}") from None
             ranges = {t: r for t, r in ranges.items() if sel.matches(t)}
             if not ranges:
-                raise UsageError(f"--table: {table} is not in the log", "see `cdc status` for the tables the log holds")
+                raise _not_in_log(pipeline, table)
         renderer = EnvelopeRenderer(log.meta("source_database") or "", pipeline.name)
         # Each table's events are in position order; merge them into one commit-ordered stream.
         merged = heapq.merge(
@@ -84,7 +93,7 @@ def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, wit
                 raise UsageError(f"--table: {exc}") from None
             names = [n for n in names if sel.matches(TableName.parse(n))]
             if not names:
-                raise UsageError(f"--table: {table} is not in the log", "see `cdc status` for the tables the log holds")
+                raise _not_in_log(pipeline, table)
 
         def records(name: str, i: int):
             m = meta[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -168,7 +169,7 @@ def follower_lag(pipeline: Pipeline, sink: SinkConfig, ckpt: Checkpoint, cut: Cu
     return {"events_behind_log": behind, "lag_s": lag}
 
 
-def _rebase_line(table: str, r: dict[str, Any]) -> str:
+def _rebase_line(table: str, r: dict[str, Any], snapshot_cmd: str) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.get("updated_ms", 0) / 1000))
     state = r.get("state")
     if state == "done":
@@ -177,7 +178,7 @@ def _rebase_line(table: str, r: dict[str, Any]) -> str:
         return f"re-base of {table}: running since {when} (followers rebuild the table when it is done); reason: {r.get('reason')}"
     fix = (
         r.get("fix")
-        or f"run `cdc snapshot PIPELINE --tables {table}` (or `cdc stream`, which re-bases by itself)"
+        or f"run `{snapshot_cmd} --tables {shlex.quote(table)}` (or `cdc stream`, which re-bases by itself)"
     )
     what = f"FAILED: {r.get('error')}" if state == "failed" else "NEEDED: followers may be stale"
     return f"re-base of {table}: {what} ({when}); reason: {r.get('reason')}; fix: {fix}"
@@ -193,7 +194,8 @@ def _lost_line(sink: str, lost: dict[str, Any]) -> str:
     )
 
 
-def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
+def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd: str = "cdc snapshot PIPELINE") -> None:
+    """`snapshot_cmd`: `cdc snapshot <pipeline file>`, so the fix hints run as printed."""
     say(f"pipeline {data['pipeline']} (slot {data['slot']}, publication {data['publication']})")
     src = data.get("source", {})
     if "error" in src:
@@ -201,7 +203,7 @@ def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
     else:
         slot = src.get("slot")
         if slot is None:
-            say(f"  source: at {src['current_wal_lsn']}, slot does not exist (run `cdc snapshot`)")
+            say(f"  source: at {src['current_wal_lsn']}, slot does not exist (run `{snapshot_cmd}`)")
         else:
             active = f"streaming (pid {slot['active_pid']})" if slot["active_pid"] else "not streaming"
             say(
@@ -220,7 +222,7 @@ def print_status(data: dict[str, Any], say: Callable[[str], None]) -> None:
         for t in log.get("tables", []):
             say(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
     for table, r in sorted(data.get("rebases", {}).items()):
-        say(f"  {_rebase_line(table, r)}")
+        say(f"  {_rebase_line(table, r, snapshot_cmd)}")
     for f in data["followers"]:
         if "error" in f:
             say(

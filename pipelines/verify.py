@@ -293,7 +293,7 @@ def run_verify(
         if cut is None:
             from pipelines.errors import LogError
 
-            raise LogError("the log is empty", "run `cdc snapshot` first")
+            raise LogError("the log is empty", f"run `{pipeline.command('snapshot')}` first")
         # followers follow the file's tables; those dropped in the source have nothing to compare with
         followed = pipeline_tables(pipeline, list(cut.tables))
         gone = gone_tables(conn, log, followed)

@@ -22,7 +22,7 @@ def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:
 
     local = pipeline.log_config.local
     synchronous = local.synchronous if local is not None else "full"
-    return LocalLog(pipeline.local_log_path, synchronous, readonly=readonly)
+    return LocalLog(pipeline.local_log_path, synchronous, readonly=readonly, command=pipeline.command)
 
 
 def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView | DebeziumLogView:

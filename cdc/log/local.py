@@ -20,6 +20,7 @@ in position order (see DESIGN notes in README "Guarantees").
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sqlite3
 import time
@@ -34,6 +35,7 @@ from cdc.keys import key_from_copy_fields
 from cdc.log.base import ChangeRow, Cut, LogReader, LogRecord, LogWriter, TableRange, TableSchema, TableState
 from cdc.log.history import position_in
 from cdc.pgoutput import UNCHANGED, decode_tuple
+from cdc.remedy import Command, placeholder
 from cdc.tables import TableName
 from pipelines.errors import LogError
 
@@ -86,12 +88,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def open_db(path: Path, synchronous: str = "full", readonly: bool = False) -> sqlite3.Connection:
+def open_db(
+    path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder
+) -> sqlite3.Connection:
     """A connection to <path>/log.db; autocommit mode, explicit BEGIN IMMEDIATE for writes."""
     db_file = path / "log.db"
     if readonly:
         if not db_file.exists():
-            raise LogError(f"no log at {path}", "run `cdc snapshot PIPELINE` first")
+            raise LogError(f"no log at {path}", f"run `{command('snapshot')}` first")
         conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False)
     else:
         path.mkdir(parents=True, exist_ok=True)
@@ -217,10 +221,11 @@ def _add_table_columns(db: sqlite3.Connection) -> None:
 
 
 class LocalLog(LogWriter, LogReader):
-    def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False):
+    def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder):
         self.path = Path(path)
         self.readonly = readonly
-        self.db = open_db(self.path, synchronous, readonly)
+        self._command = command  # builds the commands of fix: lines (cdc/remedy.py)
+        self.db = open_db(self.path, synchronous, readonly, command)
         if not readonly:
             self.db.executescript(_DDL)
             _add_table_columns(self.db)
@@ -380,7 +385,10 @@ class LocalLog(LogWriter, LogReader):
     def _require_table(self, table: TableName) -> int:
         tid = self.table_id(table)
         if tid is None:
-            raise LogError(f"table {table} is not in the log", "add it to the pipeline and run `cdc snapshot --tables`")
+            raise LogError(
+                f"table {table} is not in the log",
+                f"add it to the pipeline file's tables and run `{self._command('snapshot', '--tables', shlex.quote(str(table)))}`",
+            )
         return tid
 
     def _has_table_columns(self) -> bool:

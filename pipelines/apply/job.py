@@ -125,7 +125,7 @@ class ApplyJob:
         try:
             cut = log.latest_cut()
             if cut is None:
-                raise LogError("the log is empty", "run `cdc snapshot` for this pipeline first")
+                raise LogError("the log is empty", f"run `{self.pipeline.command('snapshot')}` first")
             for sink_cfg in self._sinks(only):
                 started = time.monotonic()
                 run = SinkRun(sink_cfg.name)

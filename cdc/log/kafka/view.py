@@ -5,6 +5,7 @@ follower's checkpoint and the cut (distributed over executors, never through the
 from __future__ import annotations
 
 import json
+import shlex
 from typing import TYPE_CHECKING
 
 import orjson
@@ -109,7 +110,10 @@ class KafkaLogView:
             self.latest_cut()
         meta = (self._cut_body or {}).get("tables", {}).get(str(table))
         if meta is None:
-            raise LogError(f"table {table} is not in the Kafka log", "run `cdc snapshot --tables` for it")
+            raise LogError(
+                f"table {table} is not in the Kafka log",
+                f"add it to the pipeline file's tables and run `{self.pipeline.command('snapshot', '--tables', shlex.quote(str(table)))}`",
+            )
         return meta
 
     def first_commit_ms(self, table: TableName, after: int, upto: int) -> int | None:
