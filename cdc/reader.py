@@ -41,7 +41,6 @@ from cdc.rebase import Rebaser, RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
 from cdc.source import (
     _slot,
-    check_source,
     connect,
     flushed_wal_lsn,
     replica_index_without_key,
@@ -50,7 +49,7 @@ from cdc.source import (
     stream_application_name,
 )
 from cdc.tables import TableName, TableSelector
-from cdc.tablewatch import TableWatch
+from cdc.tablewatch import TableWatch, check_pipeline_source
 from pipelines.errors import CdcError, LogError, SourceError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
@@ -185,14 +184,7 @@ class StreamReader:
         pg = self.pipeline.source.postgres
         conn = self._conn = connect(pg.dsn, application_name="cdc stream catalog")
         gone = self._watch.start(conn)  # a dropped table still in the file must not stop the stream
-        report = check_source(
-            conn,
-            self.selectors,
-            self.pipeline.slot,
-            self.pipeline.publication,
-            dropped=gone,
-            command=self.pipeline.command,
-        )
+        report = check_pipeline_source(self.pipeline, conn, gone)
         report.raise_if_problems()
         self._check_slot(conn)
         for t in report.tables:

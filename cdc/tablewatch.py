@@ -27,7 +27,7 @@ from collections.abc import Callable
 from cdc.log.base import TableSchema
 from cdc.lsn import format_lsn
 from cdc.remedy import Command, placeholder
-from cdc.source import flushed_wal_lsn, table_info
+from cdc.source import CheckReport, check_source, flushed_wal_lsn, table_info
 from cdc.tables import TableName
 from pipelines.errors import LogError, SourceError
 
@@ -49,6 +49,14 @@ def catalog_oid(conn, table: TableName) -> int | None:
         )
         row = cur.fetchone()
     return int(row[0]) if row else None
+
+
+def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckReport:
+    """check_source for a pipeline's tables, slot and publication; `dropped` tables the file still
+    names are notes, and fix lines name the pipeline file."""
+    return check_source(
+        conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=dropped, command=pipeline.command
+    )
 
 
 def gone_from_source(pipeline, conn) -> set[TableName]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cdc.schema import generated_columns
-from cdc.source import Problem, check_source, connect, replica_index_without_key
-from cdc.tablewatch import gone_from_source
+from cdc.source import Problem, connect, replica_index_without_key
+from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import ExitCode
 from pipelines.secrets import redact
@@ -28,14 +28,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
-        report = check_source(
-            conn,
-            pipeline.table_selectors,
-            pipeline.slot,
-            pipeline.publication,
-            dropped=gone,
-            command=pipeline.command,
-        )
+        report = check_pipeline_source(pipeline, conn, gone)
         generated = {t.table: generated_columns(conn, t.oid) for t in report.tables}
         for t in report.tables:
             # deletes would reach the stream without the primary key: it would stop there

@@ -38,9 +38,9 @@ from cdc.log.base import Column, TableSchema
 from cdc.lsn import format_lsn
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
-from cdc.source import _slot, check_source, connect
+from cdc.source import _slot, connect
 from cdc.tables import TableName
-from cdc.tablewatch import catalog_oid
+from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.changes import typed_columns
 from pipelines.checkpoints import load_checkpoint
 from pipelines.config import Pipeline, pipeline_tables, sink_tables
@@ -297,14 +297,7 @@ def run_verify(
         # followers follow the file's tables; those dropped in the source have nothing to compare with
         followed = pipeline_tables(pipeline, list(cut.tables))
         gone = gone_tables(conn, log, followed)
-        report = check_source(
-            conn,
-            pipeline.table_selectors,
-            pipeline.slot,
-            pipeline.publication,
-            dropped=set(gone),
-            command=pipeline.command,
-        )
+        report = check_pipeline_source(pipeline, conn, set(gone))
         report.raise_if_problems()
         all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}

@@ -27,9 +27,9 @@ from cdc.log import open_log
 from cdc.lsn import format_lsn
 from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
-from cdc.source import _slot, check_source, connect, ensure_publication, resolve_tables
+from cdc.source import _slot, connect, ensure_publication, resolve_tables
 from cdc.tables import TableName, TableSelector
-from cdc.tablewatch import gone_from_source
+from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.config import Pipeline
 from pipelines.errors import CdcError, LogError, SourceError, UsageError
 from snapshot.chunks import plan_chunks
@@ -136,14 +136,7 @@ def run_snapshot(
     conn = connect(pg.dsn, application_name="cdc snapshot")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
-        report = check_source(
-            conn,
-            pipeline.table_selectors,
-            pipeline.slot,
-            pipeline.publication,
-            dropped=gone,
-            command=pipeline.command,
-        )
+        report = check_pipeline_source(pipeline, conn, gone)
         report.raise_if_problems()
         info = {t.table: t for t in report.tables}
         all_tables = [t.table for t in report.tables]
