@@ -111,8 +111,8 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
     stream_s = cdc("stream", str(pipe), "--until", "current")
     print(f"  {written:,} changes written in {write_s:.1f}s, streamed into the log in {stream_s:.1f}s", flush=True)
 
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
 
     spark = spark_session(master="local[2]")
     job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
@@ -154,8 +154,8 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
 
 
 def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int, confs: dict[str, str]) -> dict:
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
     from pipelines.spark import spark_session
 
     conn = connect(dsn)

@@ -150,11 +150,11 @@ def _count(rows) -> list[int]:
 
 def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
     """Read (after, upto] of the log, reduce it to the net change, bring the rows to Python executors."""
+    from cdc.ground.config import load_pipeline
+    from cdc.ground.tables import TableName
     from cdc.log import open_log_view
-    from cdc.tables import TableName
-    from pipelines.apply.changes import TableBatch
-    from pipelines.config import load_pipeline
     from pipelines.spark import spark_session
+    from sinks.changes import TableBatch
     from sinks.search.documents import write_frame
 
     p = load_pipeline(pipeline)

@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 
+from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
 from cdc.schema import schema_types
-from cdc.tables import TableName
 from cdc.typemap import Converter, c_kind, converter
 
 try:  # the optional C speedup, built by `pip install -e .` (setup.py)

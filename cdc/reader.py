@@ -32,9 +32,11 @@ import psycopg2
 from psycopg2 import sql
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from cdc.ground.errors import CdcError, LogError, SourceError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName, TableSelector
 from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter, TableSchema
-from cdc.lsn import format_lsn
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
 from cdc.pgoutput_encode import encode_tuple
 from cdc.rebase import Rebaser, RewriteWatch
@@ -48,9 +50,7 @@ from cdc.source import (
     slot_state,
     stream_application_name,
 )
-from cdc.tables import TableName, TableSelector
 from cdc.tablewatch import TableWatch, check_pipeline_source
-from pipelines.errors import CdcError, LogError, SourceError
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
 _BEGIN = struct.Struct(">QqI")

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from cdc.ground.remedy import Command, placeholder
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.remedy import Command, placeholder
 from cdc.schema import RelationCatalog
-from cdc.tables import TableName
 
 STATE_FILE = "rebase.json"
 _lock = threading.Lock()
@@ -100,7 +100,7 @@ class RewriteWatch:
         command: Command = placeholder,
     ):
         self.log = log
-        self.command = command  # `cdc VERB <pipeline file> ...` for the printed fix (cdc/remedy.py)
+        self.command = command  # `cdc VERB <pipeline file> ...` for the printed fix (cdc/ground/remedy.py)
         self.state_dir = Path(state_dir)
         self.rebaser = rebaser
         self.say = say

@@ -18,11 +18,11 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
 
-from cdc.remedy import Command, placeholder
+from cdc.ground.errors import PipelineFileError, SourceError
+from cdc.ground.remedy import Command, placeholder
+from cdc.ground.secrets import redact_with
+from cdc.ground.tables import TableName, TableSelector, quote_ident
 from cdc.session import libpq_options
-from cdc.tables import TableName, TableSelector, quote_ident
-from pipelines.errors import PipelineFileError, SourceError
-from pipelines.secrets import redact_with
 
 MIN_SERVER_VERSION = 140000  # pgoutput streaming of truncates, logical messages, TID range scans
 

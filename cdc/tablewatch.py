@@ -24,12 +24,12 @@ import shlex
 import time
 from collections.abc import Callable
 
+from cdc.ground.errors import LogError, SourceError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.remedy import Command, placeholder
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.lsn import format_lsn
-from cdc.remedy import Command, placeholder
 from cdc.source import CheckReport, check_source, flushed_wal_lsn, table_info
-from cdc.tables import TableName
-from pipelines.errors import LogError, SourceError
 
 POLL_S = 10.0  # how often a running stream looks for captured tables gone from the source
 _FOLLOWED = ("live", "dropped")  # states whose rows followers have
@@ -78,7 +78,7 @@ class TableWatch:
     def __init__(self, log, say: Callable[[str], None] = print, command: Command = placeholder):
         self.log = log
         self.say = say
-        self.command = command  # `cdc VERB <pipeline file> ...` for remedies (cdc/remedy.py)
+        self.command = command  # `cdc VERB <pipeline file> ...` for remedies (cdc/ground/remedy.py)
         # dropped tables (by log id) waiting for the log to be durable past _until
         self._pending: dict[int, TableName] = {}
         self._until = 0

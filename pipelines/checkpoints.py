@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import LogError
+from cdc.ground.errors import LogError
 
 
 @dataclass

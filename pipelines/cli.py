@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from pipelines.errors import CdcError, ExitCode
-from pipelines.secrets import redact
+from cdc.ground.errors import CdcError, ExitCode
+from cdc.ground.secrets import redact
 
 PIPELINE = click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 
@@ -92,7 +92,7 @@ def _quiet_exit_on_closed_stdout() -> None:
 
 
 def load(path: Path, check_state_dir: bool = True):
-    from pipelines.config import load_pipeline
+    from cdc.ground.config import load_pipeline
 
     pipeline = load_pipeline(path)
     if check_state_dir:  # every verb stops here (exit 2) rather than failing later with an OSError
@@ -161,9 +161,9 @@ def _split_tables(text: str) -> list[str]:
 @handle_errors
 def stream(pipeline: Path, until: str | None) -> int:
     """Stream WAL changes into the log until Ctrl-C (or --until)."""
-    from cdc.lsn import parse_lsn
+    from cdc.ground.errors import UsageError
+    from cdc.ground.lsn import parse_lsn
     from cdc.reader import run_stream
-    from pipelines.errors import UsageError
 
     target: str | int | None = None
     if until is not None:
@@ -182,7 +182,7 @@ def stream(pipeline: Path, until: str | None) -> int:
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
     # a bounded run (--until) stopped before its target did not do its job: exit 130.
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:
-        from cdc.lsn import format_lsn
+        from cdc.ground.lsn import format_lsn
 
         err(f"interrupted before --until {format_lsn(stats.target_lsn)} was reached (log durable at {format_lsn(stats.flushed_lsn)})")
         err("  fix: run the same command again: it continues where this one stopped")
@@ -324,7 +324,7 @@ def log_compact(pipeline: Path, tombstone_retention: str) -> None:
 @handle_errors
 def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
     """Take a table out of the log (dropped in the source, or no longer in the pipeline file)."""
-    from pipelines.errors import UsageError
+    from cdc.ground.errors import UsageError
     from pipelines.logtables import remove_table
 
     if not yes:
@@ -341,7 +341,7 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
 @handle_errors
 def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
     """Delete the pipeline's log and checkpoints (followers' data is left alone)."""
-    from pipelines.errors import UsageError
+    from cdc.ground.errors import UsageError
     from pipelines.teardown import run_teardown
 
     p = load(pipeline)
@@ -362,7 +362,7 @@ def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
 @handle_errors
 def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes: bool) -> None:
     """Rebuild one follower from the log's base, or rewind it to an earlier cut (its checkpoint only)."""
-    from pipelines.errors import UsageError
+    from cdc.ground.errors import UsageError
     from pipelines.reset import run_reset
 
     p = load(pipeline)

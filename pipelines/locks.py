@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.errors import CdcError
+from cdc.ground.errors import CdcError
 
 POLL_S = 0.2
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import orjson
 
 from cdc.envelope import EnvelopeRenderer
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import UsageError
+from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
-from cdc.tables import TableName, TableSelector
-from pipelines.config import Pipeline
-from pipelines.errors import UsageError
 
 
 def _not_in_log(pipeline: Pipeline, table: str) -> UsageError:

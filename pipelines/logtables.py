@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import UsageError
+from cdc.ground.tables import TableName
 from cdc.log import open_log
 from cdc.source import _slot, connect
-from cdc.tables import TableName
 from cdc.tablewatch import catalog_oid
-from pipelines.config import Pipeline
-from pipelines.errors import UsageError
 
 
 def remove_table(pipeline: Pipeline, text: str, say: Callable[[str], None] = print) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import CdcError, LogError, UsageError
 from cdc.log import open_log_view
 from pipelines.checkpoints import Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
-from pipelines.config import Pipeline
-from pipelines.errors import CdcError, LogError, UsageError
 from pipelines.locks import sink_lock
 
 

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.config import Pipeline
-from pipelines.errors import CdcError, ExitCode
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import CdcError, ExitCode
 
 
 def run_pipeline(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None]) -> int:

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.errors import CdcError
+from cdc.ground.errors import CdcError
 from pipelines.stages import attach_spark, stage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipelines.config import Pipeline
+    from cdc.ground.config import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_CONF_DIR = Path(__file__).resolve().parent / "sparkconf"  # log4j2.properties: errors only

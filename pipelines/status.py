@@ -7,15 +7,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
+from cdc.ground.errors import CdcError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Cut
-from cdc.lsn import format_lsn
 from cdc.rebase import load_states
 from cdc.source import connect, current_wal_lsn, slot_state
-from cdc.tables import TableName
 from pipelines.checkpoints import Checkpoint, load_checkpoint
-from pipelines.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
-from pipelines.errors import CdcError
 
 
 def collect_status(pipeline: Pipeline) -> dict[str, Any]:

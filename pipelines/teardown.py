@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 from psycopg2 import sql
 
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import SourceError
+from cdc.ground.tables import quote_ident
 from cdc.source import _slot, connect, slot_holder
-from cdc.tables import quote_ident
-from pipelines.config import Pipeline
-from pipelines.errors import SourceError
 
 
 def run_teardown(pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None]) -> None:

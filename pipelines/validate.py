@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import ExitCode
+from cdc.ground.secrets import redact
 from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
 from cdc.tablewatch import check_pipeline_source, gone_from_source
-from pipelines.config import Pipeline
-from pipelines.errors import ExitCode
-from pipelines.secrets import redact
 
 OK, BAD = "ok  ", "FAIL"
 

@@ -33,20 +33,20 @@ from psycopg2 import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.ground.config import Pipeline, pipeline_tables, sink_tables
+from cdc.ground.errors import CdcError, ExitCode
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
-from cdc.lsn import format_lsn
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
 from cdc.source import _slot, connect
-from cdc.tables import TableName
 from cdc.tablewatch import catalog_oid, check_pipeline_source
-from pipelines.apply.changes import typed_columns
 from pipelines.checkpoints import load_checkpoint
-from pipelines.config import Pipeline, pipeline_tables, sink_tables
-from pipelines.errors import CdcError, ExitCode
 from pipelines.stages import stage
-from sinks.base import make_sink
+from sinks.changes import typed_columns
+from sinks.registry import make_sink
 from snapshot.slots import slot_with_snapshot
 
 SAMPLE_KEYS = 10
@@ -282,7 +282,7 @@ def run_verify(
     names = [sink_name] if isinstance(sink_name, str) else list(sink_name or [])
     sinks = [pipeline.sink(n) for n in names] if names else list(pipeline.sinks)
     if not sinks:
-        from pipelines.errors import UsageError
+        from cdc.ground.errors import UsageError
 
         raise UsageError(f"pipeline {pipeline.name} has no sinks to verify", "add one under `sinks:`")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc verify")
@@ -291,7 +291,7 @@ def run_verify(
     try:
         cut = log.latest_cut()
         if cut is None:
-            from pipelines.errors import LogError
+            from cdc.ground.errors import LogError
 
             raise LogError("the log is empty", f"run `{pipeline.command('snapshot')}` first")
         # followers follow the file's tables; those dropped in the source have nothing to compare with

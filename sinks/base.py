@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from cdc.tables import TableName
-    from pipelines.apply.changes import NetChanges, TableBatch
-    from pipelines.config import Pipeline, SinkConfig
+    from cdc.ground.config import Pipeline, SinkConfig
+    from cdc.ground.tables import TableName
+    from sinks.changes import NetChanges, TableBatch
 
 
 @dataclass
@@ -101,22 +101,3 @@ class Sink(ABC):
 
     def describe(self) -> str:
         return f"{self.name} ({self.kind})"
-
-
-def make_sink(config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> Sink:
-    """The follower for a `sinks:` entry; each kind lives in its own folder (sinks/<kind>/)."""
-    if config.kind == "delta":
-        from sinks.delta import DeltaSink
-
-        return DeltaSink(config, pipeline, spark)
-    if config.kind == "redis":
-        from sinks.cache import RedisSink
-
-        return RedisSink(config, pipeline, spark)
-    if config.kind == "search":
-        from sinks.search import SearchSink
-
-        return SearchSink(config, pipeline, spark)
-    from pipelines.errors import UsageError
-
-    raise UsageError(f"sink {config.name}: unknown follower kind {config.kind}")

@@ -138,8 +138,8 @@ def _apply(rows: dict[tuple, dict[str, Any]], rec: LogRecord, key_texts) -> None
 
 def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
     """`cdc apply --once` in-process on the test session's SparkSession; raises on a sink failure."""
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
 
     job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
     runs = job.run_once(sink)
@@ -151,7 +151,7 @@ def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
 
 def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, str]:
     """`cdc verify` in-process: (exit code, printed report)."""
-    from pipelines.config import load_pipeline
+    from cdc.ground.config import load_pipeline
     from pipelines.verify import run_verify
 
     lines: list[str] = []
@@ -161,7 +161,7 @@ def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, st
 
 def stream_until_current(pipeline_file: Path):
     """`cdc stream --until current` in-process; returns the StreamStats."""
+    from cdc.ground.config import load_pipeline
     from cdc.reader import run_stream
-    from pipelines.config import load_pipeline
 
     return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)

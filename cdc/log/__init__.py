@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
     from cdc.log.kafka.debezium import DebeziumLogView
     from cdc.log.kafka.view import KafkaLogView
     from cdc.log.local import LocalLog
-    from pipelines.config import Pipeline
 
 
 def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:

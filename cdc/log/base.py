@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc.tables import TableName
+from cdc.ground.tables import TableName
 
 # Row layout handed to LogWriter.append (a plain tuple: the stream reader builds ~250k/s of them).
 #   (lsn, seq, op, key, payload, before, before_kind, schema_version, xid, commit_ts, event_lsn)

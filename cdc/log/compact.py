@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.ground.errors import UsageError
 from cdc.keys import key_from_copy_fields
 from cdc.log.base import TableState
 from cdc.log.local import LocalLog, iter_segment
 from cdc.pgoutput import UNCHANGED, decode_tuple
 from cdc.pgoutput_encode import encode_tuple
-from pipelines.errors import UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import orjson
 
+from cdc.ground.errors import LogError
+from cdc.ground.remedy import Command, placeholder
+from cdc.ground.tables import TableName
 from cdc.keys import key_from_copy_fields
 from cdc.log.base import ChangeRow, Cut, LogReader, LogRecord, LogWriter, TableRange, TableSchema, TableState
 from cdc.log.history import position_in
 from cdc.pgoutput import UNCHANGED, decode_tuple
-from cdc.remedy import Command, placeholder
-from cdc.tables import TableName
-from pipelines.errors import LogError
 
 FORMAT_VERSION = "1"
 
@@ -224,7 +224,7 @@ class LocalLog(LogWriter, LogReader):
     def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder):
         self.path = Path(path)
         self.readonly = readonly
-        self._command = command  # builds the commands of fix: lines (cdc/remedy.py)
+        self._command = command  # builds the commands of fix: lines (cdc/ground/remedy.py)
         self.db = open_db(self.path, synchronous, readonly, command)
         if not readonly:
             self.db.executescript(_DDL)
@@ -720,7 +720,7 @@ class LocalLog(LogWriter, LogReader):
                     yield key, copy_fields_to_values(fields)
 
     # ---- Spark-side reads (the apply job and verify; rows stay in executors) ------------------------
-    value_kind = "pgtext"  # values are PostgreSQL text output (see pipelines.apply.sparktypes)
+    value_kind = "pgtext"  # values are PostgreSQL text output (see sinks.sparktypes)
 
     def read_changes(
         self, spark, table: TableName, after: int, upto: int, schema: TableSchema | None = None, retired: frozenset[str] = frozenset()

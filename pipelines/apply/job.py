@@ -21,20 +21,21 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
+from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
-from cdc.lsn import format_lsn
-from cdc.tables import TableName
-from pipelines.apply.changes import TableBatch
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
-from pipelines.errors import CdcError, LogError, SinkError, UsageError
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
 from pipelines.stages import stage
-from sinks.base import ApplyStats, Sink, make_sink
+from sinks.base import ApplyStats, Sink
+from sinks.changes import TableBatch
 from sinks.marker import Marker, lost_reason
+from sinks.registry import make_sink
 
 
 @dataclass

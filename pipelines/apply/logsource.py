@@ -4,7 +4,7 @@ Partitions are offset ranges of a table's event rows plus one per snapshot segme
 the read spreads over executors. Each row comes out as PostgreSQL text values aligned with
 the *target* columns (the table's newest schema): a row written under an older schema
 version gets None for columns it did not have. Typing happens in the JVM afterwards
-(pipelines.apply.sparktypes).
+(sinks.sparktypes).
 
 Output columns: off, lsn, seq, op, key, vals (array<string>), unch (indexes of
 unchanged-TOAST values), ts (commit time, µs since the epoch).

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.errors import ServiceError
+from cdc.ground.errors import ServiceError
 
 LOOPBACK = "127.0.0.1"
 

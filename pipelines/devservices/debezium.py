@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open
 from pipelines.devservices.jvm import java_bin, log4j2_properties, log_tail
-from pipelines.errors import ServiceError
 
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pipelines.errors import ServiceError
+from cdc.ground.errors import ServiceError
 
 # Everything to one file, rolled by size so a long-running dev service cannot fill the disk.
 _LOG4J2 = """\

@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open, run
 from pipelines.devservices.jvm import java_bin, log4j2_properties, log_tail
-from pipelines.errors import ServiceError
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0

@@ -31,9 +31,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, remembered_port
 from pipelines.devservices.jvm import java_bin
-from pipelines.errors import ServiceError
 
 MAIN_CLASS = "org.codelibs.opensearch.runner.OpenSearchRunner"
 CLUSTER_NAME = "cdc-dev"

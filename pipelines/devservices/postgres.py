@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import (
     LOOPBACK,
     as_user,
@@ -26,7 +27,6 @@ from pipelines.devservices.base import (
     service_user,
     wait_for_port,
 )
-from pipelines.errors import ServiceError
 
 SUPERUSER = "postgres"
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, remembered_port
-from pipelines.errors import ServiceError
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0

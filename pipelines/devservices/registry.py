@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from pipelines.errors import UsageError
+from cdc.ground.errors import UsageError
 
 
 class DevService(Protocol):

@@ -29,8 +29,8 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.tables import TableName
-from pipelines.errors import SinkError
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 
 DEFAULT_TEMPLATE = "{schema}.{table}:{pk}"
 INTERNAL = "__cdc:"

@@ -78,19 +78,19 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.errors import CdcError, EngineSettingError, SinkError
+from cdc.ground.secrets import redact
+from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
-from cdc.tables import TableName
-from pipelines.apply.changes import META_COLUMNS, NetChanges, TableBatch
-from pipelines.apply.sparktypes import spark_type
-from pipelines.errors import CdcError, EngineSettingError, SinkError
-from pipelines.secrets import redact
 from sinks.base import ApplyStats, Sink
 from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape, q
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
+from sinks.changes import META_COLUMNS, NetChanges, TableBatch
+from sinks.sparktypes import spark_type
 
 TOMBSTONE_TTL_S = 7 * 24 * 3600
 SCAN_COUNT = 1000

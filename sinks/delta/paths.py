@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cdc.tables import TableName
+from cdc.ground.tables import TableName
 
 _UNSAFE = re.compile(r"[/\\:%\x00-\x1f\x7f]|^\.{1,2}$")
 

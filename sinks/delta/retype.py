@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.apply.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
 from sinks.delta.idempotent import follower_write
 
 

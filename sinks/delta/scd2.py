@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.apply.changes import NetChanges, TableBatch
+from sinks.changes import NetChanges, TableBatch
 from sinks.delta.idempotent import follower_write
 
 SCD2_COLUMNS = {"_cdc_start_lsn": T.LongType(), "_cdc_end_lsn": T.LongType(), "_cdc_end_ts": T.TimestampType()}

@@ -29,10 +29,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.tables import TableName
-from pipelines.apply.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
-from pipelines.errors import SinkError
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from sinks.base import ApplyStats, Sink
+from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1

@@ -68,12 +68,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.errors import SinkError
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
 from cdc.typemap import PgType, civil_from_days, days_from_civil
-from pipelines.apply.changes import NetChanges, TableBatch
-from pipelines.apply.sparktypes import from_text, spark_type
-from pipelines.errors import SinkError
+from sinks.changes import NetChanges, TableBatch
+from sinks.sparktypes import from_text, spark_type
 
 FIELD_TYPES = (
     "text",

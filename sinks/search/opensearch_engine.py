@@ -62,10 +62,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.tables import TableName
-from pipelines.apply.changes import TableBatch
-from pipelines.errors import SinkError
+from sinks.changes import TableBatch
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
 
@@ -645,7 +645,7 @@ class OpenSearchSink(SearchSink):
                     },
                 )
             except RequestError as exc:
-                from pipelines.errors import UsageError
+                from cdc.ground.errors import UsageError
 
                 raise UsageError(
                     f"invalid query {query!r}: {_error_text(exc.info.get('error') if isinstance(exc.info, dict) else exc.info)}"

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from cdc.tables import TableName
-from pipelines.config import Pipeline, SinkConfig, sink_tables
-from pipelines.errors import SinkError, UsageError
+from cdc.ground.config import Pipeline, SinkConfig, sink_tables
+from cdc.ground.errors import SinkError, UsageError
+from cdc.ground.tables import TableName
 from sinks.search.documents import render_row, show_key
 
 if TYPE_CHECKING:

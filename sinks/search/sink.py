@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.tables import TableName
-from pipelines.apply.changes import NetChanges, TableBatch
-from pipelines.errors import SinkError
 from sinks.base import ApplyStats, Sink
+from sinks.changes import NetChanges, TableBatch
 from sinks.search.documents import (
     FieldSpec,
     RowLayout,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipelines.config import Pipeline, SinkConfig
+    from cdc.ground.config import Pipeline, SinkConfig
 
 
 @dataclass

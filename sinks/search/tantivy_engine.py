@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pyspark.sql import types as T
 
+from cdc.ground.errors import SinkError, UsageError
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.tables import TableName
-from pipelines.apply.changes import TableBatch
-from pipelines.errors import SinkError, UsageError
+from sinks.changes import TableBatch
 from sinks.delta.paths import table_path
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result

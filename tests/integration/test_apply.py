@@ -64,7 +64,7 @@ def make_pipe(
 
 def snapshot(pipe: Pipe, tables: list[str] | None = None) -> None:
     """`cdc snapshot` in-process."""
-    from pipelines.config import load_pipeline
+    from cdc.ground.config import load_pipeline
     from snapshot.runner import run_snapshot
 
     run_snapshot(load_pipeline(pipe.file), tables, progress=False, say=lambda _m: None)
@@ -78,8 +78,8 @@ def stream(pipe: Pipe) -> None:
 
 def apply(pipe: Pipe, spark, sink: str | None = None) -> tuple[list, list[str]]:
     """`cdc apply --once` in-process: (runs, printed report lines); sink failures are in the runs."""
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
 
     lines: list[str] = []
     job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground.config import load_pipeline
 from pipelines.checkpoints import checkpoint_dir
-from pipelines.config import load_pipeline
 from tests.harness import cdc, cdc_popen, sql, stream_until_current, verify, write_pipeline
 from tests.integration.test_capture import flush_wal
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import load_pipeline
+from cdc.ground.config import load_pipeline
 from pipelines.teardown import run_teardown
 from snapshot.runner import run_snapshot
 from tests.harness import apply_once, sql, stream_until_current, verify, write_pipeline

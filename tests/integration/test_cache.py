@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from cdc.tables import TableName
+from cdc.ground.config import load_pipeline
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from pipelines.checkpoints import checkpoint_dir, load_checkpoint
-from pipelines.config import load_pipeline
 from pipelines.devservices.base import free_port
 from pipelines.devservices.redis import LocalRedis
-from pipelines.errors import SinkError
 from sinks.cache.keys import KeyTemplate
 from tests.fixtures.readers import delta_rows, redis_rows
 from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
@@ -334,8 +334,8 @@ def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, f
 # ---- 2. replays and late batches ------------------------------------------------------------------
 def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
     from cdc.log import open_log_view
-    from pipelines.apply.changes import TableBatch
-    from sinks.base import make_sink
+    from sinks.changes import TableBatch
+    from sinks.registry import make_sink
 
     sql(
         pg_db,

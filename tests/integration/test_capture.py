@@ -26,8 +26,8 @@ import psycopg2
 import pytest
 from psycopg2 import sql as pgsql
 
+from cdc.ground.tables import TableName
 from cdc.session import libpq_options
-from cdc.tables import TableName
 from tests.harness import CdcRun, cdc, cdc_popen, materialize, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
@@ -956,8 +956,8 @@ def test_until_current_includes_async_commits(pg_db: str, tmp_path: Path) -> Non
     also those committed with synchronous_commit=off (common for bulk loads): their commit has
     returned to the client, but the server may not have *written* their WAL yet, so the server's
     write position (pg_current_wal_lsn) can be behind them; the insert position is not."""
+    from cdc.ground.config import load_pipeline
     from cdc.reader import run_stream
-    from pipelines.config import load_pipeline
 
     sql(pg_db, "CREATE TABLE a(id int PRIMARY KEY)")
     pipe = make_pipe(tmp_path, pg_db, ["public.a"])

@@ -26,9 +26,9 @@ import pytest
 from click.testing import CliRunner
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from cdc.ground.errors import LogError
 from cdc.session import libpq_options
 from pipelines.cli import cli
-from pipelines.errors import LogError
 from tests.fixtures.debezium import wait_caught_up
 from tests.harness import apply_once, cdc, verify, write_pipeline
 
@@ -195,9 +195,9 @@ def _json(raw: bytes | None):
 def test_debezium_positions_follow_commit_order(pg_db, debezium, kafka, spark, tmp_path):
     """Evidence for the derivation in cdc/log/kafka/debezium.py, from pgoutput itself: a slot
     peeked over the same transactions gives each one's commit LSN and end LSN."""
+    from cdc.ground.config import load_pipeline
     from cdc.log.kafka.debezium import DebeziumLogView
     from cdc.pgoutput import Begin, Commit, decode
-    from pipelines.config import load_pipeline
 
     _prepare(pg_db)
     prefix = "dbzpos"

@@ -24,10 +24,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from cdc.tables import TableName
+from cdc.ground.config import load_pipeline
+from cdc.ground.tables import TableName
 from pipelines.checkpoints import checkpoint_path, load_checkpoint
 from pipelines.cli import cli
-from pipelines.config import load_pipeline
 from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs

@@ -30,8 +30,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
+from cdc.ground.lsn import format_lsn
 from cdc.keys import key_texts
-from cdc.lsn import format_lsn
 from pipelines.devservices.base import free_port
 from tests.fixtures.readers import delta_rows
 from tests.harness import CdcRun, cdc, cdc_popen, source_rows, sql, verify, write_pipeline
@@ -121,8 +121,8 @@ def stream_until_current(pipe: KPipe) -> CdcRun:
 
 
 def apply_ok(pipe: KPipe, spark, sink: str | None = None) -> list:
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
 
     lines: list[str] = []
     job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
@@ -1100,9 +1100,9 @@ def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
     """Capture into the staging log up to `upto` without acknowledging anything to PostgreSQL: the
     state a stream leaves when it stops (or is killed) after publishing but before its next
     acknowledgement."""
+    from cdc.ground.config import load_pipeline
     from cdc.log import open_log
     from cdc.reader import StreamReader
-    from pipelines.config import load_pipeline
 
     pipeline = load_pipeline(pipe.file)
     log = open_log(pipeline)
@@ -1160,9 +1160,9 @@ def test_render_workers_publish_what_one_process_publishes(
     tombstones and positions, in the same order. So does the pure-Python renderer
     (CDC_PURE_PYTHON=1) against the C speedup."""
     from cdc.envelope import speedups
+    from cdc.ground.config import load_pipeline
     from cdc.log.kafka.publisher import STATE_KEY, Publisher
     from cdc.log.local import LocalLog
-    from pipelines.config import load_pipeline
 
     sql(
         pg_db,

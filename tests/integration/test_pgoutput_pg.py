@@ -14,7 +14,7 @@ import psycopg2
 import pytest
 from psycopg2.extensions import cursor as Cursor
 
-from cdc.lsn import parse_lsn
+from cdc.ground.lsn import parse_lsn
 from cdc.pgoutput import (
     CHANGE_TUPLE_OFFSET,
     UNCHANGED,

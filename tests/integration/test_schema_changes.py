@@ -20,7 +20,7 @@ import redis
 import tantivy
 from opensearchpy import OpenSearch
 
-from cdc.tables import TableName
+from cdc.ground.tables import TableName
 from tests.harness import sql
 from tests.integration import test_kafka_log as klog
 from tests.integration.test_apply import HIST, LAKE, apply_ok, delta_df, make_pipe, snapshot, stream, verified

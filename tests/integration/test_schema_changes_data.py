@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cdc.ground.config import load_pipeline
 from pipelines.cli import cli
-from pipelines.config import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.harness import apply_once, cdc, source_rows, sql, stream_until_current, verify, write_pipeline
 

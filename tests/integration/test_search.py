@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 import yaml
 
+from cdc.ground.config import load_pipeline
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from cdc.log import open_log_view
-from cdc.tables import TableName
-from pipelines.apply.changes import TableBatch
 from pipelines.checkpoints import load_checkpoint
-from pipelines.config import load_pipeline
 from pipelines.devservices.opensearch import LocalOpenSearch
-from pipelines.errors import SinkError
-from sinks.base import make_sink
+from sinks.changes import TableBatch
+from sinks.registry import make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids

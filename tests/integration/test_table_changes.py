@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdc.lsn import format_lsn
+from cdc.ground.lsn import format_lsn
 from tests.harness import CdcRun, cdc, materialize, sql, verify, write_pipeline
 from tests.integration.test_capture import flush_wal, make_table, no_traceback, ok, slot_info, start_stream
 
@@ -141,8 +141,8 @@ def delta_rows(spark, path: Path) -> dict[int, str | None]:
 
 
 def apply(s: Setup, spark) -> None:
+    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
-    from pipelines.config import load_pipeline
 
     lines: list[str] = []
     job = ApplyJob(load_pipeline(s.file), spark, say=lines.append)

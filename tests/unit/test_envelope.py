@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from cdc.envelope import CONNECTOR_VERSION, UNAVAILABLE, EnvelopeRenderer
+from cdc.ground.tables import TableName
 from cdc.log.base import Column, LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
-from cdc.tables import TableName
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground.tables import TableName
 from cdc.log.base import Column, TableSchema
 from cdc.log.local import LocalLog
-from cdc.tables import TableName
 
 pytestmark = pytest.mark.unit
 

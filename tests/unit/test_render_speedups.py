@@ -17,13 +17,13 @@ import orjson
 import pytest
 
 from cdc.envelope import EnvelopeRenderer, speedups
+from cdc.ground.tables import TableName
 from cdc.keys import escape as key_escape
 from cdc.log.base import Column, TableSchema
 from cdc.log.kafka import render
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
 from cdc.pgoutput_encode import encode_tuple
-from cdc.tables import TableName
 
 pytestmark = [
     pytest.mark.unit,

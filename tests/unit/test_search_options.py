@@ -1,4 +1,4 @@
-"""The search sink's pipeline-file options (pipelines/config.py): parsing only, no services."""
+"""The search sink's pipeline-file options (cdc/ground/config.py): parsing only, no services."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_pipeline_file_search_options(tmp_path: Path) -> None:
-    from pipelines.config import parse_pipeline
-    from pipelines.errors import PipelineFileError
+    from cdc.ground.config import parse_pipeline
+    from cdc.ground.errors import PipelineFileError
 
     def parse(search: dict) -> None:
         parse_pipeline(

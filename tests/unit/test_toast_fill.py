@@ -8,12 +8,12 @@ import orjson
 import pytest
 
 from cdc.envelope import UNAVAILABLE, EnvelopeRenderer
+from cdc.ground.tables import TableName
 from cdc.log.base import Column, LogRecord, TableSchema
 from cdc.log.kafka import toast
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
 from cdc.pgoutput_encode import encode_tuple
-from cdc.tables import TableName
 
 pytestmark = pytest.mark.unit
 

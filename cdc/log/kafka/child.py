@@ -18,8 +18,8 @@ import multiprocessing
 import os
 import signal
 
-from pipelines import errors
-from pipelines.errors import CdcError, LogError
+from cdc.ground import errors
+from cdc.ground.errors import CdcError, LogError
 
 STOP_WAIT_S = 30.0  # a graceful stop publishes what is durable; longer than this, we stop waiting
 
@@ -62,8 +62,8 @@ class PublishWatch:
         self._away_since: float | None = None
 
     def check(self) -> None:
+        from cdc.ground.lsn import format_lsn
         from cdc.log.kafka.publisher import published_lsn
-        from cdc.lsn import format_lsn
 
         now = self.clock()
         if now < self._next_look:

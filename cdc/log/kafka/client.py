@@ -11,8 +11,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from cdc.ground.errors import LogError, UsageError
 from cdc.log.kafka.batch_producer import BatchProducer
-from pipelines.errors import LogError, UsageError
 
 TIMEOUT_MS = 15_000
 

@@ -81,10 +81,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from kafka import TopicPartition
 
+from cdc.ground.errors import LogError
+from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.kafka import client as kc
-from cdc.tables import TableName
-from pipelines.errors import LogError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -18,11 +18,11 @@ import time
 from collections.abc import Iterator
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, _render
+from cdc.ground.tables import TableName
 from cdc.log.kafka import keychange
 from cdc.log.kafka.recordbatch import RecordsBody
 from cdc.log.local import EventRun, LocalLog, SegmentSlice, event_record, snapshot_record
 from cdc.pgoutput import UNCHANGED
-from cdc.tables import TableName
 
 Record = tuple[bytes, bytes | None, bytes]  # key, value (None: tombstone), encoded headers
 

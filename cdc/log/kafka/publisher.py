@@ -30,13 +30,13 @@ from kafka.errors import KafkaError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from cdc.envelope import speedups
+from cdc.ground.errors import LogError
+from cdc.ground.tables import TableName
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.recordbatch import NO_HEADERS, RecordsBody
 from cdc.log.kafka.render import RenderPool, RenderTask, render_bodies
 from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
 from cdc.log.local import LocalLog
-from cdc.tables import TableName
-from pipelines.errors import LogError
 
 STATE_KEY = "kafka_published"
 CUT_KEY = b"cut"

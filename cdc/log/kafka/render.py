@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, speedups
+from cdc.ground.errors import LogError
+from cdc.ground.tables import TableName
 from cdc.log.kafka import fastpath, keychange
 from cdc.log.kafka.recordbatch import RecordsBody, batched, position_headers
 from cdc.log.kafka.toast import fill_unchanged
 from cdc.log.local import LocalLog, ReadPart, SegmentSlice
-from cdc.tables import TableName
-from pipelines.errors import LogError
 
 TASK_TIMEOUT_S = 600.0  # one part renders in seconds; this only catches a worker that is gone
 

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord
 from cdc.log.local import LocalLog, decode_text_tuple
 from cdc.pgoutput import UNCHANGED
-from cdc.tables import TableName
 
 # Records held back at most before a batched lookup; also bounds the keys of one lookup, each a
 # bound parameter of one statement (SQLite allows 32766). Larger: fewer scans, more memory.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from cdc.tables import TableName
+from cdc.ground.tables import TableName
 
 TABLE_TOPIC_CONFIG = {
     "cleanup.policy": "compact",

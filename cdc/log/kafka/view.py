@@ -12,13 +12,13 @@ import orjson
 from kafka import TopicPartition
 
 from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
+from cdc.ground.errors import LogError
+from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.history import FollowedSchema
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.topics import cuts_topic, schemas_topic
 from cdc.log.local import column_defaults
-from cdc.tables import TableName
-from pipelines.errors import LogError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,7 +48,7 @@ def read_topic(consumer, topic: str, start: int | None = None) -> list:
 
 
 class KafkaLogView:
-    value_kind = "envelope"  # values are envelope JSON (see pipelines.apply.sparktypes.from_envelope)
+    value_kind = "envelope"  # values are envelope JSON (see sinks.sparktypes.from_envelope)
 
     def __init__(self, pipeline):
         cfg = pipeline.log_config.kafka

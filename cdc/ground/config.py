@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cdc.tables import TableName, TableSelector
-from pipelines.errors import PipelineFileError
+from cdc.ground.errors import PipelineFileError
+from cdc.ground.tables import TableName, TableSelector
 
 NAME_RE = r"^[a-z][a-z0-9_]*$"
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -1,5 +1,5 @@
 """Commands printed in `fix:` lines. The pipeline file as the user gave it is known only to the
-caller (Pipeline.command in pipelines/config.py); layers below take that method as a callable
+caller (Pipeline.command in cdc/ground/config.py); layers below take that method as a callable
 so their remedies run as printed, without importing upwards."""
 
 from __future__ import annotations

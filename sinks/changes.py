@@ -17,11 +17,11 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
-from cdc.tables import TableName
-from pipelines.apply.sparktypes import cast_failures, from_envelope, from_text, spark_type, toastable
-from pipelines.errors import SinkError
+from sinks.sparktypes import cast_failures, from_envelope, from_text, spark_type, toastable
 
 META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
 META_TYPES = {"_cdc_lsn": T.LongType(), "_cdc_seq": T.LongType(), "_cdc_op": T.StringType(), "_cdc_commit_ts": T.TimestampType()}
