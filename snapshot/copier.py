@@ -19,8 +19,8 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
+from cdc.ground.tables import TableName
 from cdc.source import connect
-from cdc.tables import TableName
 from snapshot.chunks import Chunk
 
 

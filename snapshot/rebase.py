@@ -14,10 +14,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from cdc.lsn import format_lsn
+from cdc.ground.errors import CdcError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName
 from cdc.rebase import save_state
-from cdc.tables import TableName
-from pipelines.errors import CdcError
 
 
 class ThreadRebaser:

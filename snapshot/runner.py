@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 import psycopg2
 from psycopg2 import sql
 
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import CdcError, LogError, SourceError, UsageError
+from cdc.ground.lsn import format_lsn
+from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
-from cdc.lsn import format_lsn
 from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import _slot, connect, ensure_publication, resolve_tables
-from cdc.tables import TableName, TableSelector
 from cdc.tablewatch import check_pipeline_source, gone_from_source
-from pipelines.config import Pipeline
-from pipelines.errors import CdcError, LogError, SourceError, UsageError
 from snapshot.chunks import plan_chunks
 from snapshot.copier import CopyDone, CopyJob, CopyPool
 from snapshot.progress import RowProgress

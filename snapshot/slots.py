@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import psycopg2
 
-from cdc.lsn import parse_lsn
+from cdc.ground.errors import SourceError
+from cdc.ground.lsn import parse_lsn
 from cdc.source import connect
-from pipelines.errors import SourceError
 
 
 @dataclass(frozen=True)
