@@ -6,6 +6,7 @@ demo: setup
 	.venv/bin/cdc demo
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports --no-cache
 	.venv/bin/python -m pytest
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
