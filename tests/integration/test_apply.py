@@ -26,24 +26,29 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.fixtures.readers import delta_rows as read_delta
-from tests.harness import REPO, cdc, cdc_popen, source_rows, sql, stream_until_current, verify, write_pipeline
-from tests.integration.test_capture import (
-    BIG_TEXT,
-    TYPE_COLUMNS,
-    TYPES_SETUP,
+from tests.fixtures.capture import (
     Pipe,
-    Writer,
-    flush_wal,
-    kill9,
-    make_table,
     no_traceback,
     ok,
+    restart_killed,
     start_stream,
     stop_stream,
     table_row,
-    wait_slot,
 )
+from tests.fixtures.readers import delta_rows as read_delta
+from tests.fixtures.workload import Writer, make_table
+from tests.harness import (
+    REPO,
+    cdc,
+    cdc_popen,
+    flush_wal,
+    source_rows,
+    sql,
+    stream_until_current,
+    verify,
+    write_pipeline,
+)
+from tests.integration.test_capture import BIG_TEXT, TYPE_COLUMNS, TYPES_SETUP
 
 pytestmark = pytest.mark.integration
 
@@ -426,10 +431,7 @@ def test_capture_list_applied_to_delta(pg_db: str, tmp_path: Path, spark) -> Non
         )
         for count in (4000, 7000):
             tiny.wait_txns(count)
-            assert proc.poll() is None, f"cdc stream died on its own: {proc.communicate()}"
-            kill9(proc)
-            wait_slot(pg_db, pipe.slot, active=False)
-            proc = start_stream(pipe)
+            proc = restart_killed(proc, pipe)
         tiny.finish()
         stop_stream(proc)
     finally:

@@ -18,8 +18,7 @@ import pytest
 
 from cdc.ground.config import load_pipeline
 from pipelines.checkpoints import checkpoint_dir
-from tests.harness import cdc, cdc_popen, sql, stream_until_current, verify, write_pipeline
-from tests.integration.test_capture import flush_wal
+from tests.harness import cdc, cdc_popen, flush_wal, sql, stream_until_current, verify, write_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

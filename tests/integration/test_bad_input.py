@@ -5,23 +5,19 @@ nothing created on the source."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg2
 import pytest
 import yaml
-from psycopg2 import sql as pgsql
 
-from cdc.session import libpq_options
 from pipelines.devservices.base import free_port
 from pipelines.devservices.postgres import LocalPostgres
-from tests.harness import CdcRun, cdc, materialize, sql, write_pipeline
+from tests.fixtures.services import postgres
+from tests.harness import CdcRun, cdc, materialize, source_rows, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +48,13 @@ def check_error(run: CdcRun, code: int, *needles: str, secrets: Sequence[str] = 
     assert "error:" in run.err and "fix:" in run.err, f"no problem/fix on stderr:\n{run.err}"
     for needle in needles:
         assert needle in run.err, f"{needle!r} not on stderr:\n{run.err}"
+
+
+def refused(path: Path, problem: str, fix: str, password: str, pg: LocalPostgres) -> None:
+    """A role short of a privilege: `cdc validate` names the problem and the fix, `cdc snapshot` stops
+    with the fix on stderr; neither prints the role's or the superuser's password."""
+    check_output(cdc("validate", path), SOURCE, problem, fix, secrets=[password])
+    check_error(cdc("snapshot", path), SOURCE, fix.rstrip(";"), secrets=[password, pg.password])
 
 
 def assert_nothing_created(dsn: str, existing_slots: Sequence[str] = ()) -> None:
@@ -162,10 +165,7 @@ class ReplicaOnlyPostgres(LocalPostgres):
 
 
 def test_wal_level_not_logical(tmp_path: Path) -> None:
-    base = Path(tempfile.mkdtemp(prefix="cdc-test-pg-"))  # the server runs as `postgres`: not under tmp_path
-    server = ReplicaOnlyPostgres(base, durable=False)
-    try:
-        server.start()
+    with postgres(cls=ReplicaOnlyPostgres) as server:
         dsn = server.dsn()
         assert sql(dsn, "SHOW wal_level") == [("replica",)]
         sql(dsn, "CREATE TABLE t(id int PRIMARY KEY)")
@@ -184,9 +184,6 @@ def test_wal_level_not_logical(tmp_path: Path) -> None:
         )
         assert sql(dsn, "SELECT count(*) FROM pg_publication") == [(0,)]
         assert sql(dsn, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_replication_slots_exhausted(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
@@ -233,16 +230,13 @@ def test_role_without_replication(
     )
     sql(pg_db, f"GRANT CREATE ON DATABASE {dbname_of(pg_db)} TO {name}")
     path = write_pipeline(tmp_path, pg.dsn(dbname_of(pg_db), user=name, password=password), ["public.t"])
-    run = cdc("validate", path)
-    check_output(
-        run,
-        SOURCE,
+    refused(
+        path,
         f"role {name} lacks the REPLICATION attribute",
         f"ALTER ROLE {name} WITH REPLICATION",
-        secrets=[password],
+        password,
+        pg,
     )
-    run = cdc("snapshot", path)
-    check_error(run, SOURCE, f"ALTER ROLE {name} WITH REPLICATION", secrets=[password, pg.password])
     assert_nothing_created(pg_db)
     # With the fix applied the same pipeline works.
     sql(pg.dsn(), f"ALTER ROLE {name} WITH REPLICATION")
@@ -254,16 +248,9 @@ def test_role_without_select(pg: LocalPostgres, pg_db: str, tmp_path: Path, role
     sql(pg.dsn(), f"ALTER ROLE {name} WITH REPLICATION")
     sql(pg_db, "CREATE TABLE t(id int PRIMARY KEY)", "CREATE PUBLICATION cdc_test FOR TABLE t")
     path = write_pipeline(tmp_path, pg.dsn(dbname_of(pg_db), user=name, password=password), ["public.t"])
-    run = cdc("validate", path)
-    check_output(
-        run,
-        SOURCE,
-        f"role {name} cannot SELECT from public.t",
-        f"GRANT SELECT ON public.t TO {name};",
-        secrets=[password],
+    refused(
+        path, f"role {name} cannot SELECT from public.t", f"GRANT SELECT ON public.t TO {name};", password, pg
     )
-    run = cdc("snapshot", path)
-    check_error(run, SOURCE, f"GRANT SELECT ON public.t TO {name}", secrets=[password, pg.password])
     assert sql(pg_db, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()") == [
         (0,)
     ]
@@ -381,29 +368,6 @@ def test_wrong_password(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
 
 
 # ---- odd identifiers ---------------------------------------------------------------------------------------
-def source_rows(dsn: str, table: str, key: Sequence[str]) -> dict[tuple, dict[str, str | None]]:
-    """{key texts: {column: text output}} with NULL kept apart from '' and any column name quoted."""
-    conn = psycopg2.connect(dsn, options=libpq_options())
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {table} LIMIT 0")
-            cols = [d.name for d in cur.description]
-            exprs = pgsql.SQL(", ").join(
-                pgsql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
-                    c=pgsql.Identifier(c)
-                )
-                for c in cols
-            )
-            cur.execute(pgsql.SQL("SELECT {} FROM {}").format(exprs, pgsql.SQL(table)))
-            out = {}
-            for row in cur.fetchall():
-                rec = dict(zip(cols, row, strict=True))
-                out[tuple(rec[k] for k in key)] = rec
-            return out
-    finally:
-        conn.close()
-
-
 ODD_SCHEMA = '"Sch.ema"'
 ODD_TABLE = '"Sch.ema"."Tab""le, ü"'
 ODD_TABLE2 = '"Sch.ema"."UPPER case"'

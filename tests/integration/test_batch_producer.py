@@ -10,12 +10,12 @@ import time
 import uuid
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.batch_producer import BatchProducer
 from cdc.log.kafka.recordbatch import NO_HEADERS, RecordBatchWriter, encode_headers
 from pipelines.devservices.kafka import LocalKafka
+from tests.fixtures.topics import end_offset, topic_records
 
 pytestmark = pytest.mark.integration
 
@@ -28,31 +28,6 @@ def new_topic(kafka: LocalKafka) -> str:
     finally:
         admin.close()
     return topic
-
-
-def read_all(kafka: LocalKafka, topic: str) -> list:
-    consumer = KafkaConsumer(
-        bootstrap_servers=[kafka.bootstrap], enable_auto_commit=False, consumer_timeout_ms=5000
-    )
-    tp = TopicPartition(topic, 0)
-    consumer.assign([tp])
-    consumer.seek_to_beginning(tp)
-    end = consumer.end_offsets([tp])[tp]
-    records: list = []
-    deadline = time.monotonic() + 60
-    while len(records) < end and time.monotonic() < deadline:
-        for batch in consumer.poll(timeout_ms=1000).values():
-            records.extend(batch)
-    consumer.close()
-    return records
-
-
-def end_offset(kafka: LocalKafka, topic: str) -> int:
-    consumer = kc.consumer(kafka.bootstrap)
-    try:
-        return kc.end_offsets(consumer, [topic])[topic]
-    finally:
-        consumer.close()
 
 
 def test_records_over_many_batches_arrive_once_in_order(kafka: LocalKafka) -> None:
@@ -74,7 +49,7 @@ def test_records_over_many_batches_arrive_once_in_order(kafka: LocalKafka) -> No
         producer.close()
     assert (first, last, n) == (0, 999, 1000)
     assert again == (1000, 1002, 3)
-    got = read_all(kafka, topic)
+    got = topic_records(kafka.bootstrap, topic)
     assert [r.offset for r in got] == list(range(1003))
     assert [(r.key, r.value, r.headers) for r in got[:1000]] == records
     assert got[0].value is None  # a tombstone stays a tombstone
@@ -99,8 +74,8 @@ def test_a_batch_sent_twice_is_written_once(kafka: LocalKafka) -> None:
     finally:
         producer.close()
     assert answers == [(0, 1), (0, 1)]
-    assert end_offset(kafka, topic) == 2
-    assert [(r.key, r.value) for r in read_all(kafka, topic)] == [(b"k0", b"v0"), (b"k1", b"v1")]
+    assert end_offset(kafka.bootstrap, topic) == 2
+    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [(b"k0", b"v0"), (b"k1", b"v1")]
 
 
 def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
@@ -137,4 +112,4 @@ def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
     assert outcome["returned_after_restart"] is True, outcome
     result = outcome["result"]
     assert result == (1, 2, 2)
-    assert [(r.key, r.value) for r in read_all(kafka, topic)] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]

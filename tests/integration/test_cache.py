@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,7 @@ from pipelines.devservices.redis import LocalRedis
 from sinks.cache.keys import KeyTemplate
 from tests.fixtures.readers import delta_rows, redis_rows
 from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
-from tests.harness import stream_until_current as _stream
-from tests.integration.test_capture import flush_wal
+from tests.harness import stream_changes as stream
 
 pytestmark = pytest.mark.integration
 
@@ -42,36 +40,10 @@ BIG = "(SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, 
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
-    """A redis-server of this test's own (it gets killed / stopped)."""
-    server = LocalRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def fresh_db(redis_server: LocalRedis) -> Iterator[str]:
-    """The session redis with an empty database 3 (one test at a time uses it)."""
-    url = redis_server.url.rsplit("/", 1)[0] + "/3"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-    yield url
-
-
 def snapshot(file: Path) -> None:
     from snapshot.runner import run_snapshot
 
     run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
-
-
-def stream(file: Path, dsn: str) -> None:
-    flush_wal(dsn)
-    _stream(file)
 
 
 def dump(url: str) -> dict[bytes, tuple[bytes | None, bool]]:
@@ -134,20 +106,20 @@ def make_tables(dsn: str) -> None:
 
 
 # ---- 0. the compare-and-set scripts themselves ---------------------------------------------------
-def test_scripts_guard_positions(fresh_db: str) -> None:
+def test_scripts_guard_positions(redis_db: str) -> None:
     """The Lua scripts on a real Redis, without Spark: position guard, tombstones, truncate marker,
     raw merge of unchanged-TOAST members (numbers and empty arrays kept byte for byte)."""
     from sinks.cache import scripts
     from sinks.cache.writer import write_partition
 
-    client = redis.Redis.from_url(fresh_db, decode_responses=True)
+    client = redis.Redis.from_url(redis_db, decode_responses=True)
     sha = client.script_load(scripts.UPSERT)
     marker = "__cdc:t:t:*"
 
     def write(*rows: tuple[str, str, int, int, str, str]) -> tuple[int, ...]:
         feed = iter([(k, "__cdc:d:" + k, op, lsn, seq, v, u) for k, op, lsn, seq, v, u in rows])
         (counts,) = write_partition(
-            feed, url=fresh_db, script=scripts.UPSERT, sha=sha, truncate_key=marker, ttl=0, tomb_ttl=600
+            feed, url=redis_db, script=scripts.UPSERT, sha=sha, truncate_key=marker, ttl=0, tomb_ttl=600
         )
         return counts
 
@@ -196,16 +168,16 @@ def test_scripts_guard_positions(fresh_db: str) -> None:
 
 
 # ---- 1. changes reach Redis -----------------------------------------------------------------------
-def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:
     make_tables(pg_db)
-    hot_url = fresh_db.rsplit("/", 1)[0] + "/4"
+    hot_url = redis_db.rsplit("/", 1)[0] + "/4"
     redis.Redis.from_url(hot_url).flushdb()
     file = write_pipeline(
         tmp_path,
         pg_db,
         ["public.t", "public.pair"],
         sinks=[
-            {"name": "cache", "redis": {"url": fresh_db, "tables": ["public.t", "public.pair"]}},
+            {"name": "cache", "redis": {"url": redis_db, "tables": ["public.t", "public.pair"]}},
             {
                 "name": "hot",
                 "redis": {"url": hot_url, "tables": ["public.t"], "key": "app:{table}:{pk}:v1", "ttl": 3600},
@@ -217,7 +189,7 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     assert stats_of(runs, "cache") == {"public.t": (50, 0, 0), "public.pair": (3, 0, 0)}
     assert_verified(file, spark, "cache")
 
-    rows = rows_of(fresh_db, "public.t:")
+    rows = rows_of(redis_db, "public.t:")
     assert len(rows) == 50
     one = rows["public.t:1"]
     assert list(one)[:4] == ["_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts"]
@@ -227,7 +199,7 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     )
     assert one["note"] == "a:b\\c1" and len(one["big"]) == 9600
     # composite keys joined by ':', a ':' inside a value escaped
-    assert sorted(rows_of(fresh_db, "public.pair:")) == [
+    assert sorted(rows_of(redis_db, "public.pair:")) == [
         "public.pair:k:2",
         "public.pair:x:1",
         "public.pair:x\\:y:1",
@@ -252,12 +224,12 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     runs = apply_once(file, spark)
     assert stats_of(runs, "cache")["public.t"] == (2, 4, 3)  # +51 +60, ~1 ~2 ~4 ~8, -5 -6 -7
     assert_verified(file, spark, "cache")
-    rows = rows_of(fresh_db, "public.t:")
+    rows = rows_of(redis_db, "public.t:")
     assert rows["public.t:1"]["n"] == 101 and rows["public.t:1"]["big"] == big_before
     assert rows["public.t:4"]["note"] is None and rows["public.t:4"]["tags"] == []
     assert "public.t:5" not in rows and "public.t:7" not in rows and rows["public.t:60"]["n"] == 7
     assert rows["public.t:9"]["extra"] == 7 and rows["public.t:8"]["extra"] == 7  # default filled in
-    client = redis.Redis.from_url(fresh_db)
+    client = redis.Redis.from_url(redis_db)
     assert client.get("__cdc:d:public.t:5").decode().count(":") == 1  # tombstone: position
     assert client.ttl("__cdc:d:public.t:5") > 0
 
@@ -271,8 +243,8 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     stream(file, pg_db)
     runs = apply_once(file, spark)
     assert stats_of(runs, "cache")["public.t"] == (2, 0, 49)
-    assert sorted(rows_of(fresh_db, "public.t:")) == ["public.t:1", "public.t:2"]
-    assert sorted(rows_of(fresh_db, "public.pair:")) == ["public.pair:x:1", "public.pair:x\\:y:1"]
+    assert sorted(rows_of(redis_db, "public.t:")) == ["public.t:1", "public.t:2"]
+    assert sorted(rows_of(redis_db, "public.pair:")) == ["public.pair:x:1", "public.pair:x\\:y:1"]
     assert sorted(k.decode() for k in hot.scan_iter(match="app:*")) == ["app:t:1:v1", "app:t:2:v1"]
     assert_verified(file, spark, "cache")
     assert client.get("__cdc:t:public.t:*") is not None  # the table's truncate position
@@ -280,7 +252,7 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, fresh_db: str) -
     hot.close()
 
 
-def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:
     """numeric values are the exact text (a JSON string, as in the envelope), also inside arrays and
     for a filled-in default; key values holding `:` or `\\` never share a key, and every key reads
     back (split_pk) to the row's key values."""
@@ -296,12 +268,12 @@ def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, f
         tmp_path,
         pg_db,
         ["public.amt"],
-        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.amt"]}}],
+        sinks=[{"name": "cache", "redis": {"url": redis_db, "tables": ["public.amt"]}}],
     )
     snapshot(file)
     apply_once(file, spark)
     keys = KeyTemplate(None, "cache").for_table(TableName("public", "amt"))
-    rows = rows_of(fresh_db, "public.amt:")
+    rows = rows_of(redis_db, "public.amt:")
     assert len(rows) == 4  # four distinct keys
     for key, row in rows.items():
         assert keys.pk_of(key) == [row["a"], row["b"]]
@@ -324,7 +296,7 @@ def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, f
     )
     stream(file, pg_db)
     apply_once(file, spark)
-    rows = {tuple(keys.pk_of(k)): r for k, r in rows_of(fresh_db, "public.amt:").items()}
+    rows = {tuple(keys.pk_of(k)): r for k, r in rows_of(redis_db, "public.amt:").items()}
     assert rows[("1:1", "x")]["price"] == "10.10" and rows[("1:1", "x")]["fee"] == "0.500"
     assert rows[("1", "1:x")]["fee"] == "0.500"  # not written since: the default filled in, exact
     assert rows[("2:2", "")]["prices"] == ["2.25"] and rows[("2:2", "")]["fee"] == "0.500"
@@ -332,8 +304,9 @@ def test_numeric_exact_and_keys_unambiguous(pg_db: str, tmp_path: Path, spark, f
 
 
 # ---- 2. replays and late batches ------------------------------------------------------------------
-def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:
     from cdc.log import open_log_view
+    from pipelines.apply.readers import change_reader
     from sinks.changes import TableBatch
     from sinks.registry import make_sink
 
@@ -346,7 +319,7 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
         tmp_path,
         pg_db,
         ["public.t"],
-        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.t"]}}],
+        sinks=[{"name": "cache", "redis": {"url": redis_db, "tables": ["public.t"]}}],
     )
     pipeline = load_pipeline(file)
     snapshot(file)
@@ -371,13 +344,13 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
     stream(file, pg_db)
     apply_once(file, spark)
     assert_verified(file, spark, "cache")
-    before = dump(fresh_db)
+    before = dump(redis_db)
 
     # replay: the checkpoint goes back one cut, the same cut is applied again
     (checkpoint_dir(pipeline.state_path) / "cache.json").write_text(saved)
     runs = apply_once(file, spark)
     assert stats_of(runs, "cache") == {"public.t": (0, 0, 0)}
-    assert dump(fresh_db) == before
+    assert dump(redis_db) == before
 
     # replay from the base: the table is started over (bootstrap) at the same snapshot
     ckpt_file = checkpoint_dir(pipeline.state_path) / "cache.json"
@@ -386,7 +359,7 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
     ckpt_file.write_text(json.dumps(data))
     runs = apply_once(file, spark)
     assert stats_of(runs, "cache") == {"public.t": (0, 0, 0)}
-    assert dump(fresh_db) == before
+    assert dump(redis_db) == before
 
     # a late batch: the events of the first cuts only (older positions), handed to the sink directly
     table = TableName("public", "t")
@@ -394,7 +367,7 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
     try:
         schema = log.schema(table)
         base, end = first_cut.tables["public.t"]
-        raw = log.read_changes(spark, table, base - 1, end, schema)
+        raw = change_reader(log).read_changes(spark, table, base - 1, end, schema)
         batch = TableBatch(table, schema, raw, False, None, base - 1, end, log.value_kind)
         sink = make_sink(pipeline.sink("cache"), pipeline, spark)
         sink.prepare([batch])
@@ -405,9 +378,9 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
     finally:
         log.close()
     assert (stats.inserted, stats.updated, stats.deleted) == (0, 0, 0)
-    assert dump(fresh_db) == before  # 51..60 and 300 stay deleted, 1..50 stay 'second'
+    assert dump(redis_db) == before  # 51..60 and 300 stay deleted, 1..50 stay 'second'
     assert_verified(file, spark, "cache")
-    assert_cache_is_source(fresh_db, pg_db)
+    assert_cache_is_source(redis_db, pg_db)
 
 
 # ---- 3. Redis killed mid-apply ------------------------------------------------------------------------
@@ -493,13 +466,13 @@ def test_unreachable_redis_is_a_clear_error(pg_db: str, tmp_path: Path, spark) -
     assert ckpt.cut_id == 0 and ckpt.pending is None
 
 
-def test_bad_key_template_is_refused(pg_db: str, tmp_path: Path, spark, fresh_db: str) -> None:
+def test_bad_key_template_is_refused(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:
     sql(pg_db, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY)")
     file = write_pipeline(
         tmp_path,
         pg_db,
         ["public.a", "public.b"],
-        sinks=[{"name": "cache", "redis": {"url": fresh_db, "tables": ["public.*"], "key": "{schema}:{pk}"}}],
+        sinks=[{"name": "cache", "redis": {"url": redis_db, "tables": ["public.*"], "key": "{schema}:{pk}"}}],
     )
     snapshot(file)
     with pytest.raises(SinkError, match="can be the same"):

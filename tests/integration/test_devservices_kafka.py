@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from pipelines.devservices.base import pid_alive, port_open
 from pipelines.devservices.kafka import LocalKafka
+from tests.fixtures.topics import topic_records as read_all
 from tests.harness import cdc
 
 pytestmark = pytest.mark.integration
@@ -92,32 +93,6 @@ def produce(
         return [f.get(timeout=30).offset for f in futures]
     finally:
         p.close(timeout=10)
-
-
-def read_all(bootstrap: str, topic: str) -> list:
-    """Every record of partition 0 from the beginning to the current end (no consumer group)."""
-    tp = TopicPartition(topic, 0)
-    c = KafkaConsumer(
-        bootstrap_servers=[bootstrap],
-        enable_auto_commit=False,
-        request_timeout_ms=TIMEOUT_MS + 5000,
-        bootstrap_timeout_ms=TIMEOUT_MS,
-    )
-    try:
-        end = c.end_offsets([tp])[tp]
-        c.assign([tp])
-        c.seek_to_beginning(tp)
-        out: list = []
-        deadline = time.monotonic() + 60
-        while c.position(tp) < end:
-            assert time.monotonic() < deadline, (
-                f"read {len(out)} records of {topic}, position {c.position(tp)} < end {end}"
-            )
-            for batch in c.poll(timeout_ms=2000).values():
-                out.extend(batch)
-        return out
-    finally:
-        c.close()
 
 
 @pytest.fixture

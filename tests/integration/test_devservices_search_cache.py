@@ -8,9 +8,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,23 +17,13 @@ from opensearchpy.exceptions import ConflictError
 
 from pipelines.devservices.opensearch import LocalOpenSearch
 from pipelines.devservices.redis import LocalRedis
+from tests.harness import CdcRun, cdc
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def cdc(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def dev(verb: str, service: str, base: Path) -> CdcRun:
+    """`cdc dev VERB SERVICE --dir BASE` in a process of its own (as from a terminal)."""
+    return cdc("dev", verb, service, "--dir", str(base), timeout=180)
 
 
 def env_lines(stdout: str) -> dict[str, str]:
@@ -215,29 +202,29 @@ def test_opensearch_bulk_with_external_versions(os_client: OpenSearch) -> None:
 def test_cli_dev_up_status_down_redis(tmp_path: Path) -> None:
     base = tmp_path / "dev"
     try:
-        up = cdc("dev", "up", "redis", "--dir", str(base))
-        assert up.returncode == 0, up.stderr
-        url = env_lines(up.stdout)["REDIS_URL"]
+        up = dev("up", "redis", base)
+        assert up.code == 0, up.err
+        url = env_lines(up.out)["REDIS_URL"]
         assert url.startswith("redis://127.0.0.1:")
         client = redis.Redis.from_url(url)
         assert client.ping()
         client.close()
 
-        again = cdc("dev", "up", "redis", "--dir", str(base))  # idempotent: same server, same address
-        assert again.returncode == 0, again.stderr
-        assert env_lines(again.stdout)["REDIS_URL"] == url
+        again = dev("up", "redis", base)  # idempotent: same server, same address
+        assert again.code == 0, again.err
+        assert env_lines(again.out)["REDIS_URL"] == url
 
-        status = cdc("dev", "status", "redis", "--dir", str(base))
-        assert status.returncode == 0, status.stderr
-        assert f"redis: running REDIS_URL={url}" in status.stdout
+        status = dev("status", "redis", base)
+        assert status.code == 0, status.err
+        assert f"redis: running REDIS_URL={url}" in status.out
 
-        down = cdc("dev", "down", "redis", "--dir", str(base))
-        assert down.returncode == 0, down.stderr
-        assert "redis: stopped" in down.stdout
+        down = dev("down", "redis", base)
+        assert down.code == 0, down.err
+        assert "redis: stopped" in down.out
         assert not LocalRedis(base / "redis").running()
 
-        status = cdc("dev", "status", "redis", "--dir", str(base))
-        assert "redis: stopped" in status.stdout
+        status = dev("status", "redis", base)
+        assert "redis: stopped" in status.out
     finally:
         LocalRedis(base / "redis").stop()
 
@@ -246,20 +233,20 @@ def test_cli_dev_up_status_down_redis(tmp_path: Path) -> None:
 def test_cli_dev_up_status_down_opensearch(tmp_path: Path) -> None:
     base = tmp_path / "dev"
     try:
-        up = cdc("dev", "up", "opensearch", "--dir", str(base))
-        assert up.returncode == 0, up.stderr
-        url = env_lines(up.stdout)["OPENSEARCH_URL"]
+        up = dev("up", "opensearch", base)
+        assert up.code == 0, up.err
+        url = env_lines(up.out)["OPENSEARCH_URL"]
         assert url.startswith("http://127.0.0.1:")
         client = OpenSearch(url)
         assert client.cluster.health()["status"] in ("green", "yellow")
         client.close()
 
-        status = cdc("dev", "status", "opensearch", "--dir", str(base))
-        assert f"opensearch: running OPENSEARCH_URL={url}" in status.stdout
+        status = dev("status", "opensearch", base)
+        assert f"opensearch: running OPENSEARCH_URL={url}" in status.out
 
-        down = cdc("dev", "down", "opensearch", "--dir", str(base))
-        assert down.returncode == 0, down.stderr
-        assert "opensearch: stopped" in down.stdout
+        down = dev("down", "opensearch", base)
+        assert down.code == 0, down.err
+        assert "opensearch: stopped" in down.out
         assert not LocalOpenSearch(base / "opensearch").running()
     finally:
         LocalOpenSearch(base / "opensearch").stop()

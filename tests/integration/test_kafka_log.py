@@ -33,25 +33,22 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from cdc.ground.lsn import format_lsn
 from cdc.keys import key_texts
 from pipelines.devservices.base import free_port
-from tests.fixtures.readers import delta_rows
-from tests.harness import CdcRun, cdc, cdc_popen, source_rows, sql, verify, write_pipeline
-from tests.integration.test_capture import (
-    BIG_TEXT,
-    UNAVAILABLE,
-    Writer,
+from tests.fixtures.capture import (
     assert_log_well_formed,
     assert_txns_streamed,
-    flush_wal,
-    make_table,
     no_traceback,
     ok,
     slot_info,
     stream_events,
     wait_slot,
 )
-from tests.integration.test_capture import (
-    start_stream as start_capture_stream,
-)
+from tests.fixtures.capture import start_stream as start_capture_stream
+from tests.fixtures.readers import delta_rows
+from tests.fixtures.topics import end_offset
+from tests.fixtures.topics import topic_records as raw_records
+from tests.fixtures.workload import Writer, make_table
+from tests.harness import CdcRun, cdc, cdc_popen, flush_wal, source_rows, sql, verify, write_pipeline
+from tests.integration.test_capture import BIG_TEXT, UNAVAILABLE
 
 pytestmark = pytest.mark.integration
 
@@ -304,41 +301,6 @@ def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
     finally:
         client.close()
     return {k: v["value"] for k, v in result["topic"][topic].items()}
-
-
-def raw_records(bootstrap: str, topic: str) -> list:
-    """Every record of partition 0, oldest first (ConsumerRecords)."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=[bootstrap],
-        enable_auto_commit=False,
-        request_timeout_ms=30_000,
-        client_id="test-reader",
-    )
-    try:
-        tp = TopicPartition(topic, 0)
-        end = consumer.end_offsets([tp])[tp]
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        out: list = []
-        deadline = time.monotonic() + 60
-        while consumer.position(tp) < end:
-            assert time.monotonic() < deadline, f"{topic}: could not read to offset {end} within 60s"
-            for batch in consumer.poll(timeout_ms=1000).values():
-                out.extend(r for r in batch if r.offset < end)
-        return out
-    finally:
-        consumer.close()
-
-
-def end_offset(bootstrap: str, topic: str) -> int:
-    consumer = KafkaConsumer(
-        bootstrap_servers=[bootstrap], request_timeout_ms=30_000, client_id="test-offsets"
-    )
-    try:
-        tp = TopicPartition(topic, 0)
-        return consumer.end_offsets([tp])[tp]
-    finally:
-        consumer.close()
 
 
 def table_records(bootstrap: str, topic: str) -> list[Rec]:
@@ -736,21 +698,15 @@ def test_log_read_prints_envelopes_in_commit_order(pg_db: str, tmp_path: Path, k
 
 
 # ---- 2. broker outage: the slot waits for Kafka, nothing lost or reordered ----------------------------
-@pytest.fixture(scope="module")
-def outage_kafka(kafka_factory):
-    """A broker of this module's own that tests stop and start (the session broker stays up)."""
-    return kafka_factory()
-
-
 @pytest.mark.slow
 def test_broker_outage_holds_the_slot_back_and_loses_nothing(
-    pg_db: str, tmp_path: Path, outage_kafka, spark
+    pg_db: str, tmp_path: Path, own_kafka, spark
 ) -> None:
     """While the broker is down `cdc stream` keeps running and capturing into the staging log, but
     the slot's confirmed_flush_lsn stays at or below the last cut Kafka acknowledged. After the
     broker restarts the publisher resumes: everything is published in order, the slot advances,
     and the follower ends identical."""
-    broker = outage_kafka
+    broker = own_kafka
     make_table(pg_db, "t", 300)
     pipe = make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap)
     snapshot(pipe)
@@ -811,11 +767,11 @@ def test_broker_outage_holds_the_slot_back_and_loses_nothing(
     verified(pipe, spark)
 
 
-def test_stream_stops_promptly_while_the_broker_is_down(pg_db: str, tmp_path: Path, outage_kafka) -> None:
+def test_stream_stops_promptly_while_the_broker_is_down(pg_db: str, tmp_path: Path, own_kafka) -> None:
     """SIGTERM to `cdc stream` while Kafka is down (the publisher waiting for it) stops the stream
     before the broker is back (it does not wait for Kafka), acknowledges nothing Kafka does not hold, and a later stream publishes
     everything once the broker is back."""
-    broker = outage_kafka
+    broker = own_kafka
     make_table(pg_db, "t", 20)
     pipe = make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap)
     snapshot(pipe)

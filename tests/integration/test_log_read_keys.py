@@ -8,8 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness import cdc, sql, stream_until_current, write_pipeline
-from tests.integration.test_capture import flush_wal
+from tests.harness import cdc, flush_wal, sql, stream_until_current, write_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
-from tests.fixtures.readers import delta_rows
-from tests.harness import apply_once, cdc, cdc_popen, materialize, source_rows, sql, verify
-from tests.integration.test_capture import (
-    Writer,
+from tests.fixtures.capture import (
     assert_log_well_formed,
     assert_same,
     assert_txns_streamed,
     make_pipe,
-    make_table,
     no_traceback,
     slot_info,
     snapshot,
@@ -31,6 +27,10 @@ from tests.integration.test_capture import (
     stream_until_current,
     wait_slot,
 )
+from tests.fixtures.readers import delta_rows
+from tests.fixtures.services import postgres
+from tests.fixtures.workload import Writer, make_table
+from tests.harness import apply_once, cdc, cdc_popen, materialize, source_rows, sql, verify
 
 pytestmark = pytest.mark.integration
 
@@ -113,14 +113,8 @@ def test_stream_reconnects_after_walsender_is_terminated(pg_db: str, tmp_path: P
 @pytest.fixture
 def own_pg():
     """A PostgreSQL cluster of this test alone (it gets restarted; the session's `pg` is shared)."""
-    base = Path(tempfile.mkdtemp(prefix="cdc-test-own-pg-"))  # not pytest's tmp: the server runs as postgres
-    server = LocalPostgres(base, durable=False)
-    server.start()
-    try:
+    with postgres("cdc-test-own-pg-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -256,18 +250,12 @@ def test_stream_gives_up_when_the_server_stays_down(own_pg: LocalPostgres, tmp_p
 
 
 def test_slot_dropped_while_disconnected_is_a_clear_error(
-    pg_db: str, lp_role: tuple[str, str], tmp_path: Path
+    pg_db: str, lp_role: tuple[str, str], least_privilege: str, tmp_path: Path
 ) -> None:
     """The stream lost its connection and, while it retries, its slot is dropped: the reconnect
     stops retrying and exits 3 with the remedy (`cdc snapshot`). The stream's role is kept from
     logging in meanwhile, so the slot is dropped for sure before it comes back."""
-    role, dsn = lp_role
-    make_table(pg_db, "t", 20)
-    sql(
-        pg_db,
-        "CREATE PUBLICATION cdc_test FOR TABLE public.t WITH (publish_via_partition_root = true)",
-        f"GRANT SELECT ON public.t TO {role}",
-    )
+    role, dsn = lp_role[0], least_privilege
     pipe = make_pipe(tmp_path, dsn, ["public.t"], stream={"reconnect_timeout_s": 300})
     snapshot(pipe)
     proc = start_stream(pipe)
@@ -628,15 +616,9 @@ def assert_quiet_when_stdout_closes(file: Path) -> None:
 
 
 # ---- issue 22 item 10: `cdc stream` says when the Kafka broker is away ------------------------------------------
-@pytest.fixture(scope="module")
-def away_kafka(kafka_factory):
-    """A broker of this module's own, stopped and started by the test (the session broker stays up)."""
-    return kafka_factory()
-
-
 @pytest.mark.slow
 def test_stream_says_when_the_kafka_broker_is_unreachable(
-    pg_db: str, tmp_path: Path, away_kafka, spark
+    pg_db: str, tmp_path: Path, own_kafka, spark
 ) -> None:
     """While the broker is down `cdc stream` warns that it is unreachable and that it waits (slot
     held, nothing lost), says when it is back, and every change reaches Kafka afterwards, and from
@@ -645,7 +627,7 @@ def test_stream_says_when_the_kafka_broker_is_unreachable(
 
     from tests.integration import test_kafka_log as kl
 
-    broker = away_kafka
+    broker = own_kafka
     make_table(pg_db, "t", 20)
     pipe = kl.make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap, sinks=[])
     kl.snapshot(pipe)

@@ -210,33 +210,23 @@ def scenario(
     verified(pipe, spark)
 
 
-@pytest.fixture
-def cache_url(redis_server) -> str:
-    """Database 5 of the session redis, emptied."""
-    url = redis_server.url.rsplit("/", 1)[0] + "/5"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-    return url
-
-
-def test_rename_and_drop_column_local_log(pg_db: str, tmp_path: Path, spark, cache_url: str) -> None:
+def test_rename_and_drop_column_local_log(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:
     sql(pg_db, *SETUP)
     search = {"name": "search", "search": {"engine": "tantivy", "path": "idx", "tables": ["public.acc"]}}
-    pipe = make_pipe(tmp_path, pg_db, ["public.acc"], sinks=[LAKE, HIST, search, cache_sink(cache_url)])
+    pipe = make_pipe(tmp_path, pg_db, ["public.acc"], sinks=[LAKE, HIST, search, cache_sink(redis_db)])
     _, started = source_position(pg_db)
     snapshot(pipe)
     apply_ok(pipe, spark)
     readers = {
         "tantivy": tantivy_reader(tmp_path / "idx" / "public" / "acc"),
-        "redis": redis_reader(cache_url),
+        "redis": redis_reader(redis_db),
     }
     scenario(pipe, spark, stream, tmp_path / "lake", tmp_path / "hist", started, readers)
     assert delta_df(spark, pipe, "public.acc").count() == 22
 
 
 def test_rename_and_drop_column_kafka_log(
-    pg_db: str, tmp_path: Path, spark, kafka, opensearch, cache_url: str
+    pg_db: str, tmp_path: Path, spark, kafka, opensearch, redis_db: str
 ) -> None:
     sql(pg_db, *SETUP)
     prefix = f"sc{tmp_path.name[-6:].lower()}".replace("_", "")
@@ -250,14 +240,14 @@ def test_rename_and_drop_column_kafka_log(
             "tables": ["public.acc"],
         },
     }
-    sinks = [LAKE, HIST, search, cache_sink(cache_url)]
+    sinks = [LAKE, HIST, search, cache_sink(redis_db)]
     pipe = klog.make_kpipe(tmp_path, pg_db, ["public.acc"], kafka.bootstrap, sinks=sinks)
     _, started = source_position(pg_db)
     klog.snapshot(pipe)
     klog.apply_ok(pipe, spark)
     readers: dict[str, Any] = {
         "opensearch": opensearch_reader(opensearch.url, f"{prefix}.public.acc"),
-        "redis": redis_reader(cache_url),
+        "redis": redis_reader(redis_db),
     }
     scenario(pipe, spark, klog.stream_until_current, tmp_path / "lake", tmp_path / "hist", started, readers)
 

@@ -32,6 +32,15 @@ def _snapshot(file: Path) -> None:
     run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
 
 
+def stream_cli(file: Path, *needles: str) -> str:
+    """`cdc stream --until current` as a user runs it: exit 0 and every needle in its output."""
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    missing = [n for n in needles if n not in run.out]
+    assert not missing, (missing, run.out)
+    return run.out
+
+
 def _delta(spark, tmp_path: Path, table: str, columns: list[str], key: str = "id") -> dict:
     schema, name = table.split(".")
     df = spark.read.format("delta").load(str(tmp_path / "lake" / schema / name))
@@ -45,6 +54,21 @@ def _delta(spark, tmp_path: Path, table: str, columns: list[str], key: str = "id
 
 def _source(dsn: str, table: str, columns: list[str], key: str = "id") -> dict:
     return {k[0]: tuple(row[c] for c in columns) for k, row in source_rows(dsn, table, [key]).items()}
+
+
+def _column_added_after_apply(dsn: str, tmp_path: Path, spark) -> Path:
+    """public.t applied to the Delta follower, then ADD COLUMN note (no write after it) streamed."""
+    sql(
+        dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 5) g",
+    )
+    file = _pipeline(tmp_path, dsn, ["public.t"])
+    _snapshot(file)
+    apply_once(file, spark)
+    sql(dsn, "ALTER TABLE t ADD COLUMN note text")
+    stream_until_current(file)
+    return file
 
 
 # ---- issue 11 item 1: ADD COLUMN ... DEFAULT on a partitioned table --------------------------------------
@@ -100,9 +124,7 @@ def test_partition_attached_with_its_own_default_is_re_based(pg_db: str, tmp_pat
         "ALTER TABLE o ATTACH PARTITION o_af FOR VALUES IN ('af')",
         "INSERT INTO o VALUES (9, 'eu', 'new', 'given')",
     )
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
-    assert "a partition was attached with rows" in run.out and "re-base public.o: done" in run.out, run.out
+    stream_cli(file, "a partition was attached with rows", "re-base public.o: done")
     apply_once(file, spark)
     key = ["id", "region"]
     df = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / "o"))
@@ -120,16 +142,7 @@ def test_verify_names_a_column_added_in_the_source_that_the_follower_lacks(
 ) -> None:
     """Right after ADD COLUMN, before any write, the log and the follower know nothing of the
     column: verify must not call that identical."""
-    sql(
-        pg_db,
-        "CREATE TABLE t (id int PRIMARY KEY, v text)",
-        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 5) g",
-    )
-    file = _pipeline(tmp_path, pg_db, ["public.t"])
-    _snapshot(file)
-    apply_once(file, spark)
-    sql(pg_db, "ALTER TABLE t ADD COLUMN note text")  # all NULL: even the values would agree
-    stream_until_current(file)
+    file = _column_added_after_apply(pg_db, tmp_path, spark)  # all NULL: even the values would agree
     apply_once(file, spark)
     code, report = verify(file, spark)
     assert code == 1, report
@@ -145,16 +158,7 @@ def test_verify_names_a_column_added_in_the_source_that_the_follower_lacks(
 def test_verify_missing_column_note_runs_as_printed(pg_db: str, tmp_path: Path, spark) -> None:
     """Issue 23 item 2: the missing-column note's commands name the pipeline file as given; run
     exactly as printed (snapshot, then apply), the follower gets the column and verify exits 0."""
-    sql(
-        pg_db,
-        "CREATE TABLE t (id int PRIMARY KEY, v text)",
-        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 5) g",
-    )
-    file = _pipeline(tmp_path, pg_db, ["public.t"])
-    _snapshot(file)
-    apply_once(file, spark)
-    sql(pg_db, "ALTER TABLE t ADD COLUMN note text")  # no write after it: the log does not know the column
-    stream_until_current(file)
+    file = _column_added_after_apply(pg_db, tmp_path, spark)  # no write after it: the log does not know it
     code, report = verify(file, spark)
     assert code == 1, report
     note = next(line for line in report.splitlines() if "column(s) the follower does not have: note" in line)
@@ -214,11 +218,7 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
         "ALTER TABLE acc ALTER COLUMN n TYPE bigint USING n * 10",
         "UPDATE acc SET note = 'c' WHERE id = 2",
     )
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
-    assert "public.acc: its storage was rewritten" in run.out and "re-base public.acc: done" in run.out, (
-        run.out
-    )
+    stream_cli(file, "public.acc: its storage was rewritten", "re-base public.acc: done")
     apply_once(file, spark)
     columns = ["n", "note", "tier"]
     assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
@@ -233,9 +233,7 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
         "ALTER TABLE acc ADD COLUMN r float8 DEFAULT random()",
         "INSERT INTO acc VALUES (12, 12, 'd', 'std')",
     )
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
-    assert "re-base public.acc: done" in run.out, run.out
+    stream_cli(file, "re-base public.acc: done")
     apply_once(file, spark)
     columns = ["n", "note", "tier", "r"]
     got = _delta(spark, tmp_path, "public.acc", columns)
@@ -252,8 +250,8 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
         "TRUNCATE acc",
         "INSERT INTO acc VALUES (1, 1, 'f', 'std', 0.5, 2)",
     )
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0 and "re-bas" not in run.out, run.out + run.err
+    out = stream_cli(file)
+    assert "re-bas" not in out, out
     apply_once(file, spark)
     columns = ["n", "note", "tier", "r", "plain"]
     assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
@@ -280,9 +278,7 @@ def test_rewrite_noticed_on_a_log_without_storage_baseline(pg_db: str, tmp_path:
         assert db.execute("DELETE FROM meta WHERE k LIKE 'filenodes:%'").rowcount == 1
     db.close()
     sql(pg_db, "ALTER TABLE acc ADD COLUMN r float8 DEFAULT random()", "INSERT INTO acc VALUES (6, 6, 0.5)")
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
-    assert "new column(s) r have a default" in run.out and "re-base public.acc: done" in run.out, run.out
+    stream_cli(file, "new column(s) r have a default", "re-base public.acc: done")
     apply_once(file, spark)
     got = _delta(spark, tmp_path, "public.acc", ["n", "r"])
     assert got == _source(pg_db, "public.acc", ["n", "r"]) and got["1"][1] is not None
@@ -356,8 +352,7 @@ def test_re_base_with_type_change_delta_cannot_widen(pg_db: str, tmp_path: Path,
     _snapshot(file)
     apply_once(file, spark)
     sql(pg_db, "UPDATE acc SET n = 20 WHERE id = 2")
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
+    stream_cli(file)
     apply_once(file, spark)
     sql(
         pg_db,
@@ -367,11 +362,7 @@ def test_re_base_with_type_change_delta_cannot_widen(pg_db: str, tmp_path: Path,
         "INSERT INTO acc VALUES (7, 'n7', 50)",
         "DELETE FROM acc WHERE id = 6",
     )
-    run = cdc("stream", file, "--until", "current")
-    assert run.code == 0, run.out + run.err
-    assert "public.acc: its storage was rewritten" in run.out and "re-base public.acc: done" in run.out, (
-        run.out
-    )
+    stream_cli(file, "public.acc: its storage was rewritten", "re-base public.acc: done")
 
     # Each Delta follower killed right after its writes, before its checkpoint (`cdc apply` exits by
     # SIGKILL): the next apply applies the same cut again and changes nothing in either table.

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import cdc, sql, write_pipeline
+from tests.fixtures.capture import no_traceback
+from tests.harness import cdc, flush_wal, sql, write_pipeline
 from tests.integration.test_apply import LAKE, apply_ok, make_pipe, snapshot, verified
-from tests.integration.test_capture import flush_wal, no_traceback
 
 pytestmark = pytest.mark.integration
 

@@ -26,6 +26,7 @@ from cdc.ground.config import load_pipeline
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
+from pipelines.apply.readers import change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.devservices.opensearch import LocalOpenSearch
 from sinks.changes import TableBatch
@@ -33,8 +34,7 @@ from sinks.registry import make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
-from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
-from tests.harness import stream_until_current as _stream
+from tests.harness import apply_once, cdc, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -78,15 +78,8 @@ def insert_items(dsn: str, first: int, last: int, title: str = "hello world") ->
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-def flush_wal(dsn: str) -> None:
-    """The test server commits asynchronously; one synchronous commit makes all earlier ones durable,
-    so `--until current` sees them (see tests/integration/test_capture.py)."""
-    sql(dsn, "SET synchronous_commit = on", "CREATE TEMP TABLE cdc_test_flush(x int)")
-
-
 def stream(dsn: str, pipeline_file: Path) -> None:
-    flush_wal(dsn)
-    _stream(pipeline_file)
+    stream_changes(pipeline_file, dsn)
 
 
 def snapshot(pipeline_file: Path) -> None:
@@ -139,7 +132,7 @@ def table_batch(log, spark, table: TableName, after: int, upto: int) -> TableBat
     """The log's events (after, upto] of a table, as the apply job reads them."""
     schema = log.schema(table)
     state = next(t for t in log.tables() if t.table == table)
-    raw = log.read_changes(spark, table, after, upto, schema)
+    raw = change_reader(log).read_changes(spark, table, after, upto, schema)
     return TableBatch(table, schema, raw, False, state.snapshot_lsn, after, upto, log.value_kind)
 
 

@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import apply_once, cdc, sql, stream_until_current, write_pipeline
-from tests.integration.test_capture import flush_wal
+from tests.harness import apply_once, cdc, sql, write_pipeline
+from tests.harness import stream_changes as stream
 
 pytestmark = pytest.mark.integration
+
+TABLES_A_B = (  # two tables, 5 and 7 rows
+    "CREATE TABLE a (id int PRIMARY KEY, v text)",
+    "CREATE TABLE b (id int PRIMARY KEY, v text)",
+    "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 5) g",
+    "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 7) g",
+)
 
 
 def followers(file: Path) -> dict[str, dict]:
@@ -26,19 +33,8 @@ def followers(file: Path) -> dict[str, dict]:
     return {f["sink"]: f for f in json.loads(run.out)["followers"]}
 
 
-def stream(file: Path, dsn: str) -> None:
-    flush_wal(dsn)
-    stream_until_current(file)
-
-
 def test_status_lag_per_follower(pg_db: str, tmp_path: Path, spark) -> None:
-    sql(
-        pg_db,
-        "CREATE TABLE a (id int PRIMARY KEY, v text)",
-        "CREATE TABLE b (id int PRIMARY KEY, v text)",
-        "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 5) g",
-        "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 7) g",
-    )
+    sql(pg_db, *TABLES_A_B)
     file = write_pipeline(
         tmp_path,
         pg_db,
@@ -91,13 +87,7 @@ def test_status_backlog_of_a_never_applied_follower_with_the_kafka_log(
     records + events to apply, read from the topics), with a lag in seconds; no Spark needed."""
     from tests.integration.test_kafka_log import make_kpipe, snapshot, stream_until_current
 
-    sql(
-        pg_db,
-        "CREATE TABLE a (id int PRIMARY KEY, v text)",
-        "CREATE TABLE b (id int PRIMARY KEY, v text)",
-        "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 5) g",
-        "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 7) g",
-    )
+    sql(pg_db, *TABLES_A_B)
     sinks = [
         {"name": "all", "delta": {"path": str(tmp_path / "all")}},
         {"name": "fresh", "delta": {"path": str(tmp_path / "fresh"), "tables": ["public.b"]}},

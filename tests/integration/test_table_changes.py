@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from cdc.ground.lsn import format_lsn
-from tests.harness import CdcRun, cdc, materialize, sql, verify, write_pipeline
-from tests.integration.test_capture import flush_wal, make_table, no_traceback, ok, slot_info, start_stream
+from tests.fixtures.capture import no_traceback, ok, slot_info, start_stream
+from tests.fixtures.workload import make_table
+from tests.harness import CdcRun, cdc, flush_wal, materialize, sql, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
