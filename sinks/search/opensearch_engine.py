@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shlex
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -67,12 +66,11 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
-from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
+from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
 
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
     from pyspark import RDD
-    from pyspark.sql import DataFrame
 
 # Reindexing after source column renames: each document's member moves to the column's new name.
 RENAME_SCRIPT = """
@@ -190,8 +188,7 @@ class BulkPlan:
     layout: RowLayout
     truncate: int  # changes below this version are older than the table's last truncate: dropped
     bulk_actions: int
-    # `cdc snapshot <pipeline file> --tables <table>`, built on the driver: executors have no pipeline file
-    snapshot_cmd: str = "cdc snapshot PIPELINE --tables TABLE"
+    rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
 
 
 def _body(plan: BulkPlan, rows: list[Row]) -> bytes:
@@ -251,9 +248,7 @@ def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: list[int]
                 return (
                     f"{plan.layout.table}: OpenSearch rejected the document for key {row.show_key(plan.layout)} "
                     f"(index {plan.index}, HTTP {status}): {_error_text(res.get('error'))}",
-                    "make the column's field type fit its values (`fields:` in the sink's settings, then "
-                    f"`{plan.snapshot_cmd}` to rebuild the index) or fix the row at the source; "
-                    "the batch is not recorded as applied and the next `cdc apply` applies it again",
+                    plan.rejected_fix,
                 )
         if not retry:
             return None
@@ -546,14 +541,8 @@ class OpenSearchSink(SearchSink):
                         )
 
     # ---- apply -----------------------------------------------------------------------------------
-    def _write(
-        self,
-        batch: TableBatch,
-        frame: DataFrame,
-        layout: RowLayout,
-        truncate: int | None,
-        specs: list[FieldSpec],
-    ) -> SearchStats:
+    def _write(self, job: WriteJob) -> SearchStats:
+        batch, truncate = job.batch, job.truncate
         client = self.client()
         index = self.index_of(batch.table)
         with self.calls(f"the truncate of {index}"):
@@ -589,14 +578,14 @@ class OpenSearchSink(SearchSink):
             tuple(self.hosts),
             self.settings.timeout_s,
             index,
-            layout,
+            job.layout,
             recorded,
             self.settings.bulk_actions,
-            self.pipeline.command("snapshot", "--tables", shlex.quote(str(batch.table))),
+            job.rejected_fix,
         )
         stats = self.collect(
             str(batch.table),
-            frame.rdd.mapPartitions(partial(bulk_partition, plan)),
+            job.frame.rdd.mapPartitions(partial(bulk_partition, plan)),
             f"OpenSearch index {index}",
         )
         with self.calls(f"the refresh of {index}"):

@@ -75,6 +75,18 @@ def error_result(
     return (*counts, problem, fix)
 
 
+@dataclass
+class WriteJob:
+    """One table's batch as an engine writes it."""
+
+    batch: TableBatch
+    frame: DataFrame
+    layout: RowLayout
+    truncate: int | None  # the batch's truncate version (sinks/search/documents.py), None: no truncate
+    specs: list[FieldSpec]
+    rejected_fix: str  # the fix of a row the index rejects (SearchSink.rejected_fix; executors lack the file)
+
+
 class SearchSink(Sink):
     kind = "search"
     engine = ""
@@ -94,6 +106,18 @@ class SearchSink(Sink):
     def describe(self) -> str:
         return f"{self.name} (search, {self.engine})"
 
+    def rejected_fix(self) -> str:
+        """The fix of a row the index rejected (a value its configured field type cannot take).
+        Applying the batch again would meet the same event, and `cdc snapshot --tables` would make
+        every follower rebuild the table: only this follower is rebuilt, from the log's newest rows."""
+        reset = self.pipeline.command("reset", "--sink", self.name, "--rebuild", "--yes")
+        apply = self.pipeline.command("apply", "--once", "--sink", self.name)
+        return (
+            "fix the cause (make the column's field type fit its values, `fields:` in the sink's settings, "
+            "or correct the row at the source and stream that change into the log), then rebuild only this "
+            f"follower: `{reset}`, then `{apply}`; until then it stays on this batch (nothing of it is recorded as applied)"
+        )
+
     # ---- field types -----------------------------------------------------------------------------
     def configured_fields(self, table: TableName) -> dict[str, str]:
         for key, columns in self.settings.fields.items():
@@ -111,8 +135,9 @@ class SearchSink(Sink):
 
     def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
         frame, layout = write_frame(self.spark, batch, changes)
+        specs = self.specs(batch.schema, batch.table)
         return self._write(
-            batch, frame, layout, truncate_version(batch), self.specs(batch.schema, batch.table)
+            WriteJob(batch, frame, layout, truncate_version(batch), specs, self.rejected_fix())
         )
 
     def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
@@ -125,14 +150,7 @@ class SearchSink(Sink):
     def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
         raise NotImplementedError
 
-    def _write(
-        self,
-        batch: TableBatch,
-        frame: DataFrame,
-        layout: RowLayout,
-        truncate: int | None,
-        specs: list[FieldSpec],
-    ) -> SearchStats:
+    def _write(self, job: WriteJob) -> SearchStats:
         raise NotImplementedError
 
     def stored_schema(self, table: TableName) -> TableSchema | None:

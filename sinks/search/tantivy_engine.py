@@ -57,12 +57,11 @@ from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
 from sinks.delta.paths import table_path
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
-from sinks.search.sink import PartitionResult, SearchSink, SearchStats, error_result, ok_result
+from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
 
 if TYPE_CHECKING:
     import tantivy
     from pyspark import RDD
-    from pyspark.sql import DataFrame
 
 SIDECAR = "cdc.json"
 ROW, TOMBSTONE, MARKER = 1, 2, 3
@@ -362,6 +361,7 @@ class IndexPlan:
     truncate: int | None
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
     base: int | None = None  # version of a new base: older documents are not carried into a rebuild
+    rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -480,10 +480,7 @@ def write_partition(plan: IndexPlan, rows: Iterable[tuple]) -> Iterator[Partitio
         return iter([_apply(plan, rows)])
     except RowRejected as exc:
         problem = f"{table}: the tantivy index rejected the row, {exc}"
-        fix = (
-            "make the column's field type fit its values (`fields:` in the sink's settings) or fix the row at the source; "
-            "nothing of this table's batch was written, and the next `cdc apply` applies it again"
-        )
+        fix = plan.rejected_fix
     except ValueError as exc:
         if "LockBusy" in str(exc) or "lock" in str(exc).lower():
             problem = (
@@ -544,23 +541,18 @@ class TantivySink(SearchSink):
                     f"rebuild this follower from the log's base: `{self.pipeline.command('reset', '--sink', self.name, '--rebuild', '--yes')}`",
                 )
 
-    def _write(
-        self,
-        batch: TableBatch,
-        frame: DataFrame,
-        layout: RowLayout,
-        truncate: int | None,
-        specs: list[FieldSpec],
-    ) -> SearchStats:
+    def _write(self, job: WriteJob) -> SearchStats:
+        batch, frame = job.batch, job.frame
         directory = self.table_dir(batch.table)
         plan = IndexPlan(
             str(directory),
             batch.schema.to_json(),
-            tuple(tantivy_fields(specs, {f.name: f.dataType for f in batch.spark_schema.fields})),
-            layout,
-            truncate,
+            tuple(tantivy_fields(job.specs, {f.name: f.dataType for f in batch.spark_schema.fields})),
+            job.layout,
+            job.truncate,
             dict(batch.renames),
             version(batch.snapshot_lsn, 0) if batch.bootstrap and batch.snapshot_lsn is not None else None,
+            job.rejected_fix,
         )
         what = f"the tantivy index at {directory}"
         write = partial(write_partition, plan)

@@ -17,7 +17,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,23 +30,12 @@ from pipelines.cli import cli
 from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs
-from tests.harness import cdc, source_rows, sql, verify, write_pipeline
-from tests.harness import stream_until_current as _stream
-from tests.integration.test_capture import flush_wal
+from tests.harness import cdc, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
 ROWS = 300
-
-
-@pytest.fixture
-def fresh_redis(redis_server) -> Iterator[str]:
-    """The session redis with an empty database 5."""
-    url = redis_server.url.rsplit("/", 1)[0] + "/5"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-    yield url
+LAKE = {"name": "lake", "delta": {"path": "lake"}}
 
 
 def make_items(dsn: str) -> None:
@@ -84,10 +72,22 @@ def snapshot_and_apply(file: Path) -> None:
     assert code == 0, out
 
 
+def cache_sink(url: str, **extra: str) -> dict:
+    """A Redis follower `cache` of public.items (`extra`: sink settings such as on_lost)."""
+    return {"name": "cache", **extra, "redis": {"url": url, "tables": ["public.items"]}}
+
+
+def items_applied(tmp_path: Path, dsn: str, *sinks: dict) -> Path:
+    """make_items, then the pipeline file with these followers, snapshotted and applied."""
+    make_items(dsn)
+    file = write_pipeline(tmp_path, dsn, ["public.items"], sinks=list(sinks))
+    snapshot_and_apply(file)
+    return file
+
+
 def change_and_stream(dsn: str, file: Path) -> None:
     sql(dsn, "UPDATE items SET title = 'changed' WHERE id IN (1, 2)", "DELETE FROM items WHERE id = 3")
-    flush_wal(dsn)
-    _stream(file)
+    stream_changes(file, dsn)
 
 
 def source(dsn: str) -> dict:
@@ -96,17 +96,10 @@ def source(dsn: str) -> dict:
 
 # ---- Redis ---------------------------------------------------------------------------------------
 def test_redis_flushed_is_rebuilt_and_status_says_so(
-    tmp_path: Path, pg_db: str, fresh_redis: str, spark
+    tmp_path: Path, pg_db: str, redis_db: str, spark
 ) -> None:
-    make_items(pg_db)
-    file = write_pipeline(
-        tmp_path,
-        pg_db,
-        ["public.items"],
-        sinks=[{"name": "cache", "redis": {"url": fresh_redis, "tables": ["public.items"]}}],
-    )
-    snapshot_and_apply(file)
-    client = redis.Redis.from_url(fresh_redis)
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db))
+    client = redis.Redis.from_url(redis_db)
     assert len(redis_rows(client, "public.items:")) == ROWS
     client.flushall()  # a restart without persistence looks the same
     change_and_stream(pg_db, file)
@@ -127,19 +120,10 @@ def test_redis_flushed_is_rebuilt_and_status_says_so(
 
 
 def test_redis_flushed_with_on_lost_stop_follows_the_fix(
-    tmp_path: Path, pg_db: str, fresh_redis: str, spark
+    tmp_path: Path, pg_db: str, redis_db: str, spark
 ) -> None:
-    make_items(pg_db)
-    file = write_pipeline(
-        tmp_path,
-        pg_db,
-        ["public.items"],
-        sinks=[
-            {"name": "cache", "on_lost": "stop", "redis": {"url": fresh_redis, "tables": ["public.items"]}}
-        ],
-    )
-    snapshot_and_apply(file)
-    client = redis.Redis.from_url(fresh_redis)
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db, on_lost="stop"))
+    client = redis.Redis.from_url(redis_db)
     client.flushall()
     change_and_stream(pg_db, file)
 
@@ -217,13 +201,56 @@ def test_search_index_deleted_is_rebuilt(tmp_path: Path, pg_db: str, engine: str
     assert load_checkpoint(load_pipeline(file).state_path, "lake").cut_id == lake_before
 
 
+@pytest.mark.parametrize("engine", ["opensearch", "tantivy"])
+def test_rejected_document_fix_rebuilds_only_that_follower(
+    tmp_path: Path, pg_db: str, engine: str, request, spark
+) -> None:
+    """A value the configured field type cannot take stops the follower; the fix line, followed as
+    printed once the cause is fixed, rebuilds only it (no `cdc snapshot`: the log keeps its base)."""
+    make_items(pg_db)
+    sql(pg_db, "ALTER TABLE items ADD COLUMN code text", "UPDATE items SET code = id::text")
+    settings: dict = {"engine": engine, "tables": ["public.items"]}
+    if engine == "opensearch":
+        node = request.getfixturevalue("opensearch")
+        prefix = f"rej{abs(hash(request.node.name)) % 10**6}"
+        settings |= {"hosts": [node.url], "index_prefix": prefix, "replicas": 0}
+
+        def docs() -> dict:
+            return opensearch_docs(node.url, f"{prefix}.public.items")
+    else:
+        settings["path"] = str(tmp_path / "search")
+
+        def docs() -> dict:
+            return tantivy_docs(tmp_path / "search" / "public" / "items")
+
+    def pipeline(code_field: str) -> Path:
+        fields = {"fields": {"public.items": {"code": code_field}}}
+        return write_pipeline(tmp_path, pg_db, ["public.items"], sinks=[{"name": "s", "search": settings | fields}])
+
+    file = pipeline("long")  # the codes were numbers so far
+    snapshot_and_apply(file)
+    base = load_pipeline(file).state_path
+    sql(pg_db, "UPDATE items SET code = 'n/a' WHERE id = 4", "UPDATE items SET title = 'changed' WHERE id = 5")
+    stream_changes(file, pg_db)
+    code, out = run("apply", file, "--once", "--sink", "s")
+    assert code == 4, out
+    assert "rejected" in out and "key id=4" in out, out
+    fix = fix_line(out)
+    assert "cdc snapshot" not in fix and "--sink s --rebuild --yes" in fix, fix
+    assert load_checkpoint(base, "s").pending, "the batch must not be recorded as applied"
+
+    pipeline("keyword")  # the cause: `fields:` made to fit the values
+    follow(fix)  # cdc reset FILE --sink s --rebuild --yes, then cdc apply FILE --once --sink s
+    got = {(str(d["id"]),): (d["title"], d["code"]) for d in docs().values()}
+    want = source(pg_db)
+    assert len(got) == ROWS and got == {k: (r["title"], r["code"]) for k, r in want.items()}
+    assert got[("4",)] == ("item 4", "n/a") and got[("5",)] == ("changed", "5")
+    assert verify(file, spark, "s")[0] == 0
+
+
 # ---- Delta ---------------------------------------------------------------------------------------
 def test_delta_table_deleted_is_rebuilt(tmp_path: Path, pg_db: str, spark) -> None:
-    make_items(pg_db)
-    file = write_pipeline(
-        tmp_path, pg_db, ["public.items"], sinks=[{"name": "lake", "delta": {"path": "lake"}}]
-    )
-    snapshot_and_apply(file)
+    file = items_applied(tmp_path, pg_db, LAKE)
     path = table_path(tmp_path / "lake", TableName("public", "items"))
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
     marker = json.loads(next(r["value"] for r in props if r["key"] == "cdc.follower"))
@@ -241,15 +268,9 @@ def test_delta_table_deleted_is_rebuilt(tmp_path: Path, pg_db: str, spark) -> No
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 def test_corrupt_checkpoint_named_with_a_working_fix(
-    tmp_path: Path, pg_db: str, fresh_redis: str, spark
+    tmp_path: Path, pg_db: str, redis_db: str, spark
 ) -> None:
-    make_items(pg_db)
-    sinks = [
-        {"name": "cache", "redis": {"url": fresh_redis, "tables": ["public.items"]}},
-        {"name": "lake", "delta": {"path": "lake"}},
-    ]
-    file = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=sinks)
-    snapshot_and_apply(file)
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db), LAKE)
     ckpt = checkpoint_path(load_pipeline(file).state_path, "cache")
     ckpt.write_text(ckpt.read_text()[:20])  # truncated, as a full disk or a hand edit leaves it
 
@@ -266,20 +287,14 @@ def test_corrupt_checkpoint_named_with_a_working_fix(
     code, out = run("apply", file, "--once", "--sink", "cache", "--sink", "lake")  # repeated --sink: both
     assert code == 0, out
     assert "sink cache: applied" in out and "sink lake: applied" in out, out
-    assert len(redis_rows(redis.Redis.from_url(fresh_redis), "public.items:")) == ROWS - 1
+    assert len(redis_rows(redis.Redis.from_url(redis_db), "public.items:")) == ROWS - 1
     assert verify(file, spark, "cache")[0] == 0
 
 
 def test_reset_to_cut_brings_back_what_a_restore_lost(
-    tmp_path: Path, pg_db: str, fresh_redis: str, spark
+    tmp_path: Path, pg_db: str, redis_db: str, spark
 ) -> None:
-    make_items(pg_db)
-    sinks = [
-        {"name": "cache", "redis": {"url": fresh_redis, "tables": ["public.items"]}},
-        {"name": "lake", "delta": {"path": "lake"}},
-    ]
-    file = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=sinks)
-    snapshot_and_apply(file)
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db), LAKE)
     state = load_pipeline(file).state_path
     first = load_checkpoint(state, "cache").cut_id
     change_and_stream(pg_db, file)
@@ -287,7 +302,7 @@ def test_reset_to_cut_brings_back_what_a_restore_lost(
     assert code == 0, out
     lake = load_checkpoint(state, "lake")
     # rows changed after the first cut are lost by hand (a restore of the rows only: the markers stay)
-    client = redis.Redis.from_url(fresh_redis)
+    client = redis.Redis.from_url(redis_db)
     client.delete("public.items:1", "public.items:2")
 
     code, out = run("reset", file, "--sink", "cache", "--to-cut", str(first))
@@ -335,17 +350,6 @@ def test_status_follower_at_latest_cut_is_up_to_date(tmp_path: Path, pg_db: str,
 
 
 # ---- Redis eviction (issue 23 item 5) ------------------------------------------------------------
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[LocalRedis]:
-    """A redis-server of this test's own (its memory settings are changed)."""
-    server = LocalRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_redis_that_may_evict_is_refused_with_a_fix_that_works(
     tmp_path: Path, pg_db: str, own_redis: LocalRedis, spark
 ) -> None:
