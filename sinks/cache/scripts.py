@@ -209,27 +209,39 @@ return n
 """
 )
 
+# KEYS: row keys (from SCAN). `change(value)` gives the new value of each cached row (nil: leave
+# it), which is stored with its TTL kept; values that are not our rows are left alone. Returns how
+# many rows changed.
+_EACH_ROW = r"""
+local function each_row(change)
+  local n = 0
+  for i = 1, #KEYS do
+    local v = redis.pcall('GET', KEYS[i])
+    if type(v) == 'string' and string.match(v, HEAD) then
+      local new = change(v)
+      if new then
+        redis.call('SET', KEYS[i], new, 'KEEPTTL')
+        n = n + 1
+      end
+    end
+  end
+  return n
+end
+"""
+
 # KEYS: row keys (from SCAN); ARGV[1]: a member `"name":value`, ARGV[2]: its quoted name. Adds the
 # member to cached rows written before the column existed (they lack it); keeps their ttl.
 BACKFILL = (
     _COMMON
+    + _EACH_ROW
     + r"""
-local n = 0
-for i = 1, #KEYS do
-  local v = redis.pcall('GET', KEYS[i])
-  if type(v) == 'string' and string.match(v, HEAD) then
-    local names = members(v)
-    local found = false
-    for j = 1, #names do
-      if names[j] == ARGV[2] then found = true break end
-    end
-    if not found then
-      redis.call('SET', KEYS[i], string.sub(v, 1, -2) .. ',' .. ARGV[1] .. '}', 'KEEPTTL')
-      n = n + 1
-    end
+return each_row(function(v)
+  local names = members(v)
+  for j = 1, #names do
+    if names[j] == ARGV[2] then return nil end
   end
-end
-return n
+  return string.sub(v, 1, -2) .. ',' .. ARGV[1] .. '}'
+end)
 """
 )
 
@@ -238,29 +250,22 @@ return n
 # one gets the member renamed in place (value, order and TTL kept). Returns the rows renamed.
 RENAME = (
     _COMMON
+    + _EACH_ROW
     + r"""
-local n = 0
-for i = 1, #KEYS do
-  local v = redis.pcall('GET', KEYS[i])
-  if type(v) == 'string' and string.match(v, HEAD) then
-    local names, values = members(v)
-    local at, has = nil, false
+return each_row(function(v)
+  local names, values = members(v)
+  for j = 1, #names do
+    if names[j] == ARGV[1] then return nil end
+  end
+  for k = 2, #ARGV do
     for j = 1, #names do
-      if names[j] == ARGV[1] then has = true end
-    end
-    for k = 2, #ARGV do
-      if has or at then break end
-      for j = 1, #names do
-        if names[j] == ARGV[k] then at = j break end
+      if names[j] == ARGV[k] then
+        names[j] = ARGV[1]
+        return join(names, values)
       end
     end
-    if at then
-      names[at] = ARGV[1]
-      redis.call('SET', KEYS[i], join(names, values), 'KEEPTTL')
-      n = n + 1
-    end
   end
-end
-return n
+  return nil
+end)
 """
 )
