@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from cdc.ground.private import private_dir, private_open
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
@@ -64,9 +65,10 @@ def save_state(state_dir: Path, table: TableName, **fields: Any) -> None:
         states = load_states(state_dir)
         entry = states.setdefault(str(table), {})
         entry.update(fields, updated_ms=int(time.time() * 1000))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(states, indent=1, sort_keys=True))
+        with private_open(tmp, "w") as f:
+            f.write(json.dumps(states, indent=1, sort_keys=True))
         os.replace(tmp, path)
 
 

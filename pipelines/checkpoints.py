@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.ground.errors import LogError
+from cdc.ground.private import private_dir, private_open
 
 
 @dataclass
@@ -68,10 +69,10 @@ def load_checkpoint(state_path: Path, sink: str, pipeline_file: str = "PIPELINE"
 def save_checkpoint(state_path: Path, checkpoint: Checkpoint) -> None:
     """Atomic replace + fsync: a crash leaves the old or the new checkpoint, never half of one."""
     directory = checkpoint_dir(state_path)
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     final = directory / checkpoint.path_name
     tmp = final.with_suffix(".tmp")
-    with open(tmp, "w") as f:
+    with private_open(tmp, "w") as f:
         json.dump(asdict(checkpoint), f, indent=1)
         f.flush()
         os.fsync(f.fileno())

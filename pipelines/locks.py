@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cdc.ground.errors import CdcError
+from cdc.ground.private import private_dir, private_fd
 
 POLL_S = 0.2
 
@@ -55,8 +56,8 @@ def sink_lock(
     """Hold the sink's apply lock for the block (yields whether it had to wait for another run);
     LockBusy if another process still holds it after `wait_s`."""
     path = lock_path(state_path, sink)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    private_dir(path.parent)
+    fd = private_fd(path)
     try:
         deadline = time.monotonic() + wait_s
         told = False

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdc.ground.errors import CdcError
+from cdc.ground.private import private_dir
 from pipelines.stages import attach_spark, stage
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
         return active
     conf = base_conf(master or (pipeline.spark.master if pipeline else "local[2]"))
     conf |= warehouse_conf(pipeline)
+    if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
+        private_dir(pipeline.state_path)
     if pipeline is not None:
         conf |= {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in pipeline.spark.conf.items()}
     builder = SparkSession.builder

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import ExitCode
+from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
 from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 
-OK, BAD = "ok  ", "FAIL"
+OK, BAD, WARN = "ok  ", "FAIL", "warn"
+
+
+def private_paths(pipeline: Pipeline) -> dict[str, Path]:
+    """The existing directories of the pipeline's state that should be owner-only (0700)."""
+    paths = {"state_dir": pipeline.state_path}
+    if pipeline.log_config.local is not None and pipeline.log_config.local.path:
+        paths["log.local.path"] = pipeline.local_log_path
+    return {k: p for k, p in paths.items() if p.is_dir()}
 
 
 def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
@@ -25,6 +36,13 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         say(
             f"{OK} state_dir {pipeline.state_path} can be {'written' if pipeline.state_path.is_dir() else 'created'}"
         )
+    for key, path in private_paths(pipeline).items():
+        why = exposed(path)
+        if why:  # a warning, not a failure: the operator may share it on purpose
+            say(
+                f"{WARN} {key} {path}: {why}, so other local users can read the captured rows in it\n"
+                f"       fix: chmod -R go-rwx {shlex.quote(str(path))}"
+            )
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note

@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from cdc.ground.config import Pipeline, pipeline_tables, sink_tables
 from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
+from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
@@ -149,7 +150,7 @@ def copy_source(
                         sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),
                         sql.Identifier(table.schema, table.name),
                     )
-                    with open(path, "wb") as f:
+                    with private_open(path, "wb") as f:  # the source's rows: owner-only
                         cur.copy_expert(stmt.as_string(conn), f, size=1 << 20)
                     files[table] = path
             conn.rollback()
@@ -347,8 +348,7 @@ def _dropped_line(table: TableName, lsn: int | None, ckpt, end: int) -> str:
 
 
 def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(path)
 
 
 def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_s: float) -> SinkVerdict:

@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
+from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
 from cdc.source import connect
 from snapshot.chunks import Chunk
@@ -128,11 +129,11 @@ class CopyPool:
                 pass
 
     def _copy(self, conn, job: CopyJob) -> CopyDone:
-        job.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(job.path.parent)
         tmp = job.path.with_suffix(".part")
         # A plain buffered file: psycopg2 calls its C-level write() once per row, so no Python
         # code runs per row (that, and the GIL it needs, was the cost with several workers).
-        with open(tmp, "wb", buffering=4 << 20) as sink:
+        with private_open(tmp, "wb", buffering=4 << 20) as sink:
             with conn.cursor() as cur:
                 cur.copy_expert(copy_statement(job).as_string(conn), sink, size=1 << 20)
             sink.flush()

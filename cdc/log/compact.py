@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc.ground.errors import UsageError
+from cdc.ground.private import private_open
 from cdc.keys import key_from_copy_fields
 from cdc.log.base import TableState
 from cdc.log.local import LocalLog, iter_segment
@@ -148,7 +149,7 @@ def _rewrite_segments(log: LocalLog, state: TableState, plan: _Plan, stats: Tabl
         path = log.path / rel_path
         tmp = Path(str(path) + ".compact")
         kept = nbytes = 0
-        with open(tmp, "wb") as out:
+        with private_open(tmp, "wb") as out:
             for fields in iter_segment(path):
                 if key_from_copy_fields(fields, key_idx) in plan.superseded:
                     continue

@@ -32,6 +32,7 @@ from pathlib import Path
 import orjson
 
 from cdc.ground.errors import LogError
+from cdc.ground.private import private_dir, private_file
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
 from cdc.keys import key_from_copy_fields
@@ -98,7 +99,8 @@ def open_db(
             raise LogError(f"no log at {path}", f"run `{command('snapshot')}` first")
         conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False)
     else:
-        path.mkdir(parents=True, exist_ok=True)
+        private_dir(path)
+        private_file(db_file)  # SQLite gives its -wal/-shm files the database file's mode
         conn = sqlite3.connect(db_file, isolation_level=None, timeout=60, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")

@@ -82,6 +82,7 @@ import orjson
 from kafka import TopicPartition
 
 from cdc.ground.errors import LogError
+from cdc.ground.private import private_dir
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.kafka import client as kc
@@ -301,7 +302,7 @@ class DebeziumLogView:
             return ScanState()
 
     def _save_state(self, state: ScanState) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_file.parent)
         fd, tmp = tempfile.mkstemp(dir=self.state_file.parent, prefix=".scan-")
         with os.fdopen(fd, "wb") as f:
             f.write(orjson.dumps(state.to_json()))

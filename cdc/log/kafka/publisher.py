@@ -31,6 +31,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from cdc.envelope import speedups
 from cdc.ground.errors import LogError
+from cdc.ground.private import private_open
 from cdc.ground.tables import TableName
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.recordbatch import NO_HEADERS, RecordsBody
@@ -264,7 +265,7 @@ def publisher_lock(staging: LocalLog, wait: bool = True):
     import fcntl
 
     path = staging.path / "publisher.lock"
-    with open(path, "w") as f:
+    with private_open(path, "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
