@@ -153,6 +153,7 @@ def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
     from cdc.ground.config import load_pipeline
     from cdc.ground.tables import TableName
     from cdc.log import open_log_view
+    from pipelines.apply.readers import change_reader
     from pipelines.spark import spark_session
     from sinks.changes import TableBatch
     from sinks.search.documents import write_frame
@@ -165,7 +166,7 @@ def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
         started = time.monotonic()
         schema = log.schema(table)
         state = next(t for t in log.tables() if t.table == table)
-        raw = log.read_changes(spark, table, after, upto, schema)
+        raw = change_reader(log).read_changes(spark, table, after, upto, schema)
         batch = TableBatch(table, schema, raw, False, state.snapshot_lsn, after, upto, log.value_kind)
         net = batch.net()
         frame, _layout = write_frame(spark, batch, net)

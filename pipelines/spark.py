@@ -132,7 +132,8 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
 
 
 def _register_sources(spark: SparkSession) -> None:
-    from pipelines.apply.logsource import CopyFileSource, LocalLogSource
+    from pipelines.apply.readers.copyfiles import CopyFileSource
+    from pipelines.apply.readers.local import LocalLogSource
 
     spark.dataSource.register(LocalLogSource)
     spark.dataSource.register(CopyFileSource)

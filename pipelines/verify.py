@@ -44,6 +44,7 @@ from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
 from cdc.source import _slot, connect
 from cdc.tablewatch import catalog_oid, check_pipeline_source
+from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.stages import stage
 from sinks.changes import typed_columns
@@ -257,13 +258,13 @@ def compare(
 
 
 def _changed_after(
-    spark, log, table: TableName, schema: TableSchema, point: int, upto: int
+    spark, reader: ChangeReader, table: TableName, schema: TableSchema, point: int, upto: int
 ) -> DataFrame | None:
     """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none."""
-    first = log.first_offset_from(table, point, upto)
+    first = reader.first_offset_from(spark, table, point, upto)
     if first is None:
         return None
-    raw = log.read_changes(spark, table, first - 1, upto, schema)
+    raw = reader.read_changes(spark, table, first - 1, upto, schema)
     key_schema = TableSchema(
         tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types
     )
@@ -288,6 +289,7 @@ def run_verify(
         raise UsageError(f"pipeline {pipeline.name} has no sinks to verify", "add one under `sinks:`")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc verify")
     log = open_log_view(pipeline)
+    reader = change_reader(log)
     workdir = Path(tempfile.mkdtemp(prefix="verify-", dir=_ensure(pipeline.state_path)))
     try:
         cut = log.latest_cut()
@@ -306,12 +308,13 @@ def run_verify(
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
             source = copy_source(pipeline, report.server.version, schemas, workdir)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
-        verdicts = [_verify_sink(pipeline, spark, conn, log, s, source, wait_s) for s in sinks]
+        verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):
             ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
             for t in sink_tables(sink_cfg, list(gone)):
                 verdict.dropped.append(_dropped_line(t, gone[t], ckpt, cut.tables[t].end))
     finally:
+        reader.close()
         log.close()
         conn.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -351,7 +354,9 @@ def _ensure(path: Path) -> Path:
     return private_dir(path)
 
 
-def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_s: float) -> SinkVerdict:
+def _verify_sink(
+    pipeline, spark, conn, log, reader: ChangeReader, sink_cfg, source: SourceCopy, wait_s: float
+) -> SinkVerdict:
     verdict = SinkVerdict(sink_cfg.name)
     tables = [t for t in sink_tables(sink_cfg, list(source.files)) if t in source.files]
     ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
@@ -367,7 +372,7 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
         verdict.behind = "this follower has never been applied (run `cdc apply`)"
         return verdict
     if ckpt.lsn < source.point:
-        pending = _pending(conn, pipeline, log, ckpt, tables, source.point)
+        pending = _pending(conn, pipeline, spark, log, reader, ckpt, tables, source.point)
         if pending:
             verdict.behind = (
                 f"{pending} change(s) committed before the verification point are not applied yet"
@@ -380,7 +385,7 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
             excused = None
             if ckpt.lsn >= source.point:
                 end = ckpt.tables.get(str(table), [0, 0])[1]
-                excused = _changed_after(spark, log, table, schema, source.point, end)
+                excused = _changed_after(spark, reader, table, schema, source.point, end)
             with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
                 current = sink.current(table)
                 verdict.tables.append(
@@ -399,7 +404,9 @@ def _verify_sink(pipeline, spark, conn, log, sink_cfg, source: SourceCopy, wait_
     return verdict
 
 
-def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> int:
+def _pending(
+    conn, pipeline, spark, log, reader: ChangeReader, ckpt, tables: list[TableName], point: int
+) -> int:
     """Captured changes committed before `point` that the follower has not applied."""
     count = 0
     cut = log.latest_cut()
@@ -409,7 +416,7 @@ def _pending(conn, pipeline, log, ckpt, tables: list[TableName], point: int) -> 
         if rng is None:
             continue
         after = applied[1] if applied and applied[0] == rng.base else rng.base - 1
-        count += log.count_events(table, after, rng.end, point)
+        count += reader.count_events(spark, table, after, rng.end, point)
     position = log.stream_position()
     log_lsn = max(cut.lsn, position[1] if position else 0)
     if log_lsn < point:

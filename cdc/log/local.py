@@ -360,7 +360,7 @@ class LocalLog(LogWriter, LogReader):
         return cached
 
     def schema(self, table: TableName, version: int | None = None) -> TableSchema:
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         if version is None:
             latest = self._load_latest_version(tid)
             if latest is None:
@@ -369,13 +369,13 @@ class LocalLog(LogWriter, LogReader):
         return self.schema_by_version(tid, version)
 
     def schema_versions(self, table: TableName) -> dict[int, TableSchema]:
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         rows = self.db.execute("SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
         return {v: TableSchema.from_json(orjson.loads(b)) for v, b in rows}
 
     def schema_history(self, table: TableName) -> list[tuple[int, int, TableSchema]]:
         """(version, since LSN, schema) of every schema version of the table, oldest first."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         rows = self.db.execute("SELECT version, since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,))
         return [(v, since, TableSchema.from_json(orjson.loads(body))) for v, since, body in rows]
 
@@ -384,7 +384,8 @@ class LocalLog(LogWriter, LogReader):
         version holding the column, default as PostgreSQL text). Rows last written before that
         LSN hold the default without any change event saying so."""
         return column_defaults([(since, schema) for _, since, schema in self.schema_history(table)])
-    def _require_table(self, table: TableName) -> int:
+    def require_table(self, table: TableName) -> int:
+        """The table's id; LogError (with the snapshot to run) when the log does not have it."""
         tid = self.table_id(table)
         if tid is None:
             raise LogError(
@@ -437,7 +438,7 @@ class LocalLog(LogWriter, LogReader):
         """Take a table out of the log: its events, schemas and snapshot files; later cuts do not
         list it. Followers keep what they have; a stream no longer captures it (unless the
         pipeline file still names it, which then needs `cdc snapshot --tables`)."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         with self.write():
             self.db.execute("DELETE FROM segments WHERE snapshot_id IN (SELECT id FROM snapshots WHERE table_id = ?)", (tid,))
             self.db.execute("DELETE FROM snapshots WHERE table_id = ?", (tid,))
@@ -614,7 +615,7 @@ class LocalLog(LogWriter, LogReader):
         processes) and, read one after the other, give exactly `read(table, after, upto)`:
         runs of at most `events` event rows, and snapshot segments in slices of about
         `segment_bytes` (cut at line ends)."""
-        return self.read_parts_by_id(self._require_table(table), after, upto, events, segment_bytes)
+        return self.read_parts_by_id(self.require_table(table), after, upto, events, segment_bytes)
 
     def read_parts_by_id(
         self, tid: int, after: int, upto: int, events: int = 20_000, segment_bytes: int = 8 << 20
@@ -663,7 +664,7 @@ class LocalLog(LogWriter, LogReader):
         return op1 == "d" and op2 == "c" and lsn1 == lsn2 and seq2 == seq1 + 1 and elsn1 is not None and elsn1 == elsn2
 
     def read_part(self, table: TableName, part: ReadPart) -> Iterator[LogRecord]:
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         if isinstance(part, SegmentSlice):
             schema = self.schema_by_version(tid, part.version)
             for line in self.segment_lines(part):
@@ -679,7 +680,7 @@ class LocalLog(LogWriter, LogReader):
 
     def event_rows(self, table: TableName, part: EventRun) -> Iterator[tuple]:
         """The run's stored rows (columns _EV_COLUMNS), not yet decoded: see event_record."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         return self.db.execute(
             f"SELECT {_EV_COLUMNS} FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S' ORDER BY off",
             (part.after, part.upto),
@@ -692,7 +693,7 @@ class LocalLog(LogWriter, LogReader):
         """(off, key, op, payload, sv) of the events of `keys` below offset `below`, newest first,
         together with every truncate and snapshot marker (they bound a key's history). One
         backward scan of the event table; close the iterator to stop it early."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         marks = ",".join("?" * len(keys))
         cur = self.db.execute(
             f"SELECT off, key, op, payload, sv FROM ev_{tid}"
@@ -710,7 +711,7 @@ class LocalLog(LogWriter, LogReader):
         """(key, values) of the snapshot rows whose key is in `keys`, reading each of these
         segment files once; values are decoded only for matching rows. Segments gone from
         the log are skipped."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         key_idx = self.schema_by_version(tid, version).key_indexes
         for seg_id in segment_ids:
             seg = self.db.execute("SELECT path FROM segments WHERE id = ?", (seg_id,)).fetchone()
@@ -721,49 +722,29 @@ class LocalLog(LogWriter, LogReader):
                 if key in keys:
                     yield key, copy_fields_to_values(fields)
 
-    # ---- Spark-side reads (the apply job and verify; rows stay in executors) ------------------------
+    # ---- for followers (Spark reads the events: pipelines.apply.readers.local) --------------------
     value_kind = "pgtext"  # values are PostgreSQL text output (see sinks.sparktypes)
-
-    def read_changes(
-        self, spark, table: TableName, after: int, upto: int, schema: TableSchema | None = None, retired: frozenset[str] = frozenset()
-    ):
-        """The events after < offset <= upto as a DataFrame (pipelines.apply.logsource.SCHEMA),
-        values aligned with `schema` (default: the newest); columns match across versions by attnum
-        (cdc.log.history), and `retired` columns a row's version lacks are marked unchanged."""
-        schema = schema or self.schema(table)
-        return (
-            spark.read.format("cdclog")
-            .option("path", str(self.path))
-            .option("table_id", str(self._require_table(table)))
-            .option("after", str(after))
-            .option("upto", str(upto))
-            .option("columns", orjson.dumps(schema.column_names).decode())
-            .option("attnums", orjson.dumps([c.attnum for c in schema.columns]).decode())
-            .option("retired", orjson.dumps(sorted(retired)).decode())
-            .option("missing", orjson.dumps([c.missing for c in schema.columns]).decode())
-            .load()
-        )
 
     def count_events(self, table: TableName, after: int, upto: int, below_lsn: int) -> int:
         """Events (snapshot markers included) in (after, upto] committed before `below_lsn`."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         return self.db.execute(f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)).fetchone()[0]
 
     def first_offset_from(self, table: TableName, lsn: int, upto: int) -> int | None:
         """The first change event at or after commit LSN `lsn` (up to offset `upto`)."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         return self.db.execute(
             f"SELECT min(off) FROM ev_{tid} WHERE lsn >= ? AND off <= ? AND op != 'S'", (lsn, upto)
         ).fetchone()[0]
 
     def end_offset(self, table: TableName) -> int:
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
 
     def events_between(self, table: TableName, after: int, upto: int) -> int:
         """Events at offsets after < off <= upto, each snapshot row counted (a snapshot segment is
         one offset): the backlog `cdc status` shows for a follower."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         plain = self.db.execute(
             f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND op != 'S'", (after, upto)
         ).fetchone()[0]
@@ -776,7 +757,7 @@ class LocalLog(LogWriter, LogReader):
 
     def counts(self, table: TableName) -> dict[str, int]:
         """Events per op (snapshot rows counted from segment metadata) from the table's base on."""
-        tid = self._require_table(table)
+        tid = self.require_table(table)
         state = self.table_state(table)
         base = state.base if state and state.base is not None else 0
         counts = dict(self.db.execute(f"SELECT op, count(*) FROM ev_{tid} WHERE off >= ? AND op != 'S' GROUP BY op", (base,)).fetchall())

@@ -28,6 +28,7 @@ from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
+from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
@@ -123,6 +124,7 @@ class ApplyJob:
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         runs = []
         log = open_log_view(self.pipeline)
+        reader = change_reader(log)
         try:
             cut = log.latest_cut()
             if cut is None:
@@ -137,10 +139,10 @@ class ApplyJob:
                         # another run may have applied a newer cut than the one read above (while this
                         # one waited, or applied other sinks): read it again so the follower never goes back
                         latest = log.latest_cut() or cut
-                        self._apply_sink(log, latest, sink_cfg, run)
+                        self._apply_sink(log, reader, latest, sink_cfg, run)
                         if run.used_pending and run.cut_id != latest.id:
                             self._apply_sink(
-                                log, latest, sink_cfg, run
+                                log, reader, latest, sink_cfg, run
                             )  # then on to the latest cut: --once drains
                 except CdcError as exc:
                     run.error = exc
@@ -154,10 +156,11 @@ class ApplyJob:
                 run.seconds = time.monotonic() - started
                 runs.append(run)
         finally:
+            reader.close()
             log.close()
         return runs
 
-    def _apply_sink(self, log, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
+    def _apply_sink(self, log, reader: ChangeReader, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
         state = self.pipeline.state_path
         ckpt = load_checkpoint(state, sink_cfg.name, self.pipeline.file)
         names = {t.table: t for t in log.tables()}
@@ -208,8 +211,7 @@ class ApplyJob:
             followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
             schema = followed.schema
             # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
-            more = {"retired": followed.retired} if followed.retired else {}
-            raw = log.read_changes(self.spark, table, after, upto, schema, **more)
+            raw = reader.read_changes(self.spark, table, after, upto, schema, followed.retired)
             if not bootstrap and ckpt.lsn:
                 # Every transaction committed before the last applied cut's LSN is applied already:
                 # an event older than that in a later range is a copy (a producer retry, a replay).

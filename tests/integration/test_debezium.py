@@ -198,6 +198,7 @@ def test_debezium_positions_follow_commit_order(pg_db, debezium, kafka, spark, t
     from cdc.ground.config import load_pipeline
     from cdc.log.kafka.debezium import DebeziumLogView
     from cdc.pgoutput import Begin, Commit, decode
+    from pipelines.apply.readers.debezium import DebeziumReader
 
     _prepare(pg_db)
     prefix = "dbzpos"
@@ -259,12 +260,13 @@ def test_debezium_positions_follow_commit_order(pg_db, debezium, kafka, spark, t
     # the view's positions: (END - 1, total_order), which orders everything like pgoutput's commit order
     pipeline = load_pipeline(_pipeline(tmp_path, pg_db, kafka, prefix))
     view = DebeziumLogView(pipeline)
+    reader = DebeziumReader(view)
     try:
         cut = view.latest_cut()
         positions = []
         for table in TABLES:
             name = cut.tables[next(t for t in cut.tables if str(t) == table)]
-            rows = view.read_changes(
+            rows = reader.read_changes(
                 spark, next(t for t in cut.tables if str(t) == table), -1, name.end
             ).collect()
             for row in rows:
@@ -280,6 +282,7 @@ def test_debezium_positions_follow_commit_order(pg_db, debezium, kafka, spark, t
         assert len({p for p, _ in positions}) == len(positions)  # unique
         assert cut.lsn == ends[commits[-1][0]] - 1
     finally:
+        reader.close()
         view.close()
         _run(pg_db, "SELECT pg_drop_replication_slot('peek')")
 

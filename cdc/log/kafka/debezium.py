@@ -4,7 +4,8 @@ A Debezium PostgreSQL connector writes one topic per table (`<prefix>.<schema>.<
 partition), each record a change event envelope (JSON converter, with or without schemas), a
 tombstone after each delete, and — with `provide.transaction.metadata=true` — BEGIN/END records
 in `<prefix>.transaction`. `DebeziumLogView` offers followers (apply, verify, status) the same
-methods as `KafkaLogView`; Spark reads the table topics in executors.
+plain-Python methods as `KafkaLogView` (cut, tables, schemas, state); Spark reads the table
+topics in executors (pipelines.apply.readers.debezium).
 
 What Debezium's PostgreSQL fields mean with pgoutput (checked on real events of Debezium
 3.7.0.Final against the pgoutput messages of the same transactions; see
@@ -58,13 +59,14 @@ The cut (`latest_cut`):
 
 Tombstones are skipped: Debezium writes a delete event before each of them, which carries the
 position. Malformed records (value not JSON, no `op`, no position, a key that is not a JSON
-object) are found in Spark before anything is merged: the apply stops naming topic, partition
+object) are found in Spark (the reader) before anything is merged: the apply stops naming topic, partition
 and offset, or, with `dead_letter: <path>`, parks them in a Delta table there and goes on.
 
 Column types come from the source database's catalog (the JSON carries no PostgreSQL types
 when schemas are disabled, and Connect types when enabled). Debezium's values are those of our
 envelope (README "Type mapping") with the connector settings of pipelines/devservices/debezium.py,
-except `timestamp(0..3)`, which Debezium's adaptive mode writes in milliseconds: converted here.
+except `timestamp(0..3)`, which Debezium's adaptive mode writes in milliseconds: converted by the
+reader.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from kafka import TopicPartition
@@ -86,9 +88,6 @@ from cdc.ground.private import private_dir
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.kafka import client as kc
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 POLL_MS = 10_000
 CHUNK = 200_000  # records read per topic per scan round (bounds the scan's memory)
@@ -203,7 +202,6 @@ class DebeziumLogView:
         self._schemas: dict[TableName, TableSchema] = {}
         self._state: ScanState | None = None
         self._cut: Cut | None = None
-        self._ends_df = None
 
     # ---- clients -----------------------------------------------------------------------------------
     @property
@@ -234,10 +232,6 @@ class DebeziumLogView:
                 with contextlib.suppress(Exception):
                     client.close()
         self._consumer = self._admin = None
-        if self._ends_df is not None:
-            with contextlib.suppress(Exception):
-                self._ends_df.unpersist()
-            self._ends_df = None
 
     # ---- tables and schemas (from the source catalog) ----------------------------------------------
     def _connect(self):
@@ -308,7 +302,7 @@ class DebeziumLogView:
             f.write(orjson.dumps(state.to_json()))
         os.replace(tmp, self.state_file)
 
-    def _existing_topics(self) -> set[str]:
+    def existing_topics(self) -> set[str]:
         topics = self.consumer.topics()
         return set(topics)
 
@@ -346,7 +340,7 @@ class DebeziumLogView:
 
     def latest_cut(self) -> Cut | None:
         tables = self.followed_tables()
-        existing = self._existing_topics()
+        existing = self.existing_topics()
         state = self._load_state()
         mode = "txn" if self.txn_topic in existing else "hwm"
         if state.mode != mode:
@@ -534,6 +528,28 @@ class DebeziumLogView:
     def table_state(self, table: TableName) -> TableState | None:
         return next((t for t in self.tables() if t.table == table), None)
 
+    def cut_end_offset(self) -> int | None:
+        """Offset in the transaction topic of the last END record inside the cut; None without the
+        transaction topic (high-watermark cuts) or before the first confirmed transaction."""
+        if self._state is None:
+            self.latest_cut()
+        state = self._state
+        if state is None or state.mode != "txn" or state.cut_txn_off < 0:
+            return None
+        return state.cut_txn_off
+
+    def check_retained(self, topic: str, after: int) -> None:
+        """LogError when retention deleted offsets after `after` of a table topic (a follower there would miss changes)."""
+        tp = TopicPartition(topic, 0)
+        first = self.consumer.beginning_offsets([tp]).get(tp, 0)
+        if first > after + 1:
+            raise LogError(
+                f"Kafka topic {topic} no longer holds offsets {after + 1}..{first - 1} (deleted by retention), "
+                "so this follower would miss changes",
+                "keep Debezium's topics longer than your slowest follower's lag (retention.ms), or rebuild the follower "
+                "from a new Debezium snapshot",
+            )
+
     def stream_position(self) -> tuple[int, int] | None:
         """(commit LSN, commit LSN) of the last transaction in the cut (transaction mode only)."""
         cut = self._current_cut()
@@ -551,7 +567,7 @@ class DebeziumLogView:
 
         if self._admin is None:
             self._admin = kc.admin(self.cfg.bootstrap_servers)
-        existing = self._existing_topics()
+        existing = self.existing_topics()
         names = [self.topic(t) for t in self.followed_tables() if self.topic(t) in existing]
         if not names:
             return None
@@ -572,270 +588,3 @@ class DebeziumLogView:
                 if int(ms) > 0:
                     found.append(int(ms))
         return min(found) if found else None
-
-    # ---- Spark reads -------------------------------------------------------------------------------
-    def _kafka(self, spark: SparkSession, topic: str, start: int | str, stop: int | str) -> DataFrame:
-        def bound(v):
-            return v if isinstance(v, str) else json.dumps({topic: {"0": v}})
-
-        return (
-            spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", ",".join(kc.servers(self.cfg.bootstrap_servers)))
-            .option("assign", json.dumps({topic: [0]}))
-            .option("startingOffsets", bound(start))
-            .option("endingOffsets", bound(stop))
-            .option("failOnDataLoss", "false")  # compaction leaves gaps in offsets by design
-            .load()
-        )
-
-    def _transaction_ends(self, spark: SparkSession):
-        """xid, end_lsn, prev_end_lsn (the previous END of the same xid: xids wrap around) of every
-        END record up to the cut; None without the transaction topic."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        if self._state is None:
-            self.latest_cut()
-        state = self._state
-        if state is None or state.mode != "txn" or state.cut_txn_off < 0:
-            return None
-        if self._ends_df is None:
-            raw = self._kafka(spark, self.txn_topic, "earliest", state.cut_txn_off + 1)
-            text = F.col("value").cast("string")
-            body = F.coalesce(F.get_json_object(text, "$.payload"), text)
-            doc = F.from_json(body, "struct<status: string, id: string>")
-            ends = raw.select(F.col("offset"), doc.alias("d")).filter(F.col("d.status") == "END")
-            ident = F.split(F.col("d.id"), ":")
-            ends = ends.select(
-                F.col("offset"),
-                ident[0].cast("bigint").alias("xid"),
-                F.element_at(ident, 2).cast("bigint").alias("end_lsn"),
-            )
-            by_xid = Window.partitionBy("xid").orderBy("offset")
-            ends = ends.select(
-                "xid", "end_lsn", F.coalesce(F.lag("end_lsn").over(by_xid), F.lit(-1)).alias("prev_end_lsn")
-            )
-            self._ends_df = ends.persist()
-        return self._ends_df
-
-    def read_changes(
-        self, spark: SparkSession, table: TableName, after: int, upto: int, schema: TableSchema | None = None
-    ) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        from cdc.log.kafka.view import normalize_envelopes
-
-        schema = schema or self.schema(table)
-        topic = self.topic(table)
-        if upto <= after or topic not in self._existing_topics():
-            return _empty(spark)
-        self._check_retained(topic, after)
-        raw = self._kafka(spark, topic, after + 1, upto + 1)
-        checked = self._checked(spark, raw, topic, after, upto)
-        ends = self._transaction_ends(spark)
-        env = F.col("env")
-        snapshot_row = env["op"] == "r"
-        if ends is not None:
-            joined = checked.join(
-                F.broadcast(ends),
-                (checked["env"]["source"]["txId"] == ends["xid"])
-                & (ends["prev_end_lsn"] < checked["env"]["source"]["lsn"])
-                & (checked["env"]["source"]["lsn"] < ends["end_lsn"]),
-                "left",
-            )
-        else:
-            joined = checked.select("*", F.lit(None).cast("bigint").alias("end_lsn"))
-        in_txn = env["transaction"]["total_order"].isNotNull() & F.col("end_lsn").isNotNull()
-        lsn = (
-            F.when(snapshot_row, env["source"]["lsn"])
-            .when(in_txn, F.col("end_lsn") - 1)
-            .otherwise(env["source"]["lsn"])
-        )
-        seq = (
-            F.when(snapshot_row, F.lit(0)).when(in_txn, env["transaction"]["total_order"]).otherwise(F.lit(1))
-        )
-        ts = F.coalesce(env["source"]["ts_us"], env["source"]["ts_ms"] * 1000, F.lit(0))
-
-        def header(name, value):
-            return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
-
-        shaped = joined.select(
-            F.col("offset"),
-            F.col("key_text").cast("binary").alias("key"),
-            F.col("body").cast("binary").alias("value"),
-            F.array(header("cdc.lsn", lsn), header("cdc.seq", seq), header("cdc.ts", ts)).alias("headers"),
-        )
-        return _millis_to_micros(normalize_envelopes(shaped, schema, header_positions=True), schema)
-
-    def _check_retained(self, topic: str, after: int) -> None:
-        tp = TopicPartition(topic, 0)
-        first = self.consumer.beginning_offsets([tp]).get(tp, 0)
-        if first > after + 1:
-            raise LogError(
-                f"Kafka topic {topic} no longer holds offsets {after + 1}..{first - 1} (deleted by retention), "
-                "so this follower would miss changes",
-                "keep Debezium's topics longer than your slowest follower's lag (retention.ms), or rebuild the follower "
-                "from a new Debezium snapshot",
-            )
-
-    def _checked(self, spark: SparkSession, raw: DataFrame, topic: str, after: int, upto: int) -> DataFrame:
-        """Parsed records without tombstones; malformed ones stop the batch or go to the dead-letter table."""
-        from pyspark.sql import functions as F
-
-        vtext = F.col("value").cast("string")
-        body = F.coalesce(F.get_json_object(vtext, "$.payload"), vtext)
-        ktext = F.col("key").cast("string")
-        key_text = F.coalesce(F.get_json_object(ktext, "$.payload"), ktext)
-        env = F.from_json(
-            body,
-            "struct<op: string, before: map<string,string>, after: map<string,string>, "
-            "source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint, snapshot: string>, "
-            "transaction: struct<total_order: bigint>>",
-        )
-        key_map = F.from_json(key_text, "map<string,string>")
-        df = raw.filter(F.col("value").isNotNull()).select(
-            "topic",
-            "partition",
-            "offset",
-            "key",
-            "value",
-            body.alias("body"),
-            key_text.alias("key_text"),
-            env.alias("env"),
-            key_map.alias("key_map"),
-        )
-        op = F.col("env.op")
-        reason = (
-            F.when(
-                F.col("env").isNull() | (op.isNull() & F.col("env.source").isNull()),
-                F.lit("value is not a change event (not JSON, or no op/source)"),
-            )
-            .when(op.isNull(), F.lit("no `op`"))
-            .when(~op.isin("c", "u", "d", "r", "t"), F.concat(F.lit("unknown op "), op))
-            .when(F.col("env.source.lsn").isNull(), F.lit("no source.lsn (no position)"))
-            .when(F.col("key").isNull() & (op != "t"), F.lit("no key"))
-            .when(F.col("key").isNotNull() & F.col("key_map").isNull(), F.lit("key is not a JSON object"))
-            .when(op.isin("c", "u", "r") & F.col("env.after").isNull(), F.lit("no `after` row"))
-        )
-        df = df.select("*", reason.alias("bad"))
-        summary = df.agg(
-            F.count(F.col("bad")).alias("n"),
-            F.min_by(F.struct("offset", "bad"), F.when(F.col("bad").isNotNull(), F.col("offset"))).alias(
-                "first"
-            ),
-        ).first()
-        if summary["n"]:
-            first = summary["first"]
-            where = f"Kafka topic {topic} partition 0 offset {first['offset']}"
-            if not self.cfg.dead_letter:
-                raise LogError(
-                    f"malformed record in {where}: {first['bad']} ({summary['n']} malformed record(s) in offsets {after + 1}..{upto}); "
-                    "nothing was applied",
-                    "fix the producer of these records, or set log.kafka.dead_letter to a Delta table path to park "
-                    "malformed records there and apply the rest",
-                )
-            self._park(spark, df.filter(F.col("bad").isNotNull()))
-        return df.filter(F.col("bad").isNull())
-
-    def _park(self, spark: SparkSession, bad: DataFrame) -> None:
-        """MERGE malformed records into the dead-letter Delta table (once per topic/partition/offset)."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
-
-        path = str(self.pipeline.path(self.cfg.dead_letter))
-        rows = bad.select(
-            "topic",
-            "partition",
-            "offset",
-            F.col("key").cast("string").alias("key"),
-            F.col("value").cast("string").alias("value"),
-            F.col("bad").alias("reason"),
-            F.current_timestamp().alias("parked_at"),
-        )
-        if not DeltaTable.isDeltaTable(spark, path):
-            rows.limit(0).write.format("delta").mode("ignore").save(path)
-        target = DeltaTable.forPath(spark, path)
-        (
-            target.alias("t")
-            .merge(rows.alias("s"), "t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset")
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
-
-    # ---- for verify --------------------------------------------------------------------------------
-    def _between(self, spark, table: TableName, after: int, upto: int):
-        from pyspark.sql import functions as F
-
-        return self.read_changes(spark, table, after, upto).select("off", "lsn", F.col("op"))
-
-    def count_events(self, table: TableName, after: int, upto: int, below_lsn: int, spark=None) -> int:
-        from pyspark.sql import functions as F
-
-        from pipelines.spark import spark_session
-
-        spark = spark or spark_session()
-        return self._between(spark, table, after, upto).filter(F.col("lsn") < below_lsn).count()
-
-    def first_offset_from(self, table: TableName, lsn: int, upto: int, spark=None) -> int | None:
-        from pyspark.sql import functions as F
-
-        from pipelines.spark import spark_session
-
-        spark = spark or spark_session()
-        row = (
-            self._between(spark, table, -1, upto)
-            .filter((F.col("lsn") >= lsn) & (F.col("op") != "r"))
-            .agg(F.min("off"))
-            .first()
-        )
-        return row[0] if row else None
-
-
-def _empty(spark: SparkSession) -> DataFrame:
-    from pipelines.apply.logsource import SCHEMA
-
-    return spark.createDataFrame([], SCHEMA)
-
-
-def _millis_to_micros(df: DataFrame, schema: TableSchema) -> DataFrame:
-    """Debezium's adaptive time precision writes timestamp(0..3) as milliseconds
-    (io.debezium.time.Timestamp); the envelope (and from_envelope) use microseconds."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    from cdc.schema import schema_types
-
-    types = schema_types(schema)
-    fixes = {}
-    for i, col in enumerate(schema.columns):
-        t = types[col.type_oid]
-        elem = t.element if t.kind == "array" and t.element is not None else t
-        if elem.kind != "base" or elem.name != "timestamp" or not 0 <= col.typmod <= 3:
-            continue
-        if elem is t:
-            fixes[i] = lambda v: (v.cast("bigint") * 1000).cast("string")
-        else:
-            depth = max(col.ndims, 1)
-            as_long: T.DataType = T.LongType()
-            for _ in range(depth):
-                as_long = T.ArrayType(as_long)
-
-            def scale(x, d):
-                return x * 1000 if d == 0 else F.transform(x, lambda y: scale(y, d - 1))
-
-            fixes[i] = lambda v, depth=depth, as_long=as_long: F.to_json(
-                scale(F.from_json(v, as_long), depth)
-            )
-    if not fixes:
-        return df
-    vals = F.transform("vals", lambda v, i: _select_fix(v, i, fixes))
-    return df.withColumn("vals", F.when(F.col("vals").isNull(), F.col("vals")).otherwise(vals))
-
-
-def _select_fix(v, i, fixes):
-    from pyspark.sql import functions as F
-
-    out = v
-    for index, fix in fixes.items():
-        out = F.when((i == index) & v.isNotNull(), fix(v)).otherwise(out)
-    return out

@@ -1,27 +1,20 @@
 """The `kafka` log as followers see it: the latest cut from the cut topic, table schemas from
-the schema topic, and change events read by Spark's Kafka source in batch mode between a
-follower's checkpoint and the cut (distributed over executors, never through the driver)."""
+the schema topic, each table's topic and base. Plain Python: Spark reads the change events
+(pipelines.apply.readers.kafka)."""
 
 from __future__ import annotations
 
-import json
 import shlex
-from typing import TYPE_CHECKING
 
 import orjson
 from kafka import TopicPartition
 
-from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
 from cdc.ground.errors import LogError
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
-from cdc.log.history import FollowedSchema
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.topics import cuts_topic, schemas_topic
 from cdc.log.local import column_defaults
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 POLL_MS = 10_000
 
@@ -105,7 +98,8 @@ class KafkaLogView:
             self.latest_cut()
         return dict((self._cut_body or {}).get("tables", {}))
 
-    def _table_meta(self, table: TableName) -> dict:
+    def table_meta(self, table: TableName) -> dict:
+        """The latest cut's entry of a table (topic, base, end, ...); LogError when it has none."""
         if self._cut_body is None:
             self.latest_cut()
         meta = (self._cut_body or {}).get("tables", {}).get(str(table))
@@ -120,7 +114,7 @@ class KafkaLogView:
         """Source commit time (ms since the epoch) of the table's first record after offset `after`
         (up to `upto`), for `cdc status`: header cdc.ts, else the envelope's source.ts_ms; None when
         there is no such record or it carries no time."""
-        tp = TopicPartition(self._table_meta(table)["topic"], 0)
+        tp = TopicPartition(self.table_meta(table)["topic"], 0)
         consumer = self.consumer
         consumer.assign([tp])
         consumer.seek(tp, after + 1)
@@ -195,120 +189,3 @@ class KafkaLogView:
 
     def meta(self, key: str) -> str | None:
         return None
-
-    # ---- Spark reads -------------------------------------------------------------------------------
-    def read_changes(
-        self,
-        spark: SparkSession,
-        table: TableName,
-        after: int,
-        upto: int,
-        schema: TableSchema | None = None,
-        retired: frozenset[str] = frozenset(),
-    ) -> DataFrame:
-        schema = schema or self.schema(table)
-        topic = self._table_meta(table)["topic"]
-        raw = (
-            spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", ",".join(kc.servers(self.cfg.bootstrap_servers)))
-            .option("assign", json.dumps({topic: [0]}))
-            .option("startingOffsets", json.dumps({topic: {"0": after + 1}}))
-            .option("endingOffsets", json.dumps({topic: {"0": upto + 1}}))
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "false")  # compaction leaves gaps in offsets by design
-            .load()
-        )
-        # Records carry their schema version (header cdc.sv): a value written before a rename is
-        # found under the column's old name, and a retired column a version lacks is kept.
-        layouts = {v: FollowedSchema(schema, retired).layout(s) for v, _, s in self._history(table)}
-        names = {v: s.column_names for v, _, s in self._history(table)}
-        return normalize_envelopes(raw, schema, header_positions=True, versions=(layouts, names))
-
-    def _between(self, spark, table: TableName, after: int, upto: int):
-        from pyspark.sql import functions as F
-
-        return self.read_changes(spark, table, after, upto).select("off", "lsn", F.col("op"))
-
-    def count_events(self, table: TableName, after: int, upto: int, below_lsn: int, spark=None) -> int:
-        from pipelines.spark import spark_session
-
-        spark = spark or spark_session()
-        from pyspark.sql import functions as F
-
-        return self._between(spark, table, after, upto).filter(F.col("lsn") < below_lsn).count()
-
-    def first_offset_from(self, table: TableName, lsn: int, upto: int, spark=None) -> int | None:
-        from pipelines.spark import spark_session
-
-        spark = spark or spark_session()
-        from pyspark.sql import functions as F
-
-        base = self._table_meta(table)["base"]
-        row = self._between(spark, table, base - 1, upto).filter((F.col("lsn") >= lsn) & (F.col("op") != "r")).agg(F.min("off")).first()
-        return row[0] if row else None
-
-
-PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
-ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>, op: string, source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint>>"
-
-
-def normalize_envelopes(
-    raw,
-    schema: TableSchema,
-    header_positions: bool,
-    versions: tuple[dict[int, list[int]], dict[int, list[str]]] | None = None,
-):
-    """Kafka records (key, value, offset, headers) holding change event envelopes -> the log's
-    normalized change rows: off, lsn, seq, op, key, vals (envelope JSON texts aligned with the
-    schema's columns; fast defaults for columns a record lacks), unch, ts. `versions` gives, per
-    schema version, FollowedSchema.layout and the version's column names, for records whose
-    version (header cdc.sv) names a column differently or lacks a retired one."""
-    from pyspark.sql import functions as F
-
-    def header(name: str):
-        return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
-
-    def lookup(name: str, column) -> object:
-        return F.when(F.map_contains_key("row", name), F.col("row")[name]).otherwise(F.lit(column.missing).cast("string"))
-
-    def text(j: int, column) -> object:
-        expr = lookup(column.name, column)
-        if not versions:
-            return expr
-        layouts, names = versions
-        version = header("cdc.sv").cast("bigint")
-        for v, layout in layouts.items():
-            i = layout[j]
-            if i >= 0 and names[v][i] != column.name:
-                expr = F.when(version == v, F.col("row")[names[v][i]]).otherwise(expr)
-            elif i == -2:  # an update after the drop: the follower keeps its value (an insert gets NULL)
-                expr = F.when((version == v) & (F.col("op") == "u"), F.lit(UNAVAILABLE)).otherwise(expr)
-        return expr
-
-    env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
-    key_map = F.from_json(F.col("key").cast("string"), "map<string,string>")
-    df = raw.select("offset", "key", "value", "headers", env.alias("env"), key_map.alias("key_map"))
-    op = F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("env.op"))
-    row = F.when(op == "d", F.coalesce(F.col("env.before"), F.col("key_map"))).otherwise(F.col("env.after"))
-    df = df.select("*", op.alias("op"), row.alias("row"))
-    texts = [text(j, c) for j, c in enumerate(schema.columns)]
-    placeholder = F.array(*(F.lit(p) for p in PLACEHOLDERS))
-    vals = F.array(*texts) if texts else F.array().cast("array<string>")
-    n = len(schema.columns)
-    df = df.select("*", vals.alias("raw_vals"))
-    unch = F.filter(F.sequence(F.lit(0), F.lit(max(n - 1, 0))), lambda i: F.array_contains(placeholder, F.element_at("raw_vals", i + 1)))
-    cleaned = F.transform("raw_vals", lambda v: F.when(F.array_contains(placeholder, v), F.lit(None)).otherwise(v))
-    if header_positions:
-        lsn, seq, ts = header("cdc.lsn").cast("bigint"), header("cdc.seq").cast("bigint"), header("cdc.ts").cast("bigint")
-    else:
-        lsn, seq, ts = F.col("env.source.lsn"), F.lit(0).cast("bigint"), F.col("env.source.ts_ms") * 1000
-    return df.select(
-        F.col("offset").alias("off"),
-        lsn.alias("lsn"),
-        seq.alias("seq"),
-        F.col("op"),
-        F.col("key"),
-        F.when(F.col("op") == "t", F.lit(None)).otherwise(cleaned).alias("vals"),
-        F.when(F.col("op") == "t", F.array().cast("array<int>")).otherwise(unch).alias("unch"),
-        ts.alias("ts"),
-    )

@@ -1,4 +1,5 @@
-"""Spark reads the local log through this Python data source, in executors.
+"""The embedded (local) log read by Spark: `LocalReader` (the ChangeReader of a `LocalLog`) and the
+Python data source `cdclog` it reads through, in executors.
 
 Partitions are offset ranges of a table's event rows plus one per snapshot segment file, so
 the read spreads over executors. Each row comes out as PostgreSQL text values aligned with
@@ -6,8 +7,8 @@ the *target* columns (the table's newest schema): a row written under an older s
 version gets None for columns it did not have. Typing happens in the JVM afterwards
 (sinks.sparktypes).
 
-Output columns: off, lsn, seq, op, key, vals (array<string>), unch (indexes of
-unchanged-TOAST values), ts (commit time, µs since the epoch).
+Output columns: readers.base.SCHEMA (off, lsn, seq, op, key, vals (array<string>), unch
+(indexes of unchanged-TOAST values), ts (commit time, µs since the epoch)).
 """
 
 from __future__ import annotations
@@ -16,10 +17,20 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
+from pipelines.apply.readers.base import SCHEMA, ChangeReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdc.ground.tables import TableName
+    from cdc.log.base import TableSchema
+    from cdc.log.local import LocalLog
+
 EVENTS_PER_PARTITION = 200_000
 WHOLE_SEGMENTS = 1 << 62  # segment_bytes for read_parts: one partition per segment file
 BATCH_ROWS = 8192
@@ -31,6 +42,45 @@ def _arrow_types() -> list:
 
     return [pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.binary(), pa.list_(pa.string()), pa.list_(pa.int32()), pa.int64()]
 
+
+
+class LocalReader(ChangeReader):
+    """Events through the `cdclog` data source; counts and positions from the log itself (SQLite)."""
+
+    def __init__(self, view: LocalLog):
+        self.view = view
+
+    def read_changes(
+        self,
+        spark: SparkSession,
+        table: TableName,
+        after: int,
+        upto: int,
+        schema: TableSchema | None = None,
+        retired: frozenset[str] = frozenset(),
+    ) -> DataFrame:
+        # Columns match across schema versions by attnum (cdc.log.history).
+        schema = schema or self.view.schema(table)
+        return (
+            spark.read.format("cdclog")
+            .option("path", str(self.view.path))
+            .option("table_id", str(self.view.require_table(table)))
+            .option("after", str(after))
+            .option("upto", str(upto))
+            .option("columns", orjson.dumps(schema.column_names).decode())
+            .option("attnums", orjson.dumps([c.attnum for c in schema.columns]).decode())
+            .option("retired", orjson.dumps(sorted(retired)).decode())
+            .option("missing", orjson.dumps([c.missing for c in schema.columns]).decode())
+            .load()
+        )
+
+    def count_events(
+        self, spark: SparkSession, table: TableName, after: int, upto: int, below_lsn: int
+    ) -> int:
+        return self.view.count_events(table, after, upto, below_lsn)
+
+    def first_offset_from(self, spark: SparkSession, table: TableName, lsn: int, upto: int) -> int | None:
+        return self.view.first_offset_from(table, lsn, upto)
 
 
 class EventRange(InputPartition):
@@ -184,41 +234,3 @@ class LocalLogReader(DataSourceReader):
                 yield (off, lsn, seq, op, key, vals, unch, ts)
         finally:
             conn.close()
-
-
-class CopyFiles(InputPartition):
-    def __init__(self, path: str):
-        self.path = path
-
-
-class CopyFileSource(DataSource):
-    """COPY text files (as `COPY ... TO STDOUT` wrote them) as rows of text values:
-    spark.read.format("cdccopy").option("paths", json list).load() -> vals array<string>, key binary.
-    Used by `cdc verify` to bring a source snapshot into Spark through the same typing as apply."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "cdccopy"
-
-    def schema(self) -> str:
-        return "vals array<string>"
-
-    def reader(self, schema) -> CopyFileReader:
-        return CopyFileReader(json.loads(self.options["paths"]))
-
-
-class CopyFileReader(DataSourceReader):
-    def __init__(self, paths: list[str]):
-        self.paths = paths
-
-    def partitions(self) -> list[InputPartition]:
-        return [CopyFiles(p) for p in self.paths]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        from cdc.keys import unescape
-
-        assert isinstance(partition, CopyFiles)
-        with open(partition.path, "rb") as f:
-            for line in f:
-                fields = line.rstrip(b"\n").split(b"\t")
-                yield ([None if x == b"\\N" else unescape(x).decode() for x in fields],)

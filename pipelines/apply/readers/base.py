@@ -1,0 +1,53 @@
+"""What every Spark reader of a log offers the apply job and verify.
+
+A log view (cdc/log/: the embedded log, Kafka topics, Debezium topics) is plain Python: cuts,
+tables, schemas, state. Its reader reads the view's change events into a DataFrame, in
+executors, never through the driver. Every reader returns the same columns (SCHEMA), so the
+net-change and merge code after it does not know which log it reads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdc.ground.tables import TableName
+    from cdc.log.base import TableSchema
+
+# off: offset in the table's log; (lsn, seq): the event's position; op: c u d r t; key: canonical
+# key bytes; vals: text values aligned with the asked schema's columns (PostgreSQL text or envelope
+# JSON: the view's value_kind); unch: indexes of unchanged values; ts: commit time (µs since the epoch).
+SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
+
+
+class ChangeReader(ABC):
+    @abstractmethod
+    def read_changes(
+        self,
+        spark: SparkSession,
+        table: TableName,
+        after: int,
+        upto: int,
+        schema: TableSchema | None = None,
+        retired: frozenset[str] = frozenset(),
+    ) -> DataFrame:
+        """The table's events with after < offset <= upto (SCHEMA), values aligned with `schema`
+        (default: the newest); `retired` columns a row's schema version lacks are marked unchanged."""
+
+    @abstractmethod
+    def count_events(
+        self, spark: SparkSession, table: TableName, after: int, upto: int, below_lsn: int
+    ) -> int:
+        """Events in (after, upto] committed before `below_lsn` (for verify: is a follower behind?)."""
+
+    @abstractmethod
+    def first_offset_from(self, spark: SparkSession, table: TableName, lsn: int, upto: int) -> int | None:
+        """The offset of the first change event (snapshot rows aside) at or after commit LSN `lsn`,
+        up to offset `upto`; None when there is none."""
+
+    def close(self) -> None:
+        """Release what the reader cached in Spark (the view is closed by its owner)."""
+        return None

@@ -1,0 +1,147 @@
+"""What the two Kafka readers (our topics, Debezium's) share: a batch read of one topic partition
+with Spark's Kafka source, change event envelopes -> the readers' rows (base.SCHEMA), and
+count_events / first_offset_from answered from read_changes."""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+
+from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
+from cdc.log.kafka import client as kc
+from pipelines.apply.readers.base import ChangeReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdc.ground.tables import TableName
+    from cdc.log.base import TableSchema
+
+PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
+ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>, op: string, source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint>>"
+
+
+def kafka_frame(
+    spark: SparkSession,
+    bootstrap_servers: str | list[str],
+    topic: str,
+    start: int | str,
+    stop: int | str,
+    headers: bool = False,
+) -> DataFrame:
+    """Records of partition 0 of `topic` with start <= offset < stop (an offset, or Spark's
+    "earliest" / "latest"), read in executors."""
+
+    def bound(v: int | str) -> str:
+        return v if isinstance(v, str) else json.dumps({topic: {"0": v}})
+
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", ",".join(kc.servers(bootstrap_servers)))
+        .option("assign", json.dumps({topic: [0]}))
+        .option("startingOffsets", bound(start))
+        .option("endingOffsets", bound(stop))
+    )
+    if headers:
+        reader = reader.option("includeHeaders", "true")
+    return reader.option("failOnDataLoss", "false").load()  # compaction leaves gaps in offsets by design
+
+
+class EnvelopeReader(ChangeReader):
+    """count_events and first_offset_from by reading the events (the topics hold no index)."""
+
+    @abstractmethod
+    def before_first(self, table: TableName) -> int:
+        """The offset just before the table's first event in the log."""
+
+    def _positions(self, spark: SparkSession, table: TableName, after: int, upto: int) -> DataFrame:
+        return self.read_changes(spark, table, after, upto).select("off", "lsn", F.col("op"))
+
+    def count_events(
+        self, spark: SparkSession, table: TableName, after: int, upto: int, below_lsn: int
+    ) -> int:
+        return self._positions(spark, table, after, upto).filter(F.col("lsn") < below_lsn).count()
+
+    def first_offset_from(self, spark: SparkSession, table: TableName, lsn: int, upto: int) -> int | None:
+        row = (
+            self._positions(spark, table, self.before_first(table), upto)
+            .filter((F.col("lsn") >= lsn) & (F.col("op") != "r"))
+            .agg(F.min("off"))
+            .first()
+        )
+        return row[0] if row else None
+
+
+def normalize_envelopes(
+    raw: DataFrame,
+    schema: TableSchema,
+    header_positions: bool,
+    versions: tuple[dict[int, list[int]], dict[int, list[str]]] | None = None,
+) -> DataFrame:
+    """Kafka records (key, value, offset, headers) holding change event envelopes -> the log's
+    normalized change rows: off, lsn, seq, op, key, vals (envelope JSON texts aligned with the
+    schema's columns; fast defaults for columns a record lacks), unch, ts. `versions` gives, per
+    schema version, FollowedSchema.layout and the version's column names, for records whose
+    version (header cdc.sv) names a column differently or lacks a retired one."""
+
+    def header(name: str):
+        return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
+
+    def lookup(name: str, column) -> object:
+        return F.when(F.map_contains_key("row", name), F.col("row")[name]).otherwise(
+            F.lit(column.missing).cast("string")
+        )
+
+    def text(j: int, column) -> object:
+        expr = lookup(column.name, column)
+        if not versions:
+            return expr
+        layouts, names = versions
+        version = header("cdc.sv").cast("bigint")
+        for v, layout in layouts.items():
+            i = layout[j]
+            if i >= 0 and names[v][i] != column.name:
+                expr = F.when(version == v, F.col("row")[names[v][i]]).otherwise(expr)
+            elif i == -2:  # an update after the drop: the follower keeps its value (an insert gets NULL)
+                expr = F.when((version == v) & (F.col("op") == "u"), F.lit(UNAVAILABLE)).otherwise(expr)
+        return expr
+
+    env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
+    key_map = F.from_json(F.col("key").cast("string"), "map<string,string>")
+    df = raw.select("offset", "key", "value", "headers", env.alias("env"), key_map.alias("key_map"))
+    op = F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("env.op"))
+    row = F.when(op == "d", F.coalesce(F.col("env.before"), F.col("key_map"))).otherwise(F.col("env.after"))
+    df = df.select("*", op.alias("op"), row.alias("row"))
+    texts = [text(j, c) for j, c in enumerate(schema.columns)]
+    placeholder = F.array(*(F.lit(p) for p in PLACEHOLDERS))
+    vals = F.array(*texts) if texts else F.array().cast("array<string>")
+    n = len(schema.columns)
+    df = df.select("*", vals.alias("raw_vals"))
+    unch = F.filter(
+        F.sequence(F.lit(0), F.lit(max(n - 1, 0))),
+        lambda i: F.array_contains(placeholder, F.element_at("raw_vals", i + 1)),
+    )
+    cleaned = F.transform(
+        "raw_vals", lambda v: F.when(F.array_contains(placeholder, v), F.lit(None)).otherwise(v)
+    )
+    if header_positions:
+        lsn, seq, ts = (
+            header("cdc.lsn").cast("bigint"),
+            header("cdc.seq").cast("bigint"),
+            header("cdc.ts").cast("bigint"),
+        )
+    else:
+        lsn, seq, ts = F.col("env.source.lsn"), F.lit(0).cast("bigint"), F.col("env.source.ts_ms") * 1000
+    return df.select(
+        F.col("offset").alias("off"),
+        lsn.alias("lsn"),
+        seq.alias("seq"),
+        F.col("op"),
+        F.col("key"),
+        F.when(F.col("op") == "t", F.lit(None)).otherwise(cleaned).alias("vals"),
+        F.when(F.col("op") == "t", F.array().cast("array<int>")).otherwise(unch).alias("unch"),
+        ts.alias("ts"),
+    )
