@@ -417,6 +417,8 @@ def dev_up(services: tuple[str, ...], base: Path) -> None:
     # (a plain NAME=VALUE only sets a shell variable: ${PG_DSN} in a pipeline file stays unset)
     for key, value in registry.up(base, services).items():
         click.echo(f"export {key}={shlex.quote(value)}")
+    for note in registry.access_notes(base, services):  # stderr: eval takes only the exports
+        click.echo(note, err=True)
 
 
 @dev.command("down")

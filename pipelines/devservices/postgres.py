@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdc.ground.errors import ServiceError
+from cdc.ground.private import private_dir, private_open
 from pipelines.devservices.base import (
     LOOPBACK,
     as_user,
@@ -74,6 +75,8 @@ class LocalPostgres:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb()
+        else:
+            self._owner_only()  # a cluster made before these were owner-only
         if not self.port:
             self.port = free_port()
         self.port_file.write_text(str(self.port))
@@ -108,10 +111,10 @@ class LocalPostgres:
 
     # -- internals ------------------------------------------------------------------------------
     def _initdb(self) -> None:
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        self.password_file.write_text(secrets.token_urlsafe(12) + "\n")
-        os.chmod(self.base_dir, 0o755)
-        give_to(self.user, self.base_dir, self.socket_dir, self.password_file)
+        private_dir(self.socket_dir)
+        with private_open(self.password_file, "w") as f:  # the superuser's password: 0600
+            f.write(secrets.token_urlsafe(12) + "\n")
+        self._owner_only()
         run(
             as_user(
                 self.user,
@@ -129,11 +132,21 @@ class LocalPostgres:
             "initdb",
         )
 
+    def _owner_only(self) -> None:
+        """The cluster's directory, socket directory and password file belong to the server's user
+        (root, that runs `cdc dev`, still reads the password) and no one else: 0700/0600."""
+        os.chmod(self.base_dir, 0o700)
+        os.chmod(self.socket_dir, 0o700)
+        os.chmod(self.password_file, 0o600)
+        give_to(self.user, self.base_dir, self.socket_dir, self.password_file)
+
     def _write_conf(self) -> None:
         settings = {
             "port": str(self.port),
             "listen_addresses": f"'{LOOPBACK}'",
             "unix_socket_directories": f"'{self.socket_dir}'",
+            # local connections are `trust`: only the server's own OS user may reach the socket
+            "unix_socket_permissions": "0700",
             "wal_level": "logical",
             "max_replication_slots": "20",
             "max_wal_senders": "20",

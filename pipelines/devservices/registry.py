@@ -109,3 +109,26 @@ def status(base: Path, services: Iterable[str]) -> list[str]:
         else:
             lines.append(f"{name}: stopped")
     return lines
+
+
+# What `cdc dev up` tells about access (stderr, so `eval "$(cdc dev up)"` is unaffected).
+OPEN_ON_LOOPBACK = {"kafka", "redis", "opensearch", "debezium"}
+
+
+def access_notes(base: Path, services: Iterable[str]) -> list[str]:
+    """One note per kind of access the started services allow: the dev PostgreSQL is owner-only,
+    the others take any local connection (fine on a developer's machine, not on a shared one)."""
+    names = _chosen(services)
+    notes = []
+    if "postgres" in names:
+        notes.append(
+            f"note: postgres listens on 127.0.0.1 and asks for the superuser's password over TCP (kept in "
+            f"{base.resolve() / 'postgres' / 'password'}, mode 0600); its Unix socket is its own OS user's alone (0700)"
+        )
+    open_ones = [n for n in names if n in OPEN_ON_LOOPBACK]
+    if open_ones:
+        notes.append(
+            "note: open to every local user of this machine (127.0.0.1 only, no authentication or TLS; "
+            f"dev services, README Security): {', '.join(open_ones)}"
+        )
+    return notes
