@@ -35,8 +35,9 @@ from tests.fixtures.capture import (
     stop_stream,
     table_row,
 )
+from tests.fixtures.pgtypes import TYPE_COLUMNS, TYPES_SETUP
 from tests.fixtures.readers import delta_rows as read_delta
-from tests.fixtures.workload import Writer, make_table
+from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import (
     REPO,
     cdc,
@@ -48,7 +49,6 @@ from tests.harness import (
     verify,
     write_pipeline,
 )
-from tests.integration.test_capture import BIG_TEXT, TYPE_COLUMNS, TYPES_SETUP
 
 pytestmark = pytest.mark.integration
 

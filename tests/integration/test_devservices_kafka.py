@@ -156,8 +156,8 @@ def test_restart_keeps_address_and_data(kafka: LocalKafka) -> None:
     assert produce(kafka.bootstrap, topic, [(b"k1", b"c")]) == [2]
 
 
-def test_crash_and_restart_keeps_acknowledged_data(kafka_factory) -> None:
-    broker = kafka_factory()
+def test_crash_and_restart_keeps_acknowledged_data(own_kafka: LocalKafka) -> None:
+    broker = own_kafka
     topic = topic_name("crash")
     create_compacted(broker.bootstrap, topic)
     produce(broker.bootstrap, topic, [(f"k{i}".encode(), b"x" * 100) for i in range(50)])
@@ -167,15 +167,8 @@ def test_crash_and_restart_keeps_acknowledged_data(kafka_factory) -> None:
     assert len(read_all(broker.bootstrap, topic)) == 50
 
 
-def test_settings_overrides_make_compaction_run(kafka_factory) -> None:
-    # 1 MiB segments (the smallest Kafka 4 allows) and an eager cleaner: compaction happens in seconds
-    broker = kafka_factory(
-        settings={
-            "log.segment.bytes": str(1 << 20),
-            "log.cleaner.backoff.ms": "200",
-            "log.cleaner.min.cleanable.ratio": "0.01",
-        }
-    )
+def test_settings_overrides_make_compaction_run(compacting_kafka: LocalKafka) -> None:
+    broker = compacting_kafka  # started with tests.fixtures.kafka.COMPACTING overrides
     assert "log.segment.bytes=1048576" in broker.config_file.read_text()
     topic = topic_name("compaction")
     create_compacted(broker.bootstrap, topic)

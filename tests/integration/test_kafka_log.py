@@ -34,6 +34,7 @@ from cdc.ground.lsn import format_lsn
 from cdc.keys import key_texts
 from pipelines.devservices.base import free_port
 from tests.fixtures.capture import (
+    UNAVAILABLE,
     assert_log_well_formed,
     assert_txns_streamed,
     no_traceback,
@@ -46,9 +47,8 @@ from tests.fixtures.capture import start_stream as start_capture_stream
 from tests.fixtures.readers import delta_rows
 from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as raw_records
-from tests.fixtures.workload import Writer, make_table
+from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import CdcRun, cdc, cdc_popen, flush_wal, source_rows, sql, verify, write_pipeline
-from tests.integration.test_capture import BIG_TEXT, UNAVAILABLE
 
 pytestmark = pytest.mark.integration
 
@@ -819,18 +819,7 @@ def test_stream_stops_promptly_while_the_broker_is_down(pg_db: str, tmp_path: Pa
 
 
 # ---- 5. compaction, and a new follower bootstrapping from the compacted topics ---------------------
-COMPACTING_BROKER = {
-    "log.segment.bytes": "1048576",  # the smallest Kafka 4 accepts; segment.ms below rolls them sooner
-    "log.cleaner.backoff.ms": "200",
-    "log.cleaner.min.cleanable.ratio": "0.01",
-}
 COMPACTING_TOPICS = {"min.compaction.lag.ms": "0", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}
-
-
-@pytest.fixture(scope="module")
-def compacting_kafka(kafka_factory):
-    """A broker whose cleaner runs at once (shared by this module's compaction tests)."""
-    return kafka_factory(COMPACTING_BROKER)
 
 
 def wait_compacted(bootstrap: str, topic: str, timeout: float = 120) -> list[Rec]:
