@@ -8,14 +8,12 @@ share one (each assertion still names what it checks).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,7 +21,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from tests.fixtures.capture import (
@@ -33,208 +30,45 @@ from tests.fixtures.capture import (
     restart_killed,
     start_stream,
     stop_stream,
-    table_row,
+)
+from tests.fixtures.lake import (
+    FAST_JVM,
+    HIST,
+    LAKE,
+    apply_fails,
+    apply_ok,
+    assert_delta_is_source,
+    ckpt,
+    ckpt_file,
+    delta_commits,
+    delta_df,
+    delta_dir,
+    delta_rows,
+    delta_version,
+    descendants,
+    duplicate_events,
+    lake_app_id,
+    log_events,
+    make_pipe,
+    snapshot,
+    state_dir,
+    stream,
+    txn_commits,
+    verified,
 )
 from tests.fixtures.pgtypes import TYPE_COLUMNS, TYPES_SETUP
-from tests.fixtures.readers import delta_rows as read_delta
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import (
     REPO,
     cdc,
     cdc_popen,
     flush_wal,
-    source_rows,
     sql,
-    stream_until_current,
     verify,
     write_pipeline,
 )
 
 pytestmark = pytest.mark.integration
-
-LAKE = {"name": "lake", "delta": {"path": "lake"}}
-HIST = {"name": "hist", "delta": {"path": "hist", "mode": "scd2"}}
-# Pipelines run by a `cdc apply` subprocess start their own JVMs: C1-only JIT saves about a third of
-# a short-lived JVM's CPU; two shuffle partitions as in the session fixture.
-FAST_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2}
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-def make_pipe(
-    tmp_path: Path, dsn: str, tables: list[str], sinks: list[dict] | None = None, **extra: Any
-) -> Pipe:
-    extra["sinks"] = [LAKE] if sinks is None else sinks
-    return Pipe(tmp_path, write_pipeline(tmp_path, dsn, tables, **extra), dsn)
-
-
-def snapshot(pipe: Pipe, tables: list[str] | None = None) -> None:
-    """`cdc snapshot` in-process."""
-    from cdc.ground.config import load_pipeline
-    from snapshot.runner import run_snapshot
-
-    run_snapshot(load_pipeline(pipe.file), tables, progress=False, say=lambda _m: None)
-
-
-def stream(pipe: Pipe) -> None:
-    """`cdc stream --until current` in-process, after making every async commit durable."""
-    flush_wal(pipe.dsn)
-    stream_until_current(pipe.file)
-
-
-def apply(pipe: Pipe, spark, sink: str | None = None) -> tuple[list, list[str]]:
-    """`cdc apply --once` in-process: (runs, printed report lines); sink failures are in the runs."""
-    from cdc.ground.config import load_pipeline
-    from pipelines.apply.job import ApplyJob
-
-    lines: list[str] = []
-    job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
-    runs = job.run_once(sink)
-    job.report(runs)
-    return runs, lines
-
-
-def apply_ok(pipe: Pipe, spark, sink: str | None = None) -> list:
-    runs, lines = apply(pipe, spark, sink)
-    failed = [r for r in runs if r.error is not None]
-    assert not failed, "apply failed:\n" + "\n".join(lines)
-    return runs
-
-
-def apply_fails(pipe: Pipe, spark, sink: str = "lake") -> str:
-    """Apply expected to fail for `sink`: returns the report (problem + fix) it printed."""
-    runs, lines = apply(pipe, spark, sink)
-    (run,) = runs
-    assert run.error is not None, "apply should have failed:\n" + "\n".join(lines)
-    return "\n".join(lines)
-
-
-def verified(pipe: Pipe, spark, sink: str | None = None) -> str:
-    code, report = verify(pipe.file, spark, sink)
-    assert code == 0, f"cdc verify exited {code}:\n{report}"
-    return report
-
-
-def state_dir(pipe: Pipe) -> Path:
-    return pipe.dir / ".cdc" / pipe.name
-
-
-def ckpt_file(pipe: Pipe, sink: str = "lake") -> Path:
-    return state_dir(pipe) / "checkpoints" / f"{sink}.json"
-
-
-def ckpt(pipe: Pipe, sink: str = "lake") -> dict:
-    return json.loads(ckpt_file(pipe, sink).read_text())
-
-
-def delta_dir(pipe: Pipe, table: str, base: str = "lake") -> Path:
-    schema, name = table.split(".")
-    return pipe.dir / base / schema / name
-
-
-def delta_df(spark, pipe: Pipe, table: str, base: str = "lake"):
-    return spark.read.format("delta").load(str(delta_dir(pipe, table, base)))
-
-
-def delta_rows(spark, pipe: Pipe, table: str, columns: list[str], base: str = "lake") -> dict[Any, tuple]:
-    """{id: (columns...)} of a Delta table keyed by its `id` column."""
-    rows = delta_df(spark, pipe, table, base).select("id", *columns).collect()
-    out = {r["id"]: tuple(r[c] for c in columns) for r in rows}
-    assert len(out) == len(rows), f"{table}: duplicate keys in the Delta table"
-    return out
-
-
-def assert_delta_is_source(spark, pipe: Pipe, dsn: str, table: str, base: str = "lake") -> None:
-    """The Delta table read with plain Spark SQL (not the sink's `current`) holds the source's keys
-    and `v` values (tables made by make_table)."""
-    lake = read_delta(spark, delta_dir(pipe, table, base))
-    source = source_rows(dsn, table, ("id",))
-    assert {k: r["v"] for k, r in lake.items()} == {k: r["v"] for k, r in source.items()}, table
-
-
-def delta_commits(path: Path) -> list[dict]:
-    """Every commit of a Delta table from its JSON log: version, operation, txn, data-changing files."""
-    commits = []
-    for f in sorted((path / "_delta_log").glob("*.json")):
-        actions = [orjson.loads(line) for line in f.read_bytes().splitlines() if line.strip()]
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        commits.append(
-            {
-                "version": int(f.stem),
-                "operation": info.get("operation"),
-                "txn": next((a["txn"] for a in actions if "txn" in a), None),
-                "files": sum(
-                    1
-                    for a in actions
-                    for kind in ("add", "remove")
-                    if kind in a and a[kind].get("dataChange", True)
-                ),
-            }
-        )
-    return commits
-
-
-def delta_version(path: Path) -> int:
-    return delta_commits(path)[-1]["version"]
-
-
-def txn_commits(path: Path, app_id: str, cut_id: int) -> list[dict]:
-    """Commits written with Delta's idempotent-write marker (txnAppId, txnVersion = cut id)."""
-    return [
-        c
-        for c in delta_commits(path)
-        if c["txn"] and c["txn"]["appId"] == app_id and c["txn"]["version"] == cut_id
-    ]
-
-
-def lake_app_id(pipe: Pipe) -> str:
-    """The lake follower's txnAppId: pipeline, sink and the id of the log its cut ids come from."""
-    with contextlib.closing(sqlite3.connect(f"file:{pipe.log / 'log.db'}?mode=ro", uri=True)) as db:
-        (log_id,) = db.execute("SELECT v FROM meta WHERE k = 'log_id'").fetchone()
-    return f"cdc:{pipe.name}:lake:{log_id}"
-
-
-def log_events(pipe: Pipe, table: str) -> list[tuple]:
-    """(off, lsn, seq, op, key text, ts µs) of a table's change events in the log, in offset order."""
-    tid = table_row(pipe, table)[0]
-    with contextlib.closing(sqlite3.connect(f"file:{pipe.log / 'log.db'}?mode=ro", uri=True)) as db:
-        rows = db.execute(
-            f"SELECT off, lsn, seq, op, key, ts FROM ev_{tid} WHERE op != 'S' ORDER BY off"
-        ).fetchall()
-    return [(off, lsn, seq, op, key.decode() if key else None, ts) for off, lsn, seq, op, key, ts in rows]
-
-
-def descendants(root: int) -> dict[int, str]:
-    """{pid: command line} of every live process below `root`."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found, changed = {root}, True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found:
-                found.add(pid)
-                changed = True
-    out = {}
-    for pid in found - {root}:
-        with contextlib.suppress(OSError):
-            out[pid] = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return out
-
-
-def duplicate_events(pipe: Pipe, table: str, offsets: list[int]) -> None:
-    """Append copies of these events to the table's log (new, higher offsets; same positions)."""
-    tid = table_row(pipe, table)[0]
-    cols = "lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn"
-    with contextlib.closing(sqlite3.connect(pipe.log / "log.db")) as db, db:
-        for off in offsets:
-            db.execute(f"INSERT INTO ev_{tid}({cols}) SELECT {cols} FROM ev_{tid} WHERE off = ?", (off,))
-
 
 # ---- 1. the capture list, applied --------------------------------------------------------------------
 # Values Spark has no type for (BC/infinite dates and timestamps, arrays with more dimensions than

@@ -17,15 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.fixtures.kafka_log import apply_ok, make_kpipe, snapshot, stream_until_current, verified
+from tests.fixtures.topics import topic_records as raw_records
 from tests.harness import sql
-from tests.integration.test_kafka_log import (
-    apply_ok,
-    make_kpipe,
-    raw_records,
-    snapshot,
-    stream_until_current,
-    verified,
-)
 
 pytestmark = pytest.mark.integration
 

@@ -9,26 +9,20 @@ they are about a failure. Spark pays seconds per MERGE, so related checks share 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 
 from cdc.ground.lsn import format_lsn
 from cdc.keys import key_texts
@@ -43,377 +37,46 @@ from tests.fixtures.capture import (
     stream_events,
     wait_slot,
 )
-from tests.fixtures.capture import start_stream as start_capture_stream
+from tests.fixtures.kafka_log import (
+    LAKE,
+    TRUNCATE_KEY,
+    KPipe,
+    Rec,
+    admin,
+    alive,
+    apply_ok,
+    check_complete,
+    check_order,
+    check_shape,
+    child_pids,
+    current_flush_lsn,
+    cuts,
+    deduplicated,
+    kill_tree,
+    latest_cut,
+    make_kpipe,
+    published,
+    published_lsn,
+    snapshot,
+    staged_lsn,
+    start_stream,
+    stop_stream,
+    stream_until_current,
+    table_records,
+    topic_config,
+    topics_with_prefix,
+    verified,
+    wait_acknowledged,
+    wait_gone,
+    wait_published,
+)
 from tests.fixtures.readers import delta_rows
 from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as raw_records
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
-from tests.harness import CdcRun, cdc, cdc_popen, flush_wal, source_rows, sql, verify, write_pipeline
+from tests.harness import CdcRun, cdc, cdc_popen, source_rows, sql
 
 pytestmark = pytest.mark.integration
-
-LAKE = {"name": "lake", "delta": {"path": "lake"}}
-TRUNCATE_KEY = {"__cdc_truncate": True}
-
-
-# ---- pipelines ------------------------------------------------------------------------------------
-@dataclass
-class KPipe:
-    """A pipeline with the `kafka` log: its file, its topics and its staging log."""
-
-    dir: Path
-    file: Path
-    dsn: str
-    tables: list[str]
-    bootstrap: str
-    prefix: str
-    name: str = "test"
-
-    @property
-    def slot(self) -> str:
-        return f"cdc_{self.name}"
-
-    @property
-    def log(self) -> Path:
-        """The staging log (the embedded log capture writes); named `log` so the capture tests'
-        helpers (assert_log_well_formed, stream_events, ...) read it."""
-        return self.dir / ".cdc" / self.name / "staging"
-
-    def topic(self, table: str) -> str:
-        return f"{self.prefix}.{table}"
-
-    @property
-    def cuts_topic(self) -> str:
-        return f"{self.prefix}._cdc_cuts"
-
-    @property
-    def schemas_topic(self) -> str:
-        return f"{self.prefix}._cdc_schemas"
-
-    def write(self, sinks: list[dict] | None = None, **kafka: Any) -> None:
-        """(Re)write the pipeline file: same source and topics, these sinks and kafka settings."""
-        log = {"kafka": {"bootstrap_servers": self.bootstrap, "topic_prefix": self.prefix, **kafka}}
-        write_pipeline(
-            self.dir, self.dsn, self.tables, name=self.name, log=log, sinks=[LAKE] if sinks is None else sinks
-        )
-
-
-def make_kpipe(
-    tmp_path: Path, dsn: str, tables: list[str], bootstrap: str, sinks: list[dict] | None = None, **kafka: Any
-) -> KPipe:
-    pipe = KPipe(tmp_path, tmp_path / "test.yml", dsn, tables, bootstrap, f"k{uuid.uuid4().hex[:10]}")
-    pipe.write(sinks, **kafka)
-    return pipe
-
-
-def snapshot(pipe: KPipe) -> CdcRun:
-    return ok("snapshot", pipe.file, "--no-progress")
-
-
-def stream_until_current(pipe: KPipe) -> CdcRun:
-    """`cdc stream --until current`: returns once everything committed before is in Kafka (the
-    stream acknowledges, and stops, only at what the publisher has published)."""
-    flush_wal(pipe.dsn)
-    return ok("stream", pipe.file, "--until", "current")
-
-
-def apply_ok(pipe: KPipe, spark, sink: str | None = None) -> list:
-    from cdc.ground.config import load_pipeline
-    from pipelines.apply.job import ApplyJob
-
-    lines: list[str] = []
-    job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
-    runs = job.run_once(sink)
-    job.report(runs)
-    assert not [r for r in runs if r.error is not None], "apply failed:\n" + "\n".join(lines)
-    return runs
-
-
-def verified(pipe: KPipe, spark, sink: str | None = None) -> str:
-    code, report = verify(pipe.file, spark, sink)
-    if code != 0:
-        checkpoints = pipe.dir / ".cdc" / pipe.name / "checkpoints"
-        saved = {f.stem: json.loads(f.read_text()) for f in checkpoints.glob("*.json")}
-        cut = latest_cut(pipe)
-        raise AssertionError(f"cdc verify exited {code}:\n{report}\ncheckpoints: {saved}\nlatest cut: {cut}")
-    return report
-
-
-def start_stream(pipe: KPipe) -> subprocess.Popen:
-    """`cdc stream` in the background, returned once its replication connection is up (killed
-    with its publisher child if not within 60 s)."""
-    return start_capture_stream(pipe, timeout=60, kill=kill_tree)  # KPipe has the file, dsn and slot it uses
-
-
-def stop_stream(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
-    children = child_pids(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        raise AssertionError(f"cdc stream did not stop within {timeout}s after SIGTERM") from None
-    assert proc.returncode == 0, f"cdc stream exited {proc.returncode} after SIGTERM:\n{out}\n{err}"
-    no_traceback((out, err))
-    for pid in children:
-        assert wait_gone(pid, 10), f"process {pid} of cdc stream still runs 10s after it stopped"
-    return out, err
-
-
-def child_pids(pid: int) -> list[int]:
-    """Direct children of a process (the publisher child of `cdc stream`, multiprocessing helpers)."""
-    found: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL `cdc stream` and the children it started (a crash of the whole service)."""
-    children = child_pids(proc.pid)
-    for pid in [proc.pid, *children]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
-    for pid in children:
-        wait_gone(pid, 10)
-
-
-# ---- the staging log ------------------------------------------------------------------------------
-def staging_db(pipe: KPipe) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{pipe.log / 'log.db'}?mode=ro", uri=True)
-
-
-def published(pipe: KPipe) -> dict | None:
-    """The publisher's record of what Kafka acknowledged (cut id, LSN, per-table offsets)."""
-    with staging_db(pipe) as db:
-        row = db.execute("SELECT v FROM meta WHERE k = 'kafka_published'").fetchone()
-    return orjson.loads(row[0]) if row else None
-
-
-def published_lsn(pipe: KPipe) -> int:
-    state = published(pipe)
-    return state["lsn"] if state else 0
-
-
-def staged_lsn(pipe: KPipe) -> int:
-    """How far capture has made the staging log durable: its latest cut's LSN."""
-    with staging_db(pipe) as db:
-        row = db.execute("SELECT max(lsn) FROM cuts").fetchone()
-    return row[0] or 0
-
-
-def staged_positions(pipe: KPipe, table: str) -> list[tuple[int, int, str]]:
-    """(lsn, seq, op) of the table's stream events in the staging log, in offset order."""
-    return [(e.lsn, e.seq, e.op) for e in stream_events(pipe, table)]
-
-
-def current_flush_lsn(dsn: str) -> int:
-    flush_wal(dsn)
-    return sql(dsn, "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint")[0][0]
-
-
-def wait_published(pipe: KPipe, lsn: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while published_lsn(pipe) < lsn:
-        assert time.monotonic() < deadline, (
-            f"the publisher did not reach {format_lsn(lsn)} within {timeout}s (at {format_lsn(published_lsn(pipe))})"
-        )
-        time.sleep(0.1)
-
-
-def wait_acknowledged(pipe: KPipe, lsn: int, timeout: float = 30) -> None:
-    """Until the slot's confirmed_flush_lsn reaches `lsn` (the stream acknowledges what Kafka holds)."""
-    deadline = time.monotonic() + timeout
-    while (slot_info(pipe.dsn, pipe.slot)[1] or 0) < lsn:
-        assert time.monotonic() < deadline, (
-            f"the slot did not reach {format_lsn(lsn)} within {timeout}s (at {slot_info(pipe.dsn, pipe.slot)})"
-        )
-        time.sleep(0.1)
-
-
-# ---- Kafka, read back with plain kafka-python ----------------------------------------------------
-@dataclass(frozen=True)
-class Rec:
-    """A table topic record: the key and value JSON, and the position headers."""
-
-    offset: int
-    key: Any
-    value: dict | None
-    lsn: int
-    seq: int
-
-    @property
-    def tombstone(self) -> bool:
-        return self.value is None
-
-    @property
-    def op(self) -> str | None:
-        return None if self.value is None else self.value["op"]
-
-    @property
-    def key_text(self) -> str:
-        return orjson.dumps(self.key, option=orjson.OPT_SORT_KEYS).decode()
-
-    def content(self) -> tuple:
-        """What a republished copy must repeat: everything but the envelope's render time."""
-        value = None if self.value is None else {k: v for k, v in self.value.items() if k != "ts_ms"}
-        return self.key_text, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
-def admin(bootstrap: str) -> KafkaAdminClient:
-    return KafkaAdminClient(bootstrap_servers=[bootstrap], request_timeout_ms=30_000, client_id="test-admin")
-
-
-def topics_with_prefix(bootstrap: str, prefix: str) -> set[str]:
-    client = admin(bootstrap)
-    try:
-        return {t for t in client.list_topics() if t.startswith(prefix + ".")}
-    finally:
-        client.close()
-
-
-def topic_config(bootstrap: str, topic: str) -> dict[str, str]:
-    client = admin(bootstrap)
-    try:
-        result = client.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    finally:
-        client.close()
-    return {k: v["value"] for k, v in result["topic"][topic].items()}
-
-
-def table_records(bootstrap: str, topic: str) -> list[Rec]:
-    out = []
-    for r in raw_records(bootstrap, topic):
-        headers = dict(r.headers or [])
-        assert "cdc.lsn" in headers and "cdc.seq" in headers, (
-            f"{topic}@{r.offset}: no position headers: {headers}"
-        )
-        value = orjson.loads(r.value) if r.value is not None else None
-        out.append(
-            Rec(r.offset, orjson.loads(r.key), value, int(headers["cdc.lsn"]), int(headers["cdc.seq"]))
-        )
-    return out
-
-
-def cuts(bootstrap: str, topic: str) -> list[dict]:
-    records = raw_records(bootstrap, topic)
-    assert all(r.key == b"cut" for r in records), "the cut topic holds one key"
-    return [orjson.loads(r.value) for r in records]
-
-
-def latest_cut(pipe: KPipe) -> dict:
-    found = cuts(pipe.bootstrap, pipe.cuts_topic)
-    assert found, f"no cut in {pipe.cuts_topic}"
-    return found[-1]
-
-
-def check_order(records: Sequence[Rec], topic: str) -> dict[tuple, Rec]:
-    """Nothing reordered, nothing contradictory: positions appear for the first time in increasing
-    order (snapshot rows share theirs; a tombstone follows its delete); a position seen again is a
-    republished copy with the same key and value. Returns the first record per position."""
-    first: dict[tuple, Rec] = {}
-    high: tuple | None = None
-    for r in records:
-        ident = (r.lsn, r.seq, r.tombstone, r.key_text if r.op == "r" else None)
-        order = (r.lsn, r.seq, r.tombstone)
-        if ident in first:
-            assert first[ident].content() == r.content(), (
-                f"{topic}@{r.offset}: position {ident[:3]} republished with other content than at "
-                f"offset {first[ident].offset}:\n  {first[ident]}\n  {r}"
-            )
-            continue
-        assert high is None or order > high or (order == high and r.op == "r"), (
-            f"{topic}@{r.offset}: position {order} after {high}: out of commit order"
-        )
-        first[ident] = r
-        high = order
-    return first
-
-
-def check_shape(records: Sequence[Rec], topic: str, key: Sequence[str]) -> None:
-    """Keys are the primary key as JSON; a delete is followed right away by its tombstone."""
-    for i, r in enumerate(records):
-        if r.op == "t":
-            assert r.key == TRUNCATE_KEY, f"{topic}@{r.offset}: truncate key {r.key}"
-            continue
-        assert isinstance(r.key, dict) and sorted(r.key) == sorted(key), (
-            f"{topic}@{r.offset}: key {r.key} is not {key}"
-        )
-        if r.tombstone:
-            prev = records[i - 1] if i else None
-            assert (
-                prev is not None
-                and prev.op == "d"
-                and prev.key == r.key
-                and (prev.lsn, prev.seq) == (r.lsn, r.seq)
-            ), f"{topic}@{r.offset}: tombstone not right after its delete (before it: {prev})"
-            continue
-        assert set(r.value) >= {"before", "after", "source", "op", "ts_ms"}, (
-            f"{topic}@{r.offset}: not an envelope"
-        )
-        assert r.value["source"]["connector"] == "postgresql"
-        row = r.value["before"] if r.op == "d" else r.value["after"]
-        if row is not None:
-            assert {k: row[k] for k in key} == r.key, (
-                f"{topic}@{r.offset}: key {r.key} differs from the row {row}"
-            )
-        if r.op == "d":
-            nxt = records[i + 1] if i + 1 < len(records) else None
-            assert nxt is not None and nxt.tombstone and nxt.key == r.key, (
-                f"{topic}@{r.offset}: delete without a tombstone after it"
-            )
-
-
-def deduplicated(first: dict[tuple, Rec]) -> list[Rec]:
-    """The first copy of every record, in position order: the topic as a follower sees it after
-    deduplicating by position (a crash can split a delete from its tombstone in offset order)."""
-    return sorted(first.values(), key=lambda r: (r.lsn, r.seq, r.tombstone, r.offset))
-
-
-def expected_idents(pipe: KPipe, table: str) -> set[tuple]:
-    """The stream positions the staging log holds, as topic records: (lsn, seq, tombstone)."""
-    out = set()
-    for lsn, seq, op in staged_positions(pipe, table):
-        out.add((lsn, seq, False))
-        if op == "d":
-            out.add((lsn, seq, True))
-    return out
-
-
-def check_complete(pipe: KPipe, table: str, records: Sequence[Rec], snapshot_rows: int) -> dict[tuple, Rec]:
-    """Every staged event is in the topic once (up to republished copies), in order, nothing else."""
-    topic = pipe.topic(table)
-    first = check_order(records, topic)
-    stream = {k[:3] for k, r in first.items() if r.op != "r"}
-    want = expected_idents(pipe, table)
-    assert stream == want, (
-        f"{topic}: {len(want - stream)} staged events missing (e.g. {sorted(want - stream)[:3]}), "
-        f"{len(stream - want)} unknown (e.g. {sorted(stream - want)[:3]})"
-    )
-    assert sum(1 for r in first.values() if r.op == "r") == snapshot_rows, f"{topic}: snapshot rows"
-    return first
 
 
 # ---- 1. capture through Kafka ----------------------------------------------------------------------

@@ -571,7 +571,7 @@ def test_closed_stdout_exits_quietly(pg_db: str, tmp_path: Path) -> None:
 
 def test_closed_stdout_exits_quietly_with_the_kafka_log(pg_db: str, tmp_path: Path, kafka) -> None:
     """The same with `log: kafka` (records read from the topics, status from the cuts topic)."""
-    from tests.integration import test_kafka_log as kl
+    from tests.fixtures import kafka_log as kl
 
     make_table(pg_db, "t", 3000)
     pipe = kl.make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap, sinks=[])
@@ -625,7 +625,7 @@ def test_stream_says_when_the_kafka_broker_is_unreachable(
     there a Delta follower (read with plain Spark SQL; cdc verify exit 0)."""
     import threading
 
-    from tests.integration import test_kafka_log as kl
+    from tests.fixtures import kafka_log as kl
 
     broker = own_kafka
     make_table(pg_db, "t", 20)

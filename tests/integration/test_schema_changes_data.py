@@ -293,9 +293,9 @@ def test_kafka_log_add_column_default_then_vacuum_full_is_re_based(
     before the stream read it; one of them (here VACUUM FULL, as a type change would) rewrote
     the table and cleared the fast default, so the stream recorded the column without it and
     Delta got NULL. The stream notices the rewrite and re-bases the table through Kafka."""
-    from tests.integration.test_kafka_log import apply_ok, make_kpipe, verified
-    from tests.integration.test_kafka_log import snapshot as kafka_snapshot
-    from tests.integration.test_kafka_log import stream_until_current as kafka_stream
+    from tests.fixtures.kafka_log import apply_ok, make_kpipe, verified
+    from tests.fixtures.kafka_log import snapshot as kafka_snapshot
+    from tests.fixtures.kafka_log import stream_until_current as kafka_stream
 
     sql(
         pg_db,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.capture import no_traceback
+from tests.fixtures.lake import LAKE, apply_ok, make_pipe, snapshot, verified
 from tests.harness import cdc, flush_wal, sql, write_pipeline
-from tests.integration.test_apply import LAKE, apply_ok, make_pipe, snapshot, verified
 
 pytestmark = pytest.mark.integration
 

@@ -85,7 +85,7 @@ def test_status_backlog_of_a_never_applied_follower_with_the_kafka_log(
 ) -> None:
     """`log: kafka`: a follower that never applied shows its backlog over its own tables (snapshot
     records + events to apply, read from the topics), with a lag in seconds; no Spark needed."""
-    from tests.integration.test_kafka_log import make_kpipe, snapshot, stream_until_current
+    from tests.fixtures.kafka_log import make_kpipe, snapshot, stream_until_current
 
     sql(pg_db, *TABLES_A_B)
     sinks = [
