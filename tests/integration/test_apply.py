@@ -56,7 +56,7 @@ from tests.fixtures.lake import (
     txn_commits,
     verified,
 )
-from tests.fixtures.pgtypes import TYPE_COLUMNS, TYPES_SETUP
+from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import (
     REPO,
@@ -87,18 +87,6 @@ HOLDABLE = {
     "c_numeric_array": ("numeric[]", ("'{1.50,NaN,-0.000001}'", "'{}'")),
 }
 APPLY_TYPES = [(name, *HOLDABLE.get(name, (typ, values))) for name, typ, values in TYPE_COLUMNS]
-
-
-def _type_setup() -> list[str]:
-    cols = ", ".join(f"{name} {typ}" for name, typ, _ in APPLY_TYPES)
-    names = ", ".join(name for name, _, _ in APPLY_TYPES)
-    rows = [", ".join(values[i] for _, _, values in APPLY_TYPES) for i in (0, 1)]
-    nulls = ", ".join(["NULL"] * len(APPLY_TYPES))
-    return [
-        TYPES_SETUP,
-        f"CREATE TABLE ty(id int PRIMARY KEY, {cols})",
-        f"INSERT INTO ty(id, {names}) VALUES (1, {rows[0]}), (2, {rows[1]}), (3, {nulls})",
-    ]
 
 
 def _check_typed_values(spark, pipe: Pipe) -> None:
@@ -159,7 +147,7 @@ def test_capture_list_applied_to_delta(pg_db: str, tmp_path: Path, spark) -> Non
     `cdc stream` killed with SIGKILL twice."""
     sql(
         pg_db,
-        *_type_setup(),
+        *type_table(APPLY_TYPES),
         "CREATE TABLE t(id int PRIMARY KEY, v text, n int NOT NULL DEFAULT 0, big text, dropme text)",
         "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL",
         "INSERT INTO t(id, v, dropme) SELECT g, 'x' || g, 'd' || g FROM generate_series(1, 5000) g WHERE g != 5",
