@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,34 @@ def test_reset_to_cut_brings_back_what_a_restore_lost(
     follow(fix_line(report))
     assert verify(file, spark, "cache")[0] == 0
     assert load_checkpoint(state, "lake") == lake
+
+
+def test_reset_to_cut_on_the_kafka_log(tmp_path: Path, pg_db: str, redis_db: str, kafka, spark) -> None:
+    """`cdc reset --to-cut N` with `log: kafka`: cut N is read back from the cuts topic, and the
+    next apply re-reads the table topic after it (issue 23 item 3)."""
+    make_items(pg_db)
+    log = {"kafka": {"bootstrap_servers": kafka.bootstrap, "topic_prefix": f"rw{uuid.uuid4().hex[:8]}"}}
+    file = write_pipeline(tmp_path, pg_db, ["public.items"], log=log, sinks=[cache_sink(redis_db)])
+    snapshot_and_apply(file)
+    state = load_pipeline(file).state_path
+    first = load_checkpoint(state, "cache").cut_id
+    change_and_stream(pg_db, file)
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    latest = load_checkpoint(state, "cache").cut_id
+    assert latest > first, out
+    client = redis.Redis.from_url(redis_db)
+    client.delete("public.items:1", "public.items:2")  # lost after cut `first`, markers intact
+
+    code, out = run("reset", file, "--sink", "cache", "--to-cut", str(first), "--yes")
+    assert code == 0 and f"rewound from cut {latest} to cut {first}" in out, out
+    code, out = run("apply", file, "--once", "--sink", "cache")
+    assert code == 0, out
+    cached = {k: v["title"] for k, v in redis_rows(client, "public.items:").items()}
+    assert cached == {f"public.items:{k[0]}": r["title"] for k, r in source(pg_db).items()}
+    assert cached["public.items:1"] == "changed" and "public.items:3" not in cached
+    assert verify(file, spark, "cache")[0] == 0
+    client.close()
 
 
 def test_status_follower_at_latest_cut_is_up_to_date(tmp_path: Path, pg_db: str, spark) -> None:
