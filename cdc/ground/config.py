@@ -45,6 +45,11 @@ class PostgresSource(_Strict):
     tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
     slot: str | None = Field(default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)")
     publication: str | None = Field(default=None, pattern=NAME_RE, description="publication (default cdc_<name>)")
+    min_sslmode: Literal["require", "verify-ca", "verify-full"] = Field(
+        default="verify-full",
+        description="`cdc validate` warns when the DSN names a host that is not loopback with a weaker sslmode "
+        "(require: encryption without checking the server's certificate is enough)",
+    )
 
     _tables = field_validator("tables")(_check_tables)
 
@@ -104,6 +109,19 @@ class DeltaSink(_Strict):
     path: str
     mode: Literal["scd1", "scd2"] = "scd1"
     tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
+    # Table features (README "Reading the lake"): every feature a table takes on costs readers.
+    column_mapping: Literal["auto", "name"] = Field(
+        default="auto",
+        description="auto: column mapping only for a table with a column name plain Delta cannot hold "
+        "(one of ' ,;{}()=', tab, newline); name: every table this sink creates (renames are metadata "
+        "only, but delta-rs and Polars cannot read such tables)",
+    )
+    on_type_change: Literal["rewrite", "widen", "stop"] = Field(
+        default="rewrite",
+        description="a source column type Delta can widen (int -> bigint, float -> double, larger decimal, "
+        "date -> timestamp): rewrite the table with the new type (every reader keeps it), widen in place "
+        "with Delta type widening (only Spark with Delta 4+ reads the table then), or stop the apply",
+    )
 
     _tables = field_validator("tables")(_check_tables)
 
@@ -217,6 +235,16 @@ class StreamConfig(_Strict):
     )
 
 
+class MetricsConfig(_Strict):
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="serve Prometheus metrics on this port (stream, apply, run, snapshot); default: off",
+    )
+    host: str = Field(default="127.0.0.1", description="address the metrics endpoint binds (0.0.0.0: every interface)")
+
+
 class Pipeline(_Strict):
     name: str = Field(pattern=NAME_RE)
     source: Source
@@ -225,6 +253,7 @@ class Pipeline(_Strict):
     sinks: list[SinkConfig] = Field(default_factory=list)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     # Where the file was loaded from; relative paths resolve against its directory.
     base_dir: Path = Field(default=Path("."), exclude=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from cdc import metrics
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
 from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
@@ -154,11 +155,23 @@ class ApplyJob:
                         "the follower keeps its checkpoint and resumes on the next run; CDC_DEBUG=1 shows a traceback",
                     )
                 run.seconds = time.monotonic() - started
+                self._record(run)
                 runs.append(run)
         finally:
             reader.close()
             log.close()
         return runs
+
+    def _record(self, run: SinkRun) -> None:
+        """Metrics of one follower's round (README "Monitoring")."""
+        name = self.pipeline.name
+        if run.error is not None:
+            metrics.error(name, "apply", run.error)
+            return
+        metrics.APPLY_SUCCESS.labels(name, run.sink).set(time.time())
+        if not run.up_to_date:
+            metrics.APPLY_CUTS.labels(name, run.sink).inc()
+            metrics.APPLY_STAGE.labels(name, run.sink, "cut").observe(run.seconds)
 
     def _apply_sink(self, log, reader: ChangeReader, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
         state = self.pipeline.state_path
@@ -185,6 +198,7 @@ class ApplyJob:
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
+        sink.say = self.say
         sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
         if ckpt.clear:  # `cdc reset --rebuild`: start from nothing (changed rows would survive a replay)
             self.say(f"sink {sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
@@ -230,22 +244,29 @@ class ApplyJob:
         save_checkpoint(state, ckpt)
         if batches:
             name = sink_cfg.name
+            stages = metrics.APPLY_STAGE
             try:
-                with stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"):
+                with (
+                    stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"),
+                    stages.labels(self.pipeline.name, name, "read").time(),
+                ):
                     for batch in batches:
                         batch.check()  # a value no follower type can hold stops the cut before any table is written
             except BaseException:
                 for batch in batches:
                     batch.release()
                 raise
-            with stage(f"sink {name}: preparing the follower"):
+            with stage(f"sink {name}: preparing the follower"), stages.labels(self.pipeline.name, name, "prepare").time():
                 sink.prepare(batches)
             for batch in batches:
                 if run.tables:
                     crash_point("apply:between-tables")
                 try:
-                    with stage(
-                        f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"
+                    with (
+                        stage(
+                            f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"
+                        ),
+                        metrics.APPLY_TABLE.labels(self.pipeline.name, name, str(batch.table)).time(),
                     ):
                         changes = batch.versions() if sink.wants_versions else batch.net()
                         try:
