@@ -8,7 +8,8 @@ Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--
    `cdc apply --once` then applies everything to a fresh Delta table (one batch: the
    snapshot plus every change). Side by side, the ceiling: a plain Delta MERGE of the same
    final rows (already netted, read from Parquet) into an equally fresh table — what Spark and
-   Delta cost without the log read, the net-change computation and the checks.
+   Delta cost without the log read, the net-change computation and the checks. (The chart
+   draws it as the events/s apply would reach if it cost only that MERGE.)
 2. Freshness. `cdc stream` runs continuously (as `cdc run` runs it) and the apply loop runs
    with a 1 s trigger while a writer commits `--rate` changes/s for `--seconds`. Every
    transaction stamps its rows with its number and notes the WAL position after its commit;
@@ -16,32 +17,26 @@ Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--
    (checked at the end against the newest number in the Delta table). Freshness of a transaction =
    visible time - commit time; p50/p99 are reported.
 
-It starts its own PostgreSQL (pipelines.devservices.postgres.LocalPostgres) and removes it.
+Both apply in this process (pipelines.apply.job.ApplyJob on one SparkSession, start-up not
+counted). It starts its own PostgreSQL (bench/harness) and removes it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import psycopg2  # noqa: E402
-import yaml  # noqa: E402
-
-from cdc.session import libpq_options  # noqa: E402
-from pipelines.devservices.postgres import LocalPostgres  # noqa: E402
+from harness.bench import BIN, Bench
+from harness.main import main
+from harness.report import Report
+from harness.services import say
+from harness.workload import connect
 
 TABLE = """
 CREATE TABLE bench (
@@ -56,18 +51,7 @@ UPDATE = """
 UPDATE bench SET ver = %(ver)s, qty = qty + 1, price = price + 0.01, updated_at = clock_timestamp()
 WHERE id IN (SELECT 1 + floor(random() * %(keys)s)::bigint FROM generate_series(1, %(n)s))
 """
-
-
-def connect(dsn: str):
-    conn = psycopg2.connect(dsn, options=libpq_options())
-    conn.autocommit = True
-    return conn
-
-
-def cdc(*args: str, env: dict | None = None) -> float:
-    started = time.monotonic()
-    subprocess.run([str(REPO / ".venv/bin/cdc"), *args], check=True, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
-    return time.monotonic() - started
+SPARK = {"master": "local[2]"}
 
 
 def write_changes(dsn: str, keys: int, changes: int, per_txn: int = 1000) -> int:
@@ -77,45 +61,40 @@ def write_changes(dsn: str, keys: int, changes: int, per_txn: int = 1000) -> int
     with conn.cursor() as cur:
         while done < changes:
             ver += 1
-            cur.execute("BEGIN")
             cur.execute(UPDATE, {"ver": ver, "keys": keys, "n": min(per_txn, changes - done)})
             done += cur.rowcount
-            cur.execute("COMMIT")
+            conn.commit()
     conn.close()
     return done
 
 
-def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
-    from pipelines.spark import spark_session
-
-    conn = connect(dsn)
-    with conn.cursor() as cur:
-        cur.execute(TABLE)
-        cur.execute(SEED, {"keys": keys})
-    conn.close()
-    pipe = work / "apply.yml"
-    pipe.write_text(
-        yaml.safe_dump(
-            {
-                "name": "benchapply",
-                "source": {"postgres": {"dsn": dsn, "tables": ["public.bench"]}},
-                "sinks": [{"name": "lake", "delta": {"path": "lake"}}],
-                "spark": {"master": "local[2]"},
-            }
-        )
-    )
-    cdc("snapshot", str(pipe), "--no-progress")
-    t0 = time.monotonic()
-    written = write_changes(dsn, keys, changes)
-    write_s = time.monotonic() - t0
-    stream_s = cdc("stream", str(pipe), "--until", "current")
-    print(f"  {written:,} changes written in {write_s:.1f}s, streamed into the log in {stream_s:.1f}s", flush=True)
-
+def apply_job(pipe: Path, confs: dict[str, str] | None = None):
+    """An ApplyJob of the pipeline on this process's SparkSession (runtime SQL confs set first)."""
     from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
+    from pipelines.spark import spark_session
 
-    spark = spark_session(master="local[2]")
-    job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
+    spark = spark_session(master=SPARK["master"])
+    for key, value in (confs or {}).items():  # e.g. spark.sql.shuffle.partitions=2
+        spark.conf.set(key, value)
+    return spark, ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
+
+
+def throughput(b: Bench) -> dict:
+    keys, changes = b.args.keys, b.args.changes
+    say(f"throughput: {changes:,} changes over {keys:,} keys, one `cdc apply --once`")
+    b.sql(TABLE, SEED % {"keys": keys})
+    pipe = b.pipeline(
+        "benchapply", ["public.bench"], sinks=[{"name": "lake", "delta": {"path": "lake"}}], spark=SPARK
+    )
+    b.cdc("apply_snapshot", "snapshot", pipe, "--no-progress")
+    t0 = time.monotonic()
+    written = write_changes(b.dsn, keys, changes)
+    write_s = time.monotonic() - t0
+    stream_s = b.cdc("apply_stream", "stream", pipe, "--until", "current").wall_s
+    say(f"  {written:,} changes written in {write_s:.1f}s, streamed into the log in {stream_s:.1f}s")
+
+    spark, job = apply_job(pipe)
     t0 = time.monotonic()
     runs = job.run_once()
     apply_s = time.monotonic() - t0
@@ -124,10 +103,10 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
     # The ceiling: MERGE of the same final rows (netted already) from Parquet into a fresh table.
     from delta.tables import DeltaTable
 
-    final = spark.read.format("delta").load(str(work / "lake/public/bench"))
-    parquet = str(work / "net.parquet")
+    final = spark.read.format("delta").load(str(b.work / "lake/public/bench"))
+    parquet = str(b.work / "net.parquet")
     final.write.mode("overwrite").parquet(parquet)
-    target_path = str(work / "ceiling")
+    target_path = str(b.work / "ceiling")
     final.limit(0).write.format("delta").save(target_path)
     source = spark.read.parquet(parquet)
     t0 = time.monotonic()
@@ -141,7 +120,7 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
     )
     ceiling_s = time.monotonic() - t0
     total = written + keys
-    return {
+    r = {
         "keys": keys,
         "changes": written,
         "events_applied": total,
@@ -151,43 +130,43 @@ def throughput(work: Path, dsn: str, keys: int, changes: int) -> dict:
         "ceiling_rows_per_s_of_net": round(keys / ceiling_s),
         "stream_s": round(stream_s, 2),
     }
-
-
-def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int, confs: dict[str, str]) -> dict:
-    from cdc.ground.config import load_pipeline
-    from pipelines.apply.job import ApplyJob
-    from pipelines.spark import spark_session
-
-    conn = connect(dsn)
-    with conn.cursor() as cur:
-        cur.execute("CREATE TABLE fresh (id bigint PRIMARY KEY, ver bigint NOT NULL, v text)")
-        cur.execute("INSERT INTO fresh SELECT g, 0, 'x' FROM generate_series(1, %s) g", (keys,))
-    conn.close()
-    pipe = work / "fresh.yml"
-    pipe.write_text(
-        yaml.safe_dump(
-            {
-                "name": "benchfresh",
-                "source": {"postgres": {"dsn": dsn, "tables": ["public.fresh"]}},
-                "sinks": [{"name": "lake", "delta": {"path": "fresh-lake"}}],
-                "spark": {"master": "local[2]", "trigger_interval_s": 1},
-                "stream": {"batch_max_seconds": 0.2},
-            }
-        )
+    say(
+        f"apply: cdc apply --once {r['apply_changes_per_s']:,} events/s ({total:,} in {r['apply_once_s']}s) "
+        f"| ceiling: plain MERGE of the netted rows {r['ceiling_merge_s']}s"
     )
-    cdc("snapshot", str(pipe), "--no-progress")
-    spark = spark_session(master="local[2]")
-    for key, value in confs.items():  # runtime SQL confs to try (--conf), e.g. spark.sql.shuffle.partitions=2
-        spark.conf.set(key, value)
-    job = ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
+    return r
+
+
+def freshness(b: Bench) -> dict:
+    keys, rate, seconds = b.args.keys, b.args.rate, b.args.seconds
+    say(f"freshness: {rate:,} changes/s for {seconds}s, 1 s trigger")
+    b.sql(
+        "CREATE TABLE fresh (id bigint PRIMARY KEY, ver bigint NOT NULL, v text)",
+        f"INSERT INTO fresh SELECT g, 0, 'x' FROM generate_series(1, {keys}) g",
+    )
+    pipe = b.pipeline(
+        "benchfresh",
+        ["public.fresh"],
+        sinks=[{"name": "lake", "delta": {"path": "fresh-lake"}}],
+        spark={**SPARK, "trigger_interval_s": 1},
+        stream={"batch_max_seconds": 0.2},
+    )
+    b.cdc("fresh_snapshot", "snapshot", pipe, "--no-progress")
+    confs = dict(c.split("=", 1) for c in b.args.conf)
+    spark, job = apply_job(pipe, confs)
     job.run_once()  # bootstrap outside the measured window
     batch_s: list[float] = []
-    stream = subprocess.Popen([str(REPO / ".venv/bin/cdc"), "stream", str(pipe)], stdout=subprocess.DEVNULL)
-    commits: dict[int, tuple[float, int]] = {}  # transaction number -> (commit time, WAL position after its commit)
+    stream = subprocess.Popen(
+        [str(BIN / "cdc"), "stream", str(pipe)], stdout=subprocess.DEVNULL, env=b.cdc_env()
+    )
+    commits: dict[
+        int, tuple[float, int]
+    ] = {}  # transaction number -> (commit time, WAL position after its commit)
     stop = threading.Event()
 
     def writer() -> None:
-        c = connect(dsn)
+        c = connect(b.dsn)
+        c.autocommit = True
         per_txn = max(1, rate // 20)  # 20 transactions per second
         ver = 0
         with c.cursor() as cur:
@@ -228,10 +207,16 @@ def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int, confs: d
         thread.join()
         stream.send_signal(signal.SIGTERM)
         stream.wait(60)
-    newest = spark.read.format("delta").load(str(work / "fresh-lake/public/fresh")).agg({"ver": "max"}).first()[0] or 0
+    newest = (
+        spark.read.format("delta")
+        .load(str(b.work / "fresh-lake/public/fresh"))
+        .agg({"ver": "max"})
+        .first()[0]
+        or 0
+    )
     assert newest >= seen, f"transactions up to {seen} counted as visible, but the table's newest is {newest}"
     samples.sort()
-    return {
+    f = {
         "rate_changes_per_s": rate,
         "seconds": seconds,
         "transactions_measured": len(samples),
@@ -243,54 +228,84 @@ def freshness(work: Path, dsn: str, keys: int, rate: int, seconds: int, confs: d
         "batch_s_max": round(max(batch_s), 2) if batch_s else None,
         "confs": confs,
     }
+    say(
+        f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s "
+        f"({f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s)"
+    )
+    return f
 
 
-def main() -> None:
+def body(b: Bench) -> Report:
+    args = b.args
+    b.results["config"].update(changes=args.changes, keys=args.keys, rate=args.rate, seconds=args.seconds)
+    b.start_postgres(durable=True)
+    rep = Report("Apply into Delta (bench/apply.py)", ("seconds",))
+    rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; freshness at {args.rate:,} changes/s for {args.seconds}s"
+    if args.only in (None, "throughput"):
+        t = b.results["throughput"] = throughput(b)
+        rep.add(
+            "throughput",
+            "cdc apply --once",
+            t["apply_changes_per_s"],
+            "events/s",
+            ratio=t["ceiling_merge_s"] / t["apply_once_s"],
+            seconds=f"{t['apply_once_s']:.2f}",
+            notes="log read + net change + MERGE + checks, in-process",
+        )
+        rep.add(
+            "throughput",
+            "plain MERGE of the netted rows",
+            t["events_applied"] / t["ceiling_merge_s"],
+            "events/s",
+            role="ceiling",
+            ratio=1.0,
+            seconds=f"{t['ceiling_merge_s']:.2f}",
+            notes="events / the MERGE's time",
+        )
+    if args.only in (None, "freshness"):
+        f = b.results["freshness"] = freshness(b)
+        rep.targets["freshness"] = (10.0, "target: p99 < 10 s")
+        for key, name in (("freshness_p50_s", "p50"), ("freshness_p99_s", "p99"), ("freshness_max_s", "max")):
+            if f[key] is not None:
+                rep.add(
+                    "freshness",
+                    f"commit to visible in Delta, {name}",
+                    f[key],
+                    "s",
+                    less_is_better=True,
+                    seconds=f"{f[key]:.2f}",
+                    notes="target p99 < 10 s" if name == "p99" else "",
+                )
+        if f["batch_s_p50"] is not None:
+            rep.add(
+                "freshness",
+                "one apply batch, p50",
+                f["batch_s_p50"],
+                "s",
+                role="diag",
+                less_is_better=True,
+                seconds=f"{f['batch_s_p50']:.2f}",
+                notes=f"{f['batches']} batches",
+            )
+    return rep
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--json")
     ap.add_argument("--only", choices=["throughput", "freshness"])
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="freshness: a runtime Spark SQL conf to try (repeatable)")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-"))
-    server = LocalPostgres(Path(tempfile.mkdtemp(prefix="cdc-bench-pg-")))
-    results: dict = {}
-    try:
-        server.start()
-        admin = connect(server.dsn())
-        with admin.cursor() as cur:
-            cur.execute("CREATE DATABASE bench")
-        admin.close()
-        dsn = server.dsn("bench")
-        if args.only in (None, "throughput"):
-            print(f"throughput: {args.changes:,} changes over {args.keys:,} keys, one `cdc apply --once`", flush=True)
-            results["throughput"] = throughput(work, dsn, args.keys, args.changes)
-            r = results["throughput"]
-            print(
-                f"apply: cdc apply --once {r['apply_changes_per_s']:,} events/s ({r['events_applied']:,} in {r['apply_once_s']}s) "
-                f"| ceiling: plain MERGE of the netted rows {r['ceiling_merge_s']}s",
-                flush=True,
-            )
-        if args.only in (None, "freshness"):
-            print(f"freshness: {args.rate:,} changes/s for {args.seconds}s, 1 s trigger", flush=True)
-            results["freshness"] = freshness(work, dsn, args.keys, args.rate, args.seconds, dict(c.split("=", 1) for c in args.conf))
-            f = results["freshness"]
-            print(
-                f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s "
-                f"({f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s)",
-                flush=True,
-            )
-    finally:
-        server.stop()
-        shutil.rmtree(server.base_dir, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    ap.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="freshness: a runtime Spark SQL conf to try (repeatable)",
+    )
+    return ap
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(parser(), body, prefix="apply"))

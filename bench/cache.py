@@ -33,99 +33,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
-import shutil
 import sqlite3
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psycopg2
 import redis
-import yaml
-from common import COLUMNS, say
+from harness import cdcout
+from harness.bench import Bench
+from harness.main import main
+from harness.report import Report
+from harness.services import say, started
+from harness.workload import COLUMNS, TXN_SIZE, connect, row_expr, update_set
 
-from cdc.session import libpq_options
-from pipelines.devservices.postgres import LocalPostgres
 from pipelines.devservices.redis import LocalRedis
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-DB = "bench"
 TABLE = "public.bench_cache"
-TXN = 1000
-ROW_EXPR = """
-    g, mod(g, 100000)::int, (mod(g, 10000000) / 100.0)::numeric(12,2), g * 0.731::float8,
-    left(md5(g::text), 20), 'code-' || mod(g, 9973)::text, mod(g, 3) = 0,
-    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second', date '2024-01-01' + mod(g, 3650)::int,
-    md5(g::text)::uuid
-"""
-UPDATE_SET = """
-    qty = qty + 1, price = price + 0.01, score = score * 1.5, note = left(md5((id + qty)::text), 20),
-    flag = NOT flag, updated_at = updated_at + interval '1 minute'
-"""
-REPORT = re.compile(r"sink (\w+): applied cut \d+ \([^)]*\) in ([\d.]+)s: (.*)")
+ROW_EXPR = row_expr()
+UPDATE_SET = update_set(note="left(md5((id + qty)::text), 20)")
 
 
-CPU = {"last": 0.0}  # user+sys CPU seconds of the last command's process tree
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree_ticks(root: int, seen: dict[int, int]) -> None:
-    """Record utime+stime (own + reaped children) of `root` and every live descendant in `seen`."""
-    parents: dict[int, int] = {}
-    stats: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-        stats[int(entry.name)] = sum(int(f) for f in fields[11:15])
-    for pid, ticks in stats.items():
-        p = pid
-        while p and p != root:
-            p = parents.get(p, 0)
-        if p == root:
-            seen[pid] = max(seen.get(pid, 0), ticks)
-
-
-def run(argv: list[str], env: dict[str, str], what: str) -> tuple[float, str]:
-    """Run a command; wall time, and CPU of its process tree (the JVM and Python workers included,
-    sampled from /proc every 0.2 s) in CPU["last"]."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    seen: dict[int, int] = {}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            _tree_ticks(proc.pid, seen)
-            stop.wait(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out, err = proc.communicate()
-    wall = time.perf_counter() - started
-    stop.set()
-    sampler.join()
-    CPU["last"] = sum(seen.values()) / _TICK
-    if proc.returncode != 0:
-        raise SystemExit(f"{what} failed (exit {proc.returncode}):\n{out[-3000:]}\n{err[-3000:]}")
-    return wall, out
-
-
-def write_path(url: str, keys: int) -> list[tuple[str, float, str]]:
+def write_path(url: str) -> list[tuple[str, float, str]]:
     """The Redis write path alone, without Spark, on the values the apply cached: plain pipelined
     SETs of them (the ceiling: no position check), then our compare-and-set writer
     (sinks.cache.writer.write_partition, one connection, as one Spark partition) into fresh keys,
@@ -147,7 +76,7 @@ def write_path(url: str, keys: int) -> list[tuple[str, float, str]]:
     plain = redis.Redis.from_url(url.rsplit("/", 1)[0] + "/1")
     plain.flushdb()
     conn = plain.connection_pool.get_connection()
-    started = time.perf_counter()
+    started_at = time.perf_counter()
     for i in range(0, len(rows), 2000):  # packed like the writer packs its calls: RESP by hand
         trip = []
         for k, _t, _op, _l, _s, v, _u in rows[i : i + 2000]:
@@ -156,7 +85,7 @@ def write_path(url: str, keys: int) -> list[tuple[str, float, str]]:
         conn.send_packed_command(trip, check_health=False)
         for _ in trip:
             conn.read_response()
-    out.append(("pipelined SET (ceiling)", time.perf_counter() - started, "no position check"))
+    out.append(("pipelined SET (ceiling)", time.perf_counter() - started_at, "no position check"))
     plain.connection_pool.release(conn)
     plain.flushdb()
     plain.close()
@@ -164,7 +93,7 @@ def write_path(url: str, keys: int) -> list[tuple[str, float, str]]:
     client = redis.Redis.from_url(target)
     sha = client.script_load(scripts.UPSERT)
     for label in ("compare-and-set writer", "same rows again"):
-        started = time.perf_counter()
+        started_at = time.perf_counter()
         (counts,) = write_partition(
             iter(rows),
             url=target,
@@ -174,32 +103,26 @@ def write_path(url: str, keys: int) -> list[tuple[str, float, str]]:
             ttl=0,
             tomb_ttl=60,
         )
-        out.append((label, time.perf_counter() - started, f"inserted {counts[0]:,}, ignored {counts[3]:,}"))
+        out.append(
+            (label, time.perf_counter() - started_at, f"inserted {counts[0]:,}, ignored {counts[3]:,}")
+        )
     client.flushdb()
     client.close()
     return out
 
 
-def sink_report(out: str, sink: str) -> tuple[float, str]:
-    for line in out.splitlines():
-        m = REPORT.search(line)
-        if m and m.group(1) == sink:
-            return float(m.group(2)), m.group(3)
-    raise SystemExit(f"no report line for sink {sink} in:\n{out}")
-
-
 def workload(dsn: str, changes: int, keys: int) -> None:
-    conn = psycopg2.connect(dsn, options=libpq_options())
+    conn = connect(dsn)
     rng = random.Random(7)
     try:
         with conn.cursor() as cur:
-            for start in range(1, keys + 1, TXN):
-                end = min(keys, start + TXN - 1)
+            for start in range(1, keys + 1, TXN_SIZE):
+                end = min(keys, start + TXN_SIZE - 1)
                 cur.execute(f"INSERT INTO {TABLE} SELECT {ROW_EXPR} FROM generate_series({start}, {end}) g")
                 conn.commit()
             left = changes - keys
             while left > 0:
-                n = min(TXN, left)
+                n = min(TXN_SIZE, left)
                 ids = rng.sample(range(1, keys + 1), n)
                 cur.execute(f"UPDATE {TABLE} SET {UPDATE_SET} WHERE id = ANY(%s)", (ids,))
                 conn.commit()
@@ -219,12 +142,12 @@ def log_events(log_dir: Path) -> int:
 
 def check_cache(dsn: str, url: str, keys: int) -> str:
     client = redis.Redis.from_url(url, decode_responses=True)
-    conn = psycopg2.connect(dsn, options=libpq_options())
+    conn = connect(dsn)
     try:
         cached = sum(1 for _ in client.scan_iter(match="public.bench_cache:*", count=5000))
         if cached != keys:
             raise SystemExit(f"cache check: {cached:,} cached rows, the source has {keys:,}")
-        ids = random.Random(1).sample(range(1, keys + 1), 200)
+        ids = random.Random(1).sample(range(1, keys + 1), min(200, keys))
         with conn.cursor() as cur:
             cur.execute(f"SELECT id, qty, note, flag FROM {TABLE} WHERE id = ANY(%s)", (ids,))
             for id_, qty, note, flag in cur.fetchall():
@@ -234,146 +157,126 @@ def check_cache(dsn: str, url: str, keys: int) -> str:
                         f"cache check: key {id_} differs: cache {row}, source {(qty, note, flag)}"
                     )
         memory = client.info("memory")["used_memory"]
-        return f"{cached:,} rows cached, 200 sampled rows equal the source, Redis used_memory {memory / 1e6:,.0f} MB"
+        return f"{cached:,} rows cached, {len(ids)} sampled rows equal the source, Redis used_memory {memory / 1e6:,.0f} MB"
     finally:
         client.close()
         conn.close()
 
 
-def main() -> None:
+def body(b: Bench) -> Report:
+    args = b.args
+    b.results["config"].update(changes=args.changes, keys=args.keys)
+    b.start_postgres(durable=False)
+    cache = started(b.stack, LocalRedis(b.work / "redis"), "Redis")
+    b.sql(f"CREATE TABLE {TABLE} ({COLUMNS})")
+    file = b.pipeline(
+        "bench_cache",
+        [TABLE],
+        sinks=[
+            {"name": "cache", "redis": {"url": cache.url, "tables": [TABLE]}},
+            {"name": "lake", "delta": {"path": "lake"}},
+        ],
+        spark={"master": "local[2]"},
+    )
+    b.cdc("cache_snapshot", "snapshot", file, "--no-progress")
+    t0 = time.perf_counter()
+    workload(b.dsn, args.changes, args.keys)
+    say(f"workload: {args.changes:,} changes over {args.keys:,} keys in {time.perf_counter() - t0:.0f}s")
+    wall = b.cdc("cache_stream", "stream", file, "--until", "current").wall_s
+    events = log_events(b.state("bench_cache") / "log")
+    say(
+        f"cdc stream: {events:,} changes into the log in {wall:.1f}s ({events / wall:,.0f} changes/s, for information)"
+    )
+    if events < args.changes:
+        raise SystemExit(f"the log holds {events:,} changes, expected {args.changes:,}")
+    b.results["log_changes"] = events
+
+    def apply(label: str, sink: str) -> dict:
+        run = b.cdc(f"apply_{label.replace(' ', '_')}", "apply", file, "--once", "--sink", sink, tree=True)
+        own, detail = cdcout.applied(run.out, sink)
+        cpu = run.tree_cpu_s or 0.0
+        say(
+            f"cdc apply --once --sink {sink} ({label}): wall {run.wall_s:.1f}s, sink {own:.1f}s, CPU {cpu:.1f}s: {detail}"
+        )
+        return {
+            "sink": label,
+            "wall_s": run.wall_s,
+            "sink_s": own,
+            "cpu_s": cpu,
+            "changes_per_s": events / own,
+            "keys_per_s": args.keys / own,
+            "detail": detail,
+        }
+
+    runs = [apply("cache", "cache")] + ([] if args.no_delta else [apply("lake", "lake")])
+    if args.replay:
+        ckpt = b.state("bench_cache") / "checkpoints" / "cache.json"
+        saved = json.loads(ckpt.read_text())
+        saved.update(cut_id=0, lsn=0, tables={}, pending=None)
+        ckpt.write_text(json.dumps(saved))
+        runs.append(apply("cache replay", "cache"))
+    b.results["runs"] = runs
+    say(f"check: {check_cache(b.dsn, cache.url, args.keys)}")
+    paths = write_path(cache.url)
+    b.results["write_path"] = [
+        {"what": w, "seconds": sec, "keys_per_s": args.keys / sec, "detail": d} for w, sec, d in paths
+    ]
+
+    rep = Report(
+        "Cache follower: cdc apply into Redis, next to Delta (bench/cache.py)", ("wall s", "own s", "CPU s")
+    )
+    rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; rates in the sink's own time"
+    roles = {"cache": "cdc", "lake": "peer", "cache replay": "diag"}
+    names = {
+        "cache": "Redis (cache)",
+        "lake": "Delta (lake), same log",
+        "cache replay": "Redis, cut replayed",
+    }
+    for r in runs:
+        rep.add(
+            "apply",
+            names[r["sink"]],
+            r["changes_per_s"],
+            "changes/s",
+            role=roles[r["sink"]],
+            notes=r["detail"],
+            wall_s=f"{r['wall_s']:.1f}",
+            own_s=f"{r['sink_s']:.1f}",
+            CPU_s=f"{r['cpu_s']:.1f}",
+        )
+    for what, sec, detail in paths:
+        role = "ceiling" if "ceiling" in what else ("cdc" if what.startswith("compare") else "diag")
+        rep.add(
+            "Redis write path alone, one connection",
+            what,
+            args.keys / sec,
+            "keys/s",
+            role=role,
+            notes=detail,
+            own_s=f"{sec:.2f}",
+        )
+    cache_rate = runs[0]["changes_per_s"]
+    line = f"cache: {cache_rate:,.0f} changes/s into Redis ({'meets' if cache_rate >= 20_000 else 'MISSES'} the 20,000/s target)"
+    if not args.no_delta:
+        line += f" | Delta: {runs[1]['changes_per_s']:,.0f} changes/s"
+    rep.summary.append(line)
+    return rep
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--no-delta", action="store_true", help="skip the Delta side")
     ap.add_argument("--replay", action="store_true", help="also time the cache cut applied a second time")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir")
-    ap.add_argument("--json", type=Path, help="write the figures as JSON")
-    args = ap.parse_args()
-    if args.changes < args.keys:
-        raise SystemExit("--changes must be at least --keys (every key is inserted once)")
+    return ap
 
-    work = Path(tempfile.mkdtemp(prefix="cdc-bench-cache-"))
-    os.chmod(work, 0o755)  # the PostgreSQL server runs as `postgres` when we are root
-    pg = LocalPostgres(work / "pg", durable=False)
-    cache = LocalRedis(work / "redis")
-    figures: dict[str, object] = {"changes": args.changes, "keys": args.keys, "cpus": os.cpu_count()}
-    load = os.getloadavg()[0]
-    if load > (os.cpu_count() or 1) / 2:
-        say(f"warning: 1-minute load average is {load:.1f} on {os.cpu_count()} CPUs: figures will be low")
-    figures["load_before"] = load
-    try:
-        pg.start()
-        cache.start()
-        admin = psycopg2.connect(pg.dsn())
-        admin.autocommit = True
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {DB}")
-        admin.close()
-        dsn = pg.dsn(DB)
-        conn = psycopg2.connect(dsn)
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE TABLE {TABLE} ({COLUMNS})")
-        conn.close()
-        pipeline = {
-            "name": "bench_cache",
-            "source": {"postgres": {"dsn": "${BENCH_DSN}", "tables": [TABLE]}},
-            "sinks": [
-                {"name": "cache", "redis": {"url": cache.url, "tables": [TABLE]}},
-                {"name": "lake", "delta": {"path": "lake"}},
-            ],
-            "spark": {"master": "local[2]"},
-        }
-        file = work / "bench_cache.yml"
-        file.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-        env = {**os.environ, "BENCH_DSN": dsn}
-        cdc = str(BIN / "cdc")
 
-        run([cdc, "snapshot", str(file), "--no-progress"], env, "cdc snapshot")
-        started = time.perf_counter()
-        workload(dsn, args.changes, args.keys)
-        say(
-            f"workload: {args.changes:,} changes over {args.keys:,} keys in {time.perf_counter() - started:.0f}s"
-        )
-        wall, _ = run([cdc, "stream", str(file), "--until", "current"], env, "cdc stream")
-        events = log_events(work / ".cdc" / "bench_cache" / "log")
-        say(
-            f"cdc stream: {events:,} changes into the log in {wall:.1f}s ({events / wall:,.0f} changes/s, for information)"
-        )
-        if events < args.changes:
-            raise SystemExit(f"the log holds {events:,} changes, expected {args.changes:,}")
-        figures["log_changes"] = events
-
-        ckpt = work / ".cdc" / "bench_cache" / "checkpoints" / "cache.json"
-        rows = []
-        sinks = ["cache"] + ([] if args.no_delta else ["lake"])
-        for sink in sinks:
-            wall, out = run(
-                [cdc, "apply", str(file), "--once", "--sink", sink], env, f"cdc apply --sink {sink}"
-            )
-            own, detail = sink_report(out, sink)
-            rows.append((sink, wall, own, CPU["last"], detail))
-            say(
-                f"cdc apply --once --sink {sink}: wall {wall:.1f}s, sink {own:.1f}s, CPU {CPU['last']:.1f}s: {detail}"
-            )
-        if args.replay:
-            saved = json.loads(ckpt.read_text())
-            saved.update(cut_id=0, lsn=0, tables={}, pending=None)
-            ckpt.write_text(json.dumps(saved))
-            wall, out = run([cdc, "apply", str(file), "--once", "--sink", "cache"], env, "cdc apply (replay)")
-            own, detail = sink_report(out, "cache")
-            rows.append(("cache replay", wall, own, CPU["last"], detail))
-            say(
-                f"cdc apply --once --sink cache (replay): wall {wall:.1f}s, sink {own:.1f}s, CPU {CPU['last']:.1f}s: {detail}"
-            )
-        check = check_cache(dsn, cache.url, args.keys)
-        say(f"check: {check}")
-        paths = write_path(cache.url, args.keys)
-        figures["write_path"] = [
-            {"what": w, "seconds": sec, "keys_per_s": args.keys / sec, "detail": d} for w, sec, d in paths
-        ]
-
-        say("")
-        say(
-            f"{'follower':<14} {'wall s':>7} {'sink s':>7} {'CPU s':>7} {'changes/s':>11} {'keys/s':>9}  result"
-        )
-        figures["runs"] = []
-        for sink, wall, own, cpu, detail in rows:
-            say(
-                f"{sink:<14} {wall:>7.1f} {own:>7.1f} {cpu:>7.1f} {events / own:>11,.0f} {args.keys / own:>9,.0f}  {detail}"
-            )
-            figures["runs"].append(
-                {
-                    "sink": sink,
-                    "wall_s": wall,
-                    "sink_s": own,
-                    "cpu_s": cpu,
-                    "changes_per_s": events / own,
-                    "keys_per_s": args.keys / own,
-                    "detail": detail,
-                }
-            )
-        say("")
-        say(f"{'Redis write path alone':<26} {'s':>6} {'keys/s':>9}  (one connection, no Spark)")
-        for what, sec, detail in paths:
-            say(f"{what:<26} {sec:>6.2f} {args.keys / sec:>9,.0f}  {detail}")
-        cache_rate = events / rows[0][2]
-        verdict = "meets" if cache_rate >= 20_000 else "MISSES"
-        line = f"cache: {cache_rate:,.0f} changes/s into Redis ({verdict} the 20,000/s target)"
-        if not args.no_delta:
-            line += f" | Delta: {events / rows[1][2]:,.0f} changes/s"
-        say(line)
-        figures["load_after"] = os.getloadavg()[0]
-        if args.json:
-            args.json.write_text(json.dumps(figures, indent=1))
-    finally:
-        cache.stop()
-        pg.stop()
-        if args.keep:
-            say(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+def check(args: argparse.Namespace) -> str | None:
+    return (
+        "--changes must be at least --keys (every key is inserted once)" if args.changes < args.keys else None
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(parser(), body, prefix="cache", check=check))

@@ -38,104 +38,46 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-import psycopg2
-import yaml
+from harness import cdcout
+from harness.bench import Bench
+from harness.main import main
+from harness.report import Report
+from harness.services import say, started
+from harness.workload import COLUMNS, TXN_SIZE, WORD_NOTE, connect, row_expr, update_set
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipelines.devservices.opensearch import LocalOpenSearch
 
-from common import COLUMNS, say  # noqa: E402
-
-from cdc.session import libpq_options  # noqa: E402
-from pipelines.devservices.opensearch import LocalOpenSearch  # noqa: E402
-from pipelines.devservices.postgres import LocalPostgres  # noqa: E402
-
-BIN = Path(sys.executable).parent  # .venv/bin: the `cdc` console entry lives next to the interpreter
-DB = "bench"
 TABLE = "public.bench_search"
-TXN = 1000
 UPDATES, DELETES = 900, 50  # per transaction; as many inserts as deletes
-
-ROW_EXPR = """
-    g, mod(g, 100000)::int, (mod(g, 10000000) / 100.0)::numeric(12,2), g * 0.731::float8,
-    'note ' || left(md5(g::text), 15), 'code-' || mod(g, 9973)::text, mod(g, 3) = 0,
-    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second', date '2024-01-01' + mod(g, 3650)::int,
-    md5(g::text)::uuid
-"""
-UPDATE_SET = """
-    qty = qty + 1, price = price + 0.01, score = score * 1.5, note = 'edit ' || left(md5((id + %(k)s)::text), 15),
-    flag = NOT flag, updated_at = updated_at + interval '1 minute'
-"""
+ROW_EXPR = row_expr(WORD_NOTE)
+UPDATE_SET = update_set(note="'edit ' || left(md5((id + %(k)s)::text), 15)")
+SINKS = ("tantivy", "opensearch")
 
 
-@dataclass
-class Run:
-    name: str
-    wall_s: float
-    code: int
-    apply_s: float | None = None
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    changes: int = 0
-    out: str = field(default="", repr=False)
-
-    @property
-    def docs(self) -> int:
-        return self.inserted + self.updated + self.deleted
-
-
-_APPLIED = re.compile(r"applied cut \d+ \([^)]*\) in ([0-9.]+)s: (.*)")
-_COUNTS = re.compile(r"\+([0-9,]+) ~([0-9,]+) -([0-9,]+)(?: \(([0-9,]+) not newer)?")
-
-
-def cdc(*args: str | Path, env: dict[str, str], timeout: float = 3600) -> tuple[int, str, float]:
-    """Run the real console entry; (exit code, stdout, wall seconds from spawn to exit)."""
-    started = time.monotonic()
-    done = subprocess.run(
-        [str(BIN / "cdc"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-        cwd=REPO,
-    )
-    wall = time.monotonic() - started
-    if done.returncode != 0:
-        say(f"  cdc {' '.join(map(str, args))} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
-    return done.returncode, done.stdout, wall
-
-
-def timed_apply(name: str, sink: str, pipeline: Path, env: dict[str, str], changes: int) -> Run:
-    code, out, wall = cdc("apply", pipeline, "--once", "--sink", sink, env=env)
-    run = Run(name, wall, code, changes=changes, out=out)
-    m = _APPLIED.search(out)
-    if m:
-        run.apply_s = float(m.group(1))
-        c = _COUNTS.search(m.group(2))
-        if c:
-            run.inserted, run.updated, run.deleted = (int(x.replace(",", "")) for x in c.groups()[:3])
-            run.stale = int(c.group(4).replace(",", "")) if c.group(4) else 0
-    rate = f"{changes / wall:,.0f} changes/s wall" + (
-        f", {changes / run.apply_s:,.0f}/s apply" if run.apply_s else ""
-    )
+def timed_apply(b: Bench, name: str, sink: str, pipeline: Path, changes: int) -> dict[str, Any]:
+    run = b.cdc(name.replace(" ", "_"), "apply", pipeline, "--once", "--sink", sink)
+    apply_s, detail = cdcout.applied(run.out, sink)
+    inserted, updated, deleted, stale = cdcout.doc_counts(detail)
     say(
-        f"  {name}: {wall:.1f}s wall, apply {run.apply_s or 0:.1f}s: {rate}; docs +{run.inserted:,} ~{run.updated:,} -{run.deleted:,}"
+        f"  {name}: {run.wall_s:.1f}s wall, apply {apply_s:.1f}s: {changes / run.wall_s:,.0f} changes/s wall,"
+        f" {changes / apply_s:,.0f}/s apply; docs +{inserted:,} ~{updated:,} -{deleted:,}"
     )
-    return run
+    return {
+        "name": name,
+        "wall_s": run.wall_s,
+        "apply_s": apply_s,
+        "changes": changes,
+        "inserted": inserted,
+        "updated": updated,
+        "deleted": deleted,
+        "stale": stale,
+        "docs": inserted + updated + deleted,
+    }
 
 
 def applied_end(state_dir: Path, sink: str) -> int:
@@ -148,7 +90,7 @@ def _count(rows) -> list[int]:
     return [sum(1 for _ in rows)]
 
 
-def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
+def floor(pipeline: Path, after: int, upto: int, changes: int) -> dict[str, Any]:
     """Read (after, upto] of the log, reduce it to the net change, bring the rows to Python executors."""
     from cdc.ground.config import load_pipeline
     from cdc.ground.tables import TableName
@@ -163,7 +105,7 @@ def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
     log = open_log_view(p)
     try:
         table = TableName.parse(TABLE)
-        started = time.monotonic()
+        started_at = time.monotonic()
         schema = log.schema(table)
         state = next(t for t in log.tables() if t.table == table)
         raw = change_reader(log).read_changes(spark, table, after, upto, schema)
@@ -171,31 +113,26 @@ def floor(pipeline: Path, after: int, upto: int, changes: int) -> Run:
         net = batch.net()
         frame, _layout = write_frame(spark, batch, net)
         rows = sum(frame.rdd.mapPartitions(_count).collect())
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started_at
         batch.release()
     finally:
         log.close()
     say(
         f"  floor: {elapsed:.1f}s for {changes:,} changes -> {rows:,} net rows in Python: {changes / elapsed:,.0f} changes/s"
     )
-    return Run("floor (no engine)", elapsed, 0, apply_s=elapsed, changes=changes, updated=rows)
-
-
-def sql(dsn: str, *statements: str, params: dict | None = None) -> None:
-    conn = psycopg2.connect(dsn, options=libpq_options())
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for stmt in statements:
-                cur.execute(stmt, params)
-    finally:
-        conn.close()
+    return {
+        "name": "floor (no engine)",
+        "wall_s": elapsed,
+        "apply_s": elapsed,
+        "changes": changes,
+        "docs": rows,
+    }
 
 
 def workload(dsn: str, keys: int, changes: int) -> dict[str, int]:
     """`changes` changes in 1000-change transactions over keys 1..keys (every key exists after each)."""
-    txns = changes // TXN
-    conn = psycopg2.connect(dsn, options=libpq_options())
+    txns = changes // TXN_SIZE
+    conn = connect(dsn)
     try:
         with conn.cursor() as cur:
             for k in range(txns):
@@ -222,123 +159,97 @@ def workload(dsn: str, keys: int, changes: int) -> dict[str, int]:
     }
 
 
-def main() -> int:
+def body(b: Bench) -> Report:
+    args = b.args
+    b.results["config"].update(changes=args.changes, keys=args.keys)
+    say(f"search bench: {args.changes:,} changes over {args.keys:,} keys")
+    b.start_postgres(durable=False)
+    node = started(b.stack, LocalOpenSearch(b.work / "opensearch", heap=args.heap), "OpenSearch")
+    t = time.monotonic()
+    b.sql(
+        f"CREATE TABLE bench_search ({COLUMNS})",
+        f"INSERT INTO bench_search SELECT {ROW_EXPR} FROM generate_series(1, {args.keys}) g",
+        "VACUUM ANALYZE bench_search",
+    )
+    say(f"table loaded with {args.keys:,} rows in {time.monotonic() - t:.1f}s")
+    pipeline = b.pipeline(
+        "bench_search",
+        [TABLE],
+        sinks=[
+            {"name": "tantivy", "search": {"engine": "tantivy", "tables": [TABLE]}},
+            {
+                "name": "opensearch",
+                "search": {"engine": "opensearch", "tables": [TABLE], "hosts": [node.url], "replicas": 0},
+            },
+        ],
+        spark={"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": 4}},
+    )
+    say(f"cdc snapshot: {b.cdc('search_snapshot', 'snapshot', pipeline, '--no-progress').wall_s:.1f}s")
+    runs = [timed_apply(b, f"initial {sink}", sink, pipeline, args.keys) for sink in SINKS]
+
+    t = time.monotonic()
+    b.results["workload"] = counts = workload(b.dsn, args.keys, args.changes)
+    say(f"workload: {counts} in {time.monotonic() - t:.1f}s")
+    b.sql("SET synchronous_commit = on", "CREATE TABLE flush_marker(x int)")  # make every commit durable
+    run = b.cdc("search_stream", "stream", pipeline, "--until", "current")
+    events = cdcout.stream(run.out)["events"]
+    say(f"cdc stream --until current: {events:,} events in {run.wall_s:.1f}s")
+    b.results["log_events"] = events
+
+    state_dir = b.state("bench_search")
+    before = applied_end(state_dir, "tantivy")
+    runs += [timed_apply(b, f"apply {sink}", sink, pipeline, events) for sink in SINKS]
+    if not args.no_floor:
+        runs.append(floor(pipeline, before, applied_end(state_dir, "tantivy"), events))
+    if args.verify:
+        for sink in SINKS:
+            v = b.cdc(f"verify_{sink}", "verify", pipeline, "--sink", sink, check=False)
+            say(
+                f"cdc verify --sink {sink}: exit {v.code} in {v.wall_s:.1f}s: {(v.out.strip().splitlines() or [''])[-1]}"
+            )
+            b.results[f"verify_{sink}"] = v.code
+    b.results["runs"] = runs
+
+    rep = Report(
+        "Search followers: cdc apply into tantivy and OpenSearch (bench/search.py)",
+        ("wall s", "apply s", "docs"),
+    )
+    rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; rates in the apply's own time (wall includes Spark start-up)"
+    for r in runs:
+        part = "initial rows (the snapshot)" if r["name"].startswith("initial") else "the workload's changes"
+        role = "ceiling" if r["name"].startswith("floor") else "cdc"
+        rep.add(
+            part,
+            r["name"],
+            r["changes"] / r["apply_s"],
+            "changes/s",
+            role=role,
+            wall_s=f"{r['wall_s']:.1f}",
+            apply_s=f"{r['apply_s']:.1f}",
+            docs=f"{r['docs']:,}",
+            notes=f"{r['changes'] / r['wall_s']:,.0f}/s wall",
+        )
+    rep.summary.append(
+        "floor: reading the log + net change + rows into Python, no engine, in-process, no start-up"
+    )
+    return rep
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--changes", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--verify", action="store_true", help="also `cdc verify` both followers afterwards")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir (services stopped)")
-    ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--heap", default="1g", help="OpenSearch JVM heap (default 1g)")
     ap.add_argument("--no-floor", action="store_true", help="skip the in-process floor measurement")
-    args = ap.parse_args()
-    if args.changes % TXN or args.keys < UPDATES:
-        ap.error(f"--changes must be a multiple of {TXN} and --keys at least {UPDATES}")
+    return ap
 
-    work = Path(tempfile.mkdtemp(prefix="cdc-bench-search-"))
-    os.chmod(work, 0o755)  # the PostgreSQL server runs as its own user and must reach work/pg
-    say(f"search bench: {args.changes:,} changes over {args.keys:,} keys; work dir {work}")
-    say(f"machine: {platform.platform()}, {os.cpu_count()} CPU(s), load {os.getloadavg()[0]:.1f}")
-    pg = LocalPostgres(work / "pg", durable=False)
-    node = LocalOpenSearch(work / "opensearch", heap=args.heap)
-    runs: list[Run] = []
-    result: dict = {"changes": args.changes, "keys": args.keys, "load_at_start": os.getloadavg()}
-    try:
-        t = time.monotonic()
-        pg.start()
-        node.start()
-        say(f"services up in {time.monotonic() - t:.1f}s: PostgreSQL on {pg.port}, OpenSearch at {node.url}")
-        sql(pg.dsn(), f"CREATE DATABASE {DB}")
-        dsn = pg.dsn(DB)
-        t = time.monotonic()
-        sql(
-            dsn,
-            f"CREATE TABLE bench_search ({COLUMNS})",
-            f"INSERT INTO bench_search SELECT {ROW_EXPR} FROM generate_series(1, {args.keys}) g",
-            "VACUUM ANALYZE bench_search",
-        )
-        say(f"table loaded with {args.keys:,} rows in {time.monotonic() - t:.1f}s")
 
-        pipeline = work / "bench_search.yml"
-        doc = {
-            "name": "bench_search",
-            "source": {"postgres": {"dsn": "${BENCH_DSN}", "tables": [TABLE]}},
-            "state_dir": str(work / "state"),
-            "sinks": [
-                {"name": "tantivy", "search": {"engine": "tantivy", "tables": [TABLE]}},
-                {
-                    "name": "opensearch",
-                    "search": {"engine": "opensearch", "tables": [TABLE], "hosts": [node.url], "replicas": 0},
-                },
-            ],
-            "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": 4}},
-        }
-        pipeline.write_text(yaml.safe_dump(doc, sort_keys=False))
-        env = {**os.environ, "BENCH_DSN": dsn}
-
-        code, out, wall = cdc("snapshot", pipeline, "--no-progress", env=env)
-        if code:
-            return 4
-        say(f"cdc snapshot: {wall:.1f}s")
-        for sink in ("tantivy", "opensearch"):
-            runs.append(timed_apply(f"initial {sink}", sink, pipeline, env, args.keys))
-
-        t = time.monotonic()
-        counts = workload(dsn, args.keys, args.changes)
-        say(f"workload: {counts} in {time.monotonic() - t:.1f}s")
-        result["workload"] = counts
-        sql(
-            dsn, "SET synchronous_commit = on", "CREATE TABLE flush_marker(x int)"
-        )  # make every commit durable
-        code, out, wall = cdc("stream", pipeline, "--until", "current", env=env)
-        if code:
-            return 4
-        streamed = re.search(r"streamed ([0-9,]+) events", out)
-        events = int(streamed.group(1).replace(",", "")) if streamed else args.changes
-        say(f"cdc stream --until current: {events:,} events in {wall:.1f}s")
-        result["log_events"] = events
-
-        state_dir = work / "state"
-        before = applied_end(state_dir, "tantivy")
-        for sink in ("tantivy", "opensearch"):
-            runs.append(timed_apply(f"apply {sink}", sink, pipeline, env, events))
-        if not args.no_floor:
-            os.environ["BENCH_DSN"] = dsn
-            runs.append(floor(pipeline, before, applied_end(state_dir, "tantivy"), events))
-
-        if args.verify:
-            for sink in ("tantivy", "opensearch"):
-                code, out, wall = cdc("verify", pipeline, "--sink", sink, env=env)
-                say(
-                    f"cdc verify --sink {sink}: exit {code} in {wall:.1f}s: {out.strip().splitlines()[-1] if out.strip() else ''}"
-                )
-                result[f"verify_{sink}"] = code
-
-        say("")
-        say(
-            f"{'measurement':<20} {'wall s':>8} {'apply s':>8} {'changes/s wall':>15} {'changes/s apply':>16} {'docs written':>13}"
-        )
-        for r in runs:
-            apply_rate = f"{r.changes / r.apply_s:,.0f}" if r.apply_s else "-"
-            say(
-                f"{r.name:<20} {r.wall_s:>8.1f} {r.apply_s or 0:>8.1f} {r.changes / r.wall_s:>15,.0f} {apply_rate:>16} {r.docs:>13,}"
-            )
-        say("(initial: the snapshot's rows; apply: the workload's changes; wall includes Spark start-up;")
-        say(" floor: reading the log + net change + rows into Python, no engine, in-process, no start-up)")
-        say(f"load average at the end: {os.getloadavg()[0]:.1f}")
-        result["runs"] = [{k: v for k, v in asdict(r).items() if k != "out"} for r in runs]
-        result["load_at_end"] = os.getloadavg()
-        if args.json:
-            args.json.write_text(json.dumps(result, indent=2))
-        return 0 if all(r.code == 0 for r in runs) else 4
-    finally:
-        node.stop()
-        pg.stop()
-        if args.keep:
-            say(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+def check(args: argparse.Namespace) -> str | None:
+    if args.changes % TXN_SIZE or args.keys < UPDATES:
+        return f"--changes must be a multiple of {TXN_SIZE} and --keys at least {UPDATES}"
+    return None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(parser(), body, prefix="search", check=check))
