@@ -12,6 +12,7 @@ from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
 from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
+from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
@@ -43,6 +44,9 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                 f"{WARN} {key} {path}: {why}, so other local users can read the captured rows in it\n"
                 f"       fix: chmod -R go-rwx {shlex.quote(str(path))}"
             )
+    tls = tls_warning(pipeline.source.postgres.dsn, pipeline.source.postgres.min_sslmode)
+    if tls:  # a warning: the exit code stays (a private network may be trusted on purpose)
+        say(f"{WARN} {tls[0]}\n       fix: {tls[1]}")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note

@@ -1,13 +1,16 @@
 """State is owner-only whatever the umask (issue 24 item 2, cdc/ground/private.py): state_dir, the
 log (SQLite files and snapshot segments), checkpoints, locks and verify's source copies are 0700
 directories and 0600 files; verify's copies are gone when it ends; `cdc validate` warns when an
-existing state_dir is group/world readable and its fix, run as printed, clears the warning."""
+existing state_dir is group/world readable and its fix, run as printed, clears the warning.
+The cycle runs as the least-privilege role README Security documents (LOGIN REPLICATION, SELECT on
+the table, the publication made by the table's owner)."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,16 +47,35 @@ def not_private(root: Path) -> dict[str, str]:
     }
 
 
-def test_state_is_owner_only_whatever_the_umask(pg_db: str, tmp_path: Path, spark) -> None:
+@pytest.fixture
+def least_privilege(pg_db: str) -> Iterator[str]:
+    """The README's least-privilege role: LOGIN REPLICATION and SELECT on the table; the table and
+    the publication belong to the superuser. Yields its DSN."""
+    from psycopg2.extensions import make_dsn
+
+    role = "cdc_priv_" + uuid.uuid4().hex[:8]
     sql(
         pg_db,
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'r' || g FROM generate_series(1, 50) g",
+        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'lp-secret'",
+        f"GRANT SELECT ON public.t TO {role}",
+        "CREATE PUBLICATION cdc_test FOR TABLE public.t WITH (publish_via_partition_root = true)",
     )
+    try:
+        yield make_dsn(pg_db, user=role, password="lp-secret")
+    finally:
+        sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+def test_state_is_owner_only_whatever_the_umask(
+    pg_db: str, least_privilege: str, tmp_path: Path, spark
+) -> None:
+    """The whole cycle also runs as the least-privilege role (README Security)."""
     state = tmp_path / "state" / "shop"  # neither directory exists yet: both are created by the tool
     file = write_pipeline(
         tmp_path,
-        pg_db,
+        least_privilege,
         ["public.t"],
         state_dir=str(state),
         sinks=[{"name": "lake", "delta": {"path": str(tmp_path / "lake")}}],
