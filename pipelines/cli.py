@@ -302,6 +302,25 @@ def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
 
 @cli.command()
 @PIPELINE
+@click.option("--lsn", help="wait for this source position (SELECT pg_current_wal_lsn() after your commit)")
+@click.option("--current", is_flag=True, help="wait for the source's position now")
+@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
+@click.option("--timeout", "timeout_s", default=60.0, show_default=True, type=click.FloatRange(min=0), help="seconds to wait at most (then exit 1)")
+@LOG_FORMAT
+@handle_errors
+def wait(pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, ...], timeout_s: float) -> int:
+    """Exit 0 once every follower applied everything committed up to a position (read your own writes)."""
+    from pipelines.wait import run_wait, target_lsn
+
+    p = load(pipeline)
+    for name in sink_names:
+        p.sink(name)  # unknown sink: exit 2 before anything else
+    target = target_lsn(p, lsn, current)
+    return run_wait(p, target, list(dict.fromkeys(sink_names)) or None, timeout_s, say)
+
+
+@cli.command()
+@PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @handle_errors
 def status(pipeline: Path, as_json: bool) -> int:

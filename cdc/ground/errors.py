@@ -11,7 +11,7 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    DIFFERENCE = 1  # cdc verify found the follower differs from the source
+    DIFFERENCE = 1  # cdc verify found the follower differs from the source; cdc wait timed out
     USAGE = 2  # bad command line or bad pipeline file
     SOURCE = 3  # the source database cannot be used as configured
     RUNTIME = 4  # anything else that went wrong while working
@@ -62,6 +62,13 @@ class EngineSettingError(CdcError):
     keys): exit 3, like a source that is not usable as configured."""
 
     exit_code = ExitCode.SOURCE
+
+
+class WaitTimeout(CdcError):
+    """`cdc wait`: a follower had not applied the position when the timeout passed (exit 1: not a
+    failure of the tool, the answer "not yet")."""
+
+    exit_code = ExitCode.DIFFERENCE
 
 
 class ServiceError(CdcError):
