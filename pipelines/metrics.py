@@ -167,7 +167,9 @@ class ChildCollector:
 
 class Merged:
     """Collectors whose families may share a name (pgcdc_up from here and from the child): one
-    family per name, or Prometheus rejects the page."""
+    family per name and one sample per series, or Prometheus rejects the page. The same series
+    from two processes (cdc run's snapshot here, a re-base's snapshot in the stream child) is
+    added up for counters and histograms; for a gauge the later collector's (the child's) wins."""
 
     def __init__(self, collectors: list[Any]):
         self.collectors = collectors
@@ -176,10 +178,21 @@ class Merged:
         families: dict[str, Metric] = {}
         for collector in self.collectors:
             for family in collector.collect():
-                if family.name in families:
-                    families[family.name].samples.extend(family.samples)
-                else:
+                if family.name not in families:
                     families[family.name] = family
+                    continue
+                merged = families[family.name]
+                index = {(s.name, tuple(sorted(s.labels.items()))): i for i, s in enumerate(merged.samples)}
+                for sample in family.samples:
+                    i = index.get((sample.name, tuple(sorted(sample.labels.items()))))
+                    if i is None:
+                        merged.samples.append(sample)
+                    elif merged.type in ("counter", "histogram", "summary"):
+                        merged.samples[i] = merged.samples[i]._replace(
+                            value=merged.samples[i].value + sample.value
+                        )
+                    else:
+                        merged.samples[i] = sample
         yield from families.values()
 
 
