@@ -1,12 +1,13 @@
 """Follower kinds by name: `kind:` in a `sinks:` entry -> the class in sinks/<kind>/.
 
-Classes are named by import path and imported on first use, so importing the registry loads no
+Sink classes (or a factory, where the class depends on settings) are named by import path and imported on first use, so importing the registry loads no
 sink (nor its engine client), and sinks/base.py never imports a concrete sink (no cycle).
 A new follower kind is one folder under sinks/ plus one line here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
 SINK_CLASSES: dict[str, str] = {
     "delta": "sinks.delta.sink:DeltaSink",
     "redis": "sinks.cache.sink:RedisSink",
-    "search": "sinks.search.sink:SearchSink",
+    "search": "sinks.search.engines:search_sink",  # the class depends on `engine:`
 }
 
 
-def sink_class(kind: str) -> type[Sink]:
+def sink_factory(kind: str) -> Callable[..., Sink]:
     try:
         module, name = SINK_CLASSES[kind].split(":")
     except KeyError:
@@ -36,4 +37,4 @@ def sink_class(kind: str) -> type[Sink]:
 
 def make_sink(config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> Sink:
     """The follower for a `sinks:` entry."""
-    return sink_class(config.kind)(config, pipeline, spark)
+    return sink_factory(config.kind)(config, pipeline, spark)

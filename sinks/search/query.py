@@ -59,9 +59,9 @@ def _table(cfg: SinkConfig, text: str) -> TableName:
 
 
 def _open(pipeline: Pipeline, cfg: SinkConfig) -> SearchSink:
-    from sinks.search.sink import SearchSink
+    from sinks.search.engines import search_sink
 
-    return SearchSink(cfg, pipeline, None)  # type: ignore[arg-type]  # no Spark needed to query
+    return search_sink(cfg, pipeline, None)  # no Spark needed to query
 
 
 def run_search(

@@ -1,8 +1,8 @@
 """The search follower (DESIGN.md §7): one index per table, one document per key, every write
 guarded by the change's position, so late, repeated or replayed writes change nothing.
 
-`SearchSink(config, pipeline, spark)` gives the engine's sink (`engine:` in the settings):
-`tantivy` (embedded, sinks/search/tantivy_engine.py) or `opensearch`
+`search_sink(config, pipeline, spark)` (sinks/search/engines.py) gives the engine's sink
+(`engine:` in the settings): `tantivy` (embedded, sinks/search/tantivy_engine.py) or `opensearch`
 (sinks/search/opensearch_engine.py). What both store and how a position becomes a version is
 in sinks/search/documents.py.
 
@@ -44,9 +44,8 @@ from sinks.search.documents import (
 
 if TYPE_CHECKING:
     from pyspark import RDD
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
-    from cdc.ground.config import Pipeline, SinkConfig
 
 
 @dataclass
@@ -90,18 +89,6 @@ class WriteJob:
 class SearchSink(Sink):
     kind = "search"
     engine = ""
-
-    def __new__(cls, config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> SearchSink:
-        if cls is SearchSink:
-            if config.settings.engine == "opensearch":
-                from sinks.search.opensearch_engine import OpenSearchSink
-
-                cls = OpenSearchSink
-            else:
-                from sinks.search.tantivy_engine import TantivySink
-
-                cls = TantivySink
-        return super().__new__(cls)
 
     def describe(self) -> str:
         return f"{self.name} (search, {self.engine})"
