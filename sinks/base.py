@@ -10,6 +10,7 @@ must be idempotent per cut id and must never let an older position overwrite a n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ class Sink(ABC):
         self.spark = spark
 
     log_id: str = ""  # set by the apply job: which log the cut ids belong to
+    # set by the apply job: a line of the apply output (e.g. a Delta table taking on a table feature)
+    say: Callable[[str], None] = print
 
     @property
     def app_id(self) -> str:

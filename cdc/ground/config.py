@@ -45,6 +45,11 @@ class PostgresSource(_Strict):
     tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
     slot: str | None = Field(default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)")
     publication: str | None = Field(default=None, pattern=NAME_RE, description="publication (default cdc_<name>)")
+    failover: bool = Field(
+        default=False,
+        description="create the slot as a failover slot (PostgreSQL 17 or later): a standby with sync_replication_slots "
+        "keeps a copy, so after a failover the pipeline goes on against the promoted standby (README Operations)",
+    )
     min_sslmode: Literal["require", "verify-ca", "verify-full"] = Field(
         default="verify-full",
         description="`cdc validate` warns when the DSN names a host that is not loopback with a weaker sslmode "
@@ -91,6 +96,35 @@ class KafkaLog(_Strict):
     dead_letter: str | None = Field(
         default=None, description="debezium: Delta table path where malformed records are parked (default: stop)"
     )
+    # Security (README Security): one place, passed to every Kafka client of the tool
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="how clients talk to the brokers (SASL_SSL for managed Kafka)"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="SASL_*: the mechanism the brokers enable"
+    )
+    sasl_username: str | None = Field(default=None, description="SASL_*: the user (e.g. ${KAFKA_USER})")
+    sasl_password: str | None = Field(default=None, repr=False, description="SASL_*: its password, from ${ENV}")
+    ssl_cafile: str | None = Field(default=None, description="SSL/SASL_SSL: PEM CA file (default: the system's CAs)")
+    ssl_certfile: str | None = Field(default=None, description="SSL/SASL_SSL: client certificate (PEM), for mTLS")
+    ssl_keyfile: str | None = Field(default=None, description="SSL/SASL_SSL: the client certificate's key (PEM, unencrypted PKCS#8)")
+    ssl_check_hostname: bool = Field(default=True, description="check that the broker's certificate names the host")
+
+    @model_validator(mode="after")
+    def _security(self) -> KafkaLog:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism, sasl_username and sasl_password"
+            )
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError("sasl_* settings need security_protocol SASL_SSL (or SASL_PLAINTEXT)")
+        ssl_files = [k for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, k)]
+        if ssl_files and not self.security_protocol.endswith("SSL"):
+            raise ValueError(f"{', '.join(ssl_files)} need security_protocol SSL or SASL_SSL")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
+        return self
 
 
 class LogConfig(_Strict):
@@ -259,6 +293,15 @@ class Pipeline(_Strict):
     base_dir: Path = Field(default=Path("."), exclude=True)
     # The file as given on the command line: printed remedies name it so they run as written.
     file: str = Field(default="PIPELINE", exclude=True)
+
+    @model_validator(mode="after")
+    def _kafka_files(self) -> Pipeline:
+        """Kafka's certificate files, like every path, are relative to the pipeline file."""
+        kafka = self.log.kafka if self.log else None
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if kafka is not None and getattr(kafka, key):
+                object.__setattr__(kafka, key, str(self.path(getattr(kafka, key))))  # frozen model
+        return self
 
     @model_validator(mode="after")
     def _unique_sinks(self) -> Pipeline:

@@ -107,3 +107,21 @@ def end_history(
     have = {new_names.get(f.name, f.name) for f in table.schema.fields}
     added = [F.lit(None).cast(t).alias(n) for n, t in wanted.items() if n not in have]
     _overwrite(table.select(*out, *added, *archive), path)
+
+
+def rewrite_columns(
+    spark: SparkSession, path: str, rename: list[tuple[str, str]], retype: dict[str, T.DataType]
+) -> None:
+    """Rename and/or widen columns by rewriting the table in one commit (`overwriteSchema`), for
+    tables without column mapping or type widening: no table feature is taken on, so every
+    reader keeps the table (README "Reading the lake"). Every row is kept (SCD2: history too);
+    `retype` (by the column's new name) holds widenings only, so each cast is exact. The table's
+    properties (the follower's marker) and its Delta txn versions stay as they are."""
+    table = spark.read.format("delta").load(path)
+    new_names = dict(rename)  # old name -> new name
+    out = []
+    for f in table.schema.fields:
+        name = new_names.get(f.name, f.name)
+        col = F.col(q(f.name))
+        out.append((col.cast(retype[name]) if name in retype else col).alias(name))
+    _overwrite(table.select(*out), path)

@@ -8,15 +8,20 @@
 * Truncate: rows older than the truncate's position are deleted, then the batch's later
   events merge in. A follower starting a table over (new snapshot base) deletes the rows older
   than the snapshot first.
-* Schema: new source columns are added; widenable type changes (int -> bigint, float -> double,
-  larger decimals, date -> timestamp_ntz) are applied with Delta type widening; any other
-  difference stops the batch before anything is written, except in a batch that starts the
-  table over from a new base (a re-base): then the table takes the new type (sinks/delta/retype.py). A renamed source column (same attnum)
-  is renamed in the Delta table too (metadata only, thanks to column mapping). Dropped source
-  columns stay in the Delta table with the last value the source had; rows written after the
-  drop keep theirs (updates) or get NULL (inserts).
-* Tables use column mapping (`delta.columnMapping.mode = name`), so any PostgreSQL column
-  name works.
+* Schema: new source columns are added. A widenable type change (int -> bigint, float -> double,
+  larger decimals, date -> timestamp_ntz) follows the sink's `on_type_change`: `rewrite` (default)
+  rewrites the table with the new type in one commit, `widen` uses Delta type widening (a table
+  feature: delta-rs and Polars lose the table, said in the apply output), `stop` stops the batch.
+  Any other difference stops the batch before anything is written, except in a batch that starts
+  the table over from a new base (a re-base): then the table takes the new type
+  (sinks/delta/retype.py). A renamed source column (same attnum) is renamed in the Delta table
+  too: metadata only on a table with column mapping, else by rewriting the table in one commit.
+  Dropped source columns stay in the Delta table with the last value the source had; rows
+  written after the drop keep theirs (updates) or get NULL (inserts).
+* Table features (sinks/delta/features.py): a table is created at the lowest protocol its data
+  allows; column mapping only for a column name plain Delta cannot hold (or `column_mapping:
+  name`), type widening only at the first widening with `on_type_change: widen`. Tables made by
+  earlier versions (both on) keep them.
 """
 
 from __future__ import annotations
@@ -33,19 +38,21 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.delta.features import (
+    COLUMN_MAPPING,
+    LOST_READERS,
+    TYPE_WIDENING,
+    has_column_mapping,
+    has_type_widening,
+    set_properties_sql,
+    unsafe_names,
+)
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
-from sinks.delta.retype import end_history, rebuild_scd1
+from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
-
-TABLE_PROPERTIES = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-    "delta.enableTypeWidening": "true",
-}
 
 
 def q(name: str) -> str:
@@ -75,6 +82,9 @@ class _Evolution:
     # A re-base with a type change Delta cannot widen: (column, its type in the table, the new type).
     replace: list[tuple[str, T.DataType, T.DataType]] = field(default_factory=list)
     current: dict[str, T.DataType] = field(default_factory=dict)  # the table's columns before the plan
+    was: dict[str, T.DataType] = field(
+        default_factory=dict
+    )  # a widened column's type before (by its new name)
 
 
 class DeltaSink(Sink):
@@ -112,7 +122,9 @@ class DeltaSink(Sink):
     def write_marker(self, table: TableName, text: str) -> None:
         if self.read_marker(table) != text:  # a replayed cut adds no commit
             value = text.replace("\\", "\\\\").replace("'", "\\'")
-            self.spark.sql(f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')")
+            self.spark.sql(
+                f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
+            )
 
     # ---- schema --------------------------------------------------------------------------------
     @property
@@ -126,13 +138,21 @@ class DeltaSink(Sink):
     def _plan(self, batch: TableBatch) -> _Evolution:
         path = self.path_of(batch.table)
         meta = self._meta()
-        wanted = T.StructType(list(batch.spark_schema.fields) + [T.StructField(m, t) for m, t in meta.items()])
+        wanted = T.StructType(
+            list(batch.spark_schema.fields) + [T.StructField(m, t) for m, t in meta.items()]
+        )
         if not self._exists(path):
             return _Evolution(path, create=wanted)
         current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
         plan = _Evolution(path, current=dict(current))
-        for f in wanted.fields:  # a renamed source column: the follower renames its own (a metadata-only change)
-            old = next((o for o in batch.renames.get(f.name, ()) if o in current), None) if f.name not in current else None
+        for (
+            f
+        ) in wanted.fields:  # a renamed source column: the follower renames its own (a metadata-only change)
+            old = (
+                next((o for o in batch.renames.get(f.name, ()) if o in current), None)
+                if f.name not in current
+                else None
+            )
             if old is not None:
                 plan.rename.append((old, f.name))
                 current[f.name] = current.pop(old)
@@ -148,6 +168,7 @@ class DeltaSink(Sink):
             elif have != f.dataType:
                 if f.name not in meta and _widenable(have, f.dataType):
                     plan.widen.append((f.name, f.dataType))
+                    plan.was[f.name] = have
                 elif f.name not in meta and batch.bootstrap and batch.snapshot_lsn is not None:
                     # A new base (a re-base after a table rewrite): the table is rebuilt from it, so the
                     # column may take the new type; the rewrite and the rebuild happen in apply.
@@ -158,6 +179,17 @@ class DeltaSink(Sink):
                         f"now needs {f.dataType.simpleString()}, which Delta cannot widen to",
                         "move the Delta table away (it is rebuilt from the log on the next apply) or restore the column type",
                     )
+        if plan.widen and self.settings.on_type_change == "stop":
+            what = ", ".join(
+                f"{n!r} {current[n].simpleString()} -> {t.simpleString()}" for n, t in plan.widen
+            )
+            raise SinkError(
+                f"sink {self.name}: Delta table {path} ({batch.table}): the source widened column(s) {what}; "
+                "on_type_change: stop",
+                f"set `on_type_change: rewrite` on sink {self.name} (the table is rewritten with the new type, every "
+                "reader keeps it) or `widen` (Delta type widening: delta-rs and Polars lose the table), or move the "
+                "Delta table away (it is rebuilt from the log on the next apply)",
+            )
         return plan
 
     def prepare(self, batches: list[TableBatch]) -> None:
@@ -170,22 +202,73 @@ class DeltaSink(Sink):
                 continue  # renames, adds and widenings are part of the table's rewrite in apply
             if plan.create is not None:
                 self._created.add(plan.path)
-                builder = DeltaTable.createIfNotExists(self.spark).location(plan.path)
-                for f in plan.create.fields:
-                    builder = builder.addColumn(f.name, f.dataType, nullable=True)
-                for key, value in TABLE_PROPERTIES.items():
-                    builder = builder.property(key, value)
-                builder.execute()
+                self._create(plan, batch_by_path[plan.path])
                 continue
-            target = f"delta.{q(plan.path)}"
-            for old, new in plan.rename:
+            self._evolve(plan, batch_by_path[plan.path])
+
+    def _create(self, plan: _Evolution, batch: TableBatch) -> None:
+        """A new table at the lowest protocol its columns allow (sinks/delta/features.py)."""
+        assert plan.create is not None
+        properties: dict[str, str] = {}
+        unsafe = unsafe_names(f.name for f in plan.create.fields)
+        if unsafe or self.settings.column_mapping == "name":
+            properties |= COLUMN_MAPPING
+        if unsafe:
+            self._say_feature(batch, "columnMapping", f"column name(s) plain Delta cannot hold: {unsafe}")
+        builder = DeltaTable.createIfNotExists(self.spark).location(plan.path)
+        for f in plan.create.fields:
+            builder = builder.addColumn(f.name, f.dataType, nullable=True)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+
+    def _evolve(self, plan: _Evolution, batch: TableBatch) -> None:
+        """Renames, new columns and widenings of an existing table, taking on a table feature only
+        when the table has it already or nothing else does (README "Reading the lake")."""
+        if not (plan.rename or plan.add or plan.widen):
+            return
+        target = f"delta.{q(plan.path)}"
+        properties = DeltaTable.forPath(self.spark, plan.path).detail().first()["properties"]
+        mapped = has_column_mapping(properties)
+        unsafe = unsafe_names([new for _old, new in plan.rename] + [f.name for f in plan.add])
+        if unsafe and not mapped:
+            self.spark.sql(set_properties_sql(target, COLUMN_MAPPING))
+            mapped = True
+            self._say_feature(batch, "columnMapping", f"column name(s) plain Delta cannot hold: {unsafe}")
+        # widen in place on a table that has type widening already (made by an earlier version):
+        # no reader loses anything more, and it costs no rewrite
+        in_place = bool(plan.widen) and (
+            self.settings.on_type_change == "widen" or has_type_widening(properties)
+        )
+        retype = {} if in_place else dict(plan.widen)
+        renames = [] if mapped else plan.rename
+        if renames or retype:
+            rewrite_columns(self.spark, plan.path, renames, retype)
+            what = [f"{o!r} renamed to {n!r}" for o, n in renames]
+            what += [f"{n!r} {plan.was[n].simpleString()} -> {t.simpleString()}" for n, t in retype.items()]
+            self.say(f"sink {self.name}: {batch.table}: table rewritten in one commit ({'; '.join(what)})")
+        if mapped:
+            for old, new in plan.rename:  # metadata only
                 self.spark.sql(f"ALTER TABLE {target} RENAME COLUMN {q(old)} TO {q(new)}")
-            if plan.add:
-                cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
-                self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")
-                self._backfill_defaults(plan, batch_by_path[plan.path])
+        if plan.add:
+            cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
+            self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")
+            self._backfill_defaults(plan, batch)
+        if in_place:
+            if not has_type_widening(properties):
+                self.spark.sql(set_properties_sql(target, TYPE_WIDENING))
+                what = ", ".join(
+                    f"{n!r} {plan.was[n].simpleString()} -> {t.simpleString()}" for n, t in plan.widen
+                )
+                self._say_feature(batch, "typeWidening", f"on_type_change: widen, column(s) {what}")
             for name, dtype in plan.widen:
                 self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
+
+    def _say_feature(self, batch: TableBatch, feature: str, why: str) -> None:
+        self.say(
+            f"sink {self.name}: {batch.table}: the Delta table takes on table feature {feature} ({why}): "
+            f"{LOST_READERS[feature]}"
+        )
 
     def _backfill_defaults(self, plan: _Evolution, batch: TableBatch) -> None:
         """ADD COLUMN ... DEFAULT gave every existing source row the default without a change
@@ -195,7 +278,9 @@ class DeltaSink(Sink):
             if f.name not in batch.defaults:
                 continue
             since = batch.defaults[f.name][0]
-            older = f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {since}" if self.scd2 else f"_cdc_lsn < {since}"
+            older = (
+                f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {since}" if self.scd2 else f"_cdc_lsn < {since}"
+            )
             table.update(older, {q(f.name): batch.default_value(f.name)})
 
     # ---- writes --------------------------------------------------------------------------------
@@ -221,7 +306,9 @@ class DeltaSink(Sink):
             end_history(self.spark, path, replace.rename, replace.replace, batch, changes)
         target = DeltaTable.forPath(self.spark, path)
         if self.scd2:
-            stats.inserted = apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)["inserted"]
+            stats.inserted = apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)[
+                "inserted"
+            ]
             return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
             target.delete(self._older_than(batch.snapshot_lsn, 0))  # start over from the snapshot
@@ -241,7 +328,11 @@ class DeltaSink(Sink):
         update = {}
         for c in columns:
             flag = changes.unchanged.get(c)
-            update[q(c)] = F.when(F.col(f"s.{q(flag)}"), F.col(f"t.{q(c)}")).otherwise(F.col(f"s.{q(c)}")) if flag else F.col(f"s.{q(c)}")
+            update[q(c)] = (
+                F.when(F.col(f"s.{q(flag)}"), F.col(f"t.{q(c)}")).otherwise(F.col(f"s.{q(c)}"))
+                if flag
+                else F.col(f"s.{q(c)}")
+            )
         for m in META_COLUMNS:
             update[q(m)] = F.col(f"s.{m}")
         insert = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}

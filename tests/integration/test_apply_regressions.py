@@ -75,3 +75,13 @@ def test_demo_shows_all_three_followers(tmp_path: Path) -> None:
     assert "hit(s) for 'oak lamp'" in out and "name=oak lamp" in out, out
     assert '"name":"customer 100 jr"' in out and '"bio":"' in out and "(6,400 chars)" in out, out
     assert "Traceback" not in out, out
+    # The demo's lake opens in delta-rs, no Spark (README "Reading the lake"): every table has the
+    # rows the demo counted with Spark, and the Polars command it prints runs as printed.
+    from deltalake import DeltaTable
+
+    for table in ("customers", "products", "orders"):
+        rows = DeltaTable(str(tmp_path / "demo" / "lake" / "public" / table)).to_pyarrow_table().num_rows
+        assert rows > 0 and f"Delta table public.{table}: {rows:,} rows" in out, (table, rows, out)
+    (command,) = [line.strip() for line in out.splitlines() if "polars.read_delta(" in line]
+    polars_run = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert polars_run.returncode == 0 and "shape:" in polars_run.stdout, polars_run.stdout + polars_run.stderr

@@ -45,3 +45,27 @@ def test_typos_get_did_you_mean(tmp_path: Path) -> None:
         assert line in text, (line, text)
     assert "error:" in text and "fix:" in text
     assert "Traceback" not in text and "secret" not in text
+
+
+def test_bad_delta_table_feature_values_name_the_key(tmp_path: Path) -> None:
+    """`on_type_change` and `column_mapping` (README "Reading the lake") take only their documented
+    values: anything else is exit 2 naming the key and the values it takes."""
+    path = tmp_path / "shop.yml"
+    path.write_text(
+        FILE.replace(
+            "delta: {path: lake, mdoe: scd2}", "delta: {path: lake, on_type_change: widn, column_mapping: id}"
+        )
+        .replace("tabels", "tables")
+        .replace("stat_dir", "state_dir")
+        .replace(", tll: 60", "")
+        .replace("mastr", "master")
+        .replace("zzzz: 1\n", "")
+    )
+    run = cdc("validate", path)
+    text = run.out + run.err
+    assert run.code == 2, text
+    assert (
+        "sinks.0.delta.on_type_change: Input should be 'rewrite', 'widen' or 'stop' (got 'widn')" in text
+    ), text
+    assert "sinks.0.delta.column_mapping: Input should be 'auto' or 'name' (got 'id')" in text, text
+    assert "fix:" in text and "Traceback" not in text and "secret" not in text
