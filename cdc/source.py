@@ -174,6 +174,38 @@ def resolve_tables(conn, selectors: Iterable[TableSelector]) -> tuple[list[Table
     return found, missing
 
 
+def case_matches(conn, selector: TableSelector | TableName) -> list[str]:
+    """Tables (or, for `schema.*`, schemas) the selector names when case is ignored, quoted as a
+    pipeline file must write them: `Orders` folds to `orders`, which misses the table "Orders"."""
+    name = getattr(selector, "name", None)
+    with conn.cursor() as cur:
+        if name is None:
+            cur.execute(
+                "SELECT nspname FROM pg_namespace WHERE lower(nspname) = lower(%s) AND nspname <> %s ORDER BY 1",
+                (selector.schema, selector.schema),
+            )
+            return [f"{quote_ident(s)}.*" for (s,) in cur.fetchall()]
+        cur.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r','p','v','m','f') "
+            "ORDER BY 1, 2",
+            (selector.schema, name),
+        )
+        return [str(TableName(s, n)) for s, n in cur.fetchall()]
+
+
+def missing_table(conn, selector: TableSelector | TableName, where: str) -> Problem:
+    """`table X does not exist`, with a "did you mean" when only the case differs."""
+    close = case_matches(conn, selector)
+    if not close:
+        return Problem(f"table {selector} does not exist in {where}", "create it, or fix source.postgres.tables")
+    return Problem(
+        f"table {selector} does not exist in {where}; did you mean {' or '.join(close)}?",
+        f"quote mixed-case names in source.postgres.tables: '{close[0]}' (unquoted names fold to lower case, as in SQL; "
+        "the single quotes keep YAML from reading the double ones)",
+    )
+
+
 def table_info(conn, table: TableName) -> TableInfo:
     with conn.cursor() as cur:
         cur.execute(
@@ -187,10 +219,8 @@ def table_info(conn, table: TableName) -> TableInfo:
         )
         row = cur.fetchone()
         if row is None:
-            raise SourceError(
-                f"table {table} does not exist in the source database",
-                "create it or remove it from source.postgres.tables",
-            )
+            problem = missing_table(conn, table, "the source database")
+            raise SourceError(problem.what, problem.fix)
         oid, relkind, replident, can_select, owned = row
         cur.execute(
             """
@@ -264,6 +294,7 @@ def check_source(
     publication: str,
     dropped: Collection[TableName] = (),
     command: Command = placeholder,
+    failover: bool = False,
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
@@ -315,6 +346,8 @@ def check_source(
             )
         elif active_pid is not None:
             report.notes.append(slot_holder(conn, slot, active_pid)[0])
+    if failover:
+        _check_failover(conn, report, info, slot, slot_row is not None)
     if info.used_wal_senders >= info.max_wal_senders:
         report.problems.append(
             Problem(
@@ -333,12 +366,8 @@ def check_source(
                 "once followers have applied them)"
             )
             continue
-        report.problems.append(
-            Problem(
-                f"table {sel} does not exist in database {info.database}",
-                "create it, or fix source.postgres.tables",
-            )
-        )
+        selector = next(s for s in selectors if str(s) == sel)
+        report.problems.append(missing_table(conn, selector, f"database {info.database}"))
     for table in tables:
         ti = table_info(conn, table)
         report.tables.append(ti)
@@ -370,6 +399,57 @@ def check_source(
             )
     _check_publication(conn, report, info, publication)
     return report
+
+
+def failover_unsupported(version: int) -> Problem | None:
+    """`source.postgres.failover: true` needs PostgreSQL 17 (failover slots, sync_replication_slots)."""
+    if version >= 170000:
+        return None
+    return Problem(
+        f"source.postgres.failover: true needs PostgreSQL 17 or later (the source runs {version // 10000}): before 17 "
+        "a replication slot exists on the primary only, and a failover to a standby loses it (the stream then "
+        "stops with 'replication slot ... no longer exists')",
+        "remove failover: true from the pipeline file; after a failover, point source.postgres.dsn at the new primary "
+        "and run `cdc snapshot` (it creates the slot there and re-copies every table)",
+    )
+
+
+def _check_failover(conn, report: CheckReport, info: ServerInfo, slot: str, exists: bool) -> None:
+    problem = failover_unsupported(info.version)
+    if problem is not None:
+        report.problems.append(problem)
+        return
+    if not exists:
+        return  # `cdc snapshot` creates it as a failover slot
+    with conn.cursor() as cur:
+        cur.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        row = cur.fetchone()
+    if row is not None and not row[0]:
+        report.notes.append(
+            f"replication slot {slot} is not a failover slot yet (it was created without source.postgres.failover): "
+            "`cdc stream` makes it one when it starts (ALTER_REPLICATION_SLOT ... (FAILOVER true))"
+        )
+
+
+def make_failover_slot(dsn: str, slot: str) -> bool:
+    """Turn an existing slot into a failover slot (PostgreSQL >= 17); False if it already is one.
+    Needs a replication connection and the slot not in use (`cdc stream` does it before streaming)."""
+    conn = connect(dsn, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    if row is None or row[0]:
+        return False
+    repl = connect(dsn, replication=True, application_name=f"cdc stream {slot} failover")
+    try:
+        with repl.cursor() as cur:
+            cur.execute(f"ALTER_REPLICATION_SLOT {quote_ident(slot)} (FAILOVER true)")
+    finally:
+        repl.close()
+    return True
 
 
 def _check_publication(conn, report: CheckReport, info: ServerInfo, publication: str) -> None:
@@ -429,6 +509,8 @@ def _check_publication(conn, report: CheckReport, info: ServerInfo, publication:
                 f"ask the owner (or a superuser) to run ALTER PUBLICATION {pub} ADD TABLE {names};",
             )
         )
+    if info.version >= 180000:
+        _check_generated_columns(conn, report, info, publication, own_pub, pub_owner)
     if not via_root and any(t.relkind == "p" for t in tables):
         # Without it a partitioned table's changes are published under its partitions' names,
         # which the pipeline does not capture.
@@ -441,6 +523,30 @@ def _check_publication(conn, report: CheckReport, info: ServerInfo, publication:
                 f"{who} ALTER PUBLICATION {pub} SET (publish_via_partition_root = true);",
             )
         )
+
+
+def _check_generated_columns(
+    conn, report: CheckReport, info: ServerInfo, publication: str, own_pub: bool, pub_owner: str
+) -> None:
+    """PostgreSQL 18 publishes stored generated columns when the publication says
+    publish_generated_columns = stored. Followers get no generated columns on any major (the same
+    follower schema whatever the source runs, and across an upgrade), and the snapshot, the column
+    identity and verify all leave them out: a publication that sends them would give followers a
+    column the snapshot never filled, so it is refused (the tool's own publications keep `none`)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pubgencols FROM pg_publication WHERE pubname = %s", (publication,))
+        row = cur.fetchone()
+    if row is None or row[0] in ("n", None):
+        return
+    pub = quote_ident(publication)
+    who = "run" if own_pub or info.superuser else f"ask {pub_owner} (or a superuser) to run"
+    report.problems.append(
+        Problem(
+            f"publication {publication} has publish_generated_columns = stored: followers do not get generated "
+            "columns (on any PostgreSQL version), and the snapshot leaves them out, so streamed rows would not match it",
+            f"{who} ALTER PUBLICATION {pub} SET (publish_generated_columns = none);",
+        )
+    )
 
 
 _STREAM_APP = re.compile(r"^cdc stream (\d+)@(\S+) (.*)$")

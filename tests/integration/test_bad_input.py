@@ -322,6 +322,21 @@ def test_missing_table(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
     assert_nothing_created(pg_db)
 
 
+def test_missing_table_that_differs_only_in_case(pg_db: str, tmp_path: Path) -> None:
+    """Unquoted names fold to lower case: the error says which table was meant and how to quote it
+    (issue 16 item 6), and the name it prints works in the pipeline file."""
+    sql(pg_db, 'CREATE SCHEMA "Mixed Case"', 'CREATE TABLE "Mixed Case"."Order Items"(id int PRIMARY KEY)')
+    path = write_pipeline(tmp_path, pg_db, ["Mixed Case.Order Items"])
+    meant = '"Mixed Case"."Order Items"'
+    problem = f'table "mixed case"."order items" does not exist in database {dbname_of(pg_db)}; did you mean {meant}?'
+    check_output(cdc("validate", path), SOURCE, problem, f"quote mixed-case names in source.postgres.tables: '{meant}'")
+    check_error(cdc("snapshot", path), SOURCE, problem)
+    # the fix as printed: the quoted name, in single quotes, into the YAML list
+    path.write_text(path.read_text().replace("- Mixed Case.Order Items", f"- '{meant}'"))
+    ok = cdc("validate", path)
+    assert ok.code == 0 and "does not exist" not in ok.out + ok.err, ok
+
+
 # ---- connection strings ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "dsn",
