@@ -23,6 +23,7 @@ import pytest
 from cdc.ground.tables import TableName
 from cdc.session import libpq_options
 from tests.fixtures.capture import (
+    UNAVAILABLE,
     Ev,
     assert_log_well_formed,
     assert_same,
@@ -43,12 +44,11 @@ from tests.fixtures.capture import (
     stream_until_current,
     table_row,
 )
-from tests.fixtures.workload import Writer, make_table
+from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
+from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import cdc_popen, materialize, source_rows, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
-
-UNAVAILABLE = "__debezium_unavailable_value"
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -68,9 +68,11 @@ def test_snapshot_with_concurrent_writes(pg_db: str, tmp_path: Path) -> None:
     """Writes racing the snapshot land exactly once: transactions committed before the slot's
     consistent point are in the snapshot rows and not in the stream, every later one is in the
     stream (whole, once) and not in the snapshot."""
-    n_rows = 300_000
-    # ~9000 heap pages: three ctid chunks of snapshot.chunks.PAGES_PER_CHUNK (4096) pages.
-    make_table(pg_db, "t", n_rows, ", pad text NOT NULL DEFAULT repeat('p', 200)")
+    n_rows = 36_000
+    # 9000 heap pages: three ctid chunks of snapshot.chunks.PAGES_PER_CHUNK (4096) pages. Rows of
+    # ~1.8 kB (4 a page, under the 2 kB TOAST threshold: stored inline, uncompressed) fill them with
+    # an eighth of the rows 200-byte rows would take; full pages, so updates still move rows.
+    make_table(pg_db, "t", n_rows, ", pad text NOT NULL DEFAULT repeat('p', 1800)")
     pipe = make_pipe(tmp_path, pg_db, ["public.t"])
     writer = Writer(pg_db, "t", list(range(1, n_rows + 1)), next_id=1_000_001, seed=1)
     writer.start()
@@ -143,93 +145,13 @@ def test_snapshot_with_concurrent_writes(pg_db: str, tmp_path: Path) -> None:
 
 
 # ---- 2. every mapped type round-trips --------------------------------------------------------------
-TYPES_SETUP = """
-CREATE EXTENSION IF NOT EXISTS citext;
-CREATE TYPE mood AS ENUM ('sad', 'happy', 'with space', 'quo"te');
-CREATE TYPE pair AS (a int4, b text);
-CREATE DOMAIN price AS numeric(10,2);
-CREATE DOMAIN label AS text CHECK (length(VALUE) < 100);
-CREATE DOMAIN int_list AS int4[];
-"""
-
-NASTY_TEXT = "E'tab\\there\\nnew line\\\\back\\\\slash \\\\N \"dq\" ''sq'' \\r cr ü € 😀 \\u0001'"
-
-# column, type, one SQL literal per row (rows 1 and 2; row 3 is all NULL)
-TYPE_COLUMNS: list[tuple[str, str, tuple[str, str]]] = [
-    ("c_int2", "int2", ("-32768", "32767")),
-    ("c_int4", "int4", ("-2147483648", "0")),
-    ("c_int8", "int8", ("-9223372036854775808", "9223372036854775807")),
-    ("c_oid", "oid", ("4294967295", "0")),
-    ("c_float4", "float4", ("'NaN'", "'-Infinity'")),
-    ("c_float4b", "float4", ("1.1", "'3.4028235e38'")),
-    ("c_float8", "float8", ("'Infinity'", "'-0'")),
-    ("c_float8b", "float8", ("0.1", "'5e-324'")),
-    ("c_numeric", "numeric", ("'123456789012345678901234567890.000000000000000000001'", "'NaN'")),
-    ("c_numeric_inf", "numeric", ("'-Infinity'", "1.50")),
-    ("c_numeric_p", "numeric(10,2)", ("1.5", "-0.01")),
-    ("c_money", "money", ("1000.5", "-0.01")),
-    ("c_bool", "bool", ("true", "false")),
-    ("c_text", "text", (NASTY_TEXT, "''")),
-    ("c_text2", "text", ("'\\N'", "'NULL'")),
-    ("c_varchar", "varchar(20)", ("'abc'", "' lead and trail '")),
-    ("c_bpchar", "char(5)", ("'ab'", "'abcde'")),
-    ("c_name", "name", ("'a name'", "'x'")),
-    ("c_char", '"char"', ("'x'", "'\\\\'")),
-    ("c_citext", "citext", ("'MiXeD'", "'ü'")),
-    ("c_uuid", "uuid", ("'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "'00000000-0000-0000-0000-000000000000'")),
-    ("c_inet", "inet", ("'192.168.0.1/24'", "'::1'")),
-    ("c_cidr", "cidr", ("'10.0.0.0/8'", "'2001:db8::/32'")),
-    ("c_macaddr", "macaddr", ("'08:00:2b:01:02:03'", "'ff:ff:ff:ff:ff:ff'")),
-    ("c_bit", "bit(4)", ("B'1010'", "B'0000'")),
-    ("c_varbit", "varbit", ("B'101'", "B''")),
-    ("c_bytea", "bytea", ("'\\x00ff5c0a09'::bytea", "''::bytea")),
-    ("c_json", "json", ('\'{"b": [1, "x\\ty"],  "a": null}\'', "'[]'")),
-    ("c_jsonb", "jsonb", ('\'{"b": 2, "a": "ü\\\\n"}\'', "'\"just a string\"'")),
-    ("c_enum", "mood", ("'with space'", "'quo\"te'")),
-    ("c_domain_num", "price", ("1.5", "99999999.99")),
-    ("c_domain_text", "label", ("'tab\tin domain'", "''")),
-    ("c_date", "date", ("'0044-03-15 BC'", "'infinity'")),
-    ("c_date2", "date", ("'2024-02-29'", "'-infinity'")),
-    ("c_time", "time", ("'24:00:00'", "'10:15:30.5'")),
-    ("c_timetz", "timetz", ("'10:15:30.123+02'", "'00:00:00-14:59'")),
-    ("c_timestamp", "timestamp", ("'2024-01-01 00:00:01.5'", "'4713-01-01 00:00:00 BC'")),
-    ("c_timestamptz", "timestamptz", ("'2024-01-01 12:00:00.5+05:30'", "'0001-01-01 00:00:00+00 BC'")),
-    ("c_timestamptz2", "timestamptz", ("'infinity'", "'10000-01-01 00:00:00.123456+00'")),
-    ("c_interval", "interval", ("'1 year 2 months -3 days 04:05:06.789'", "'-1 day +1.5 seconds'")),
-    ("c_int_array", "int4[]", ("'{1,NULL,3}'", "'{}'")),
-    ("c_int_2d", "int4[]", ("'{{1,2},{3,NULL}}'", "'[0:1]={7,8}'")),
-    (
-        "c_text_array",
-        "text[]",
-        ("ARRAY['a,b', 'c\"d', NULL, 'NULL', E'back\\\\slash', E'tab\\t', '']", "'{}'"),
-    ),
-    ("c_domain_array", "int_list", ("'{4,5}'", "'{NULL}'")),
-    (
-        "c_tstz_array",
-        "timestamptz[]",
-        ("ARRAY['2024-01-01 00:00:00+00'::timestamptz, NULL, 'infinity']", "'{}'"),
-    ),
-    ("c_numeric_array", "numeric[]", ("'{1.50,NaN,-0.000001}'", "'{{1},{2}}'")),
-    ("c_bytea_array", "bytea[]", ("ARRAY['\\x00'::bytea, NULL]", "'{}'")),
-    ("c_xml", "xml", ("'<a x=\"1\">t</a>'", "'text'")),
-    ("c_tsvector", "tsvector", ("'a fat:2 cat'", "''")),
-    ("c_range", "int4range", ("'[1,5)'", "'empty'")),
-    ("c_point", "point", ("'(1.5,2)'", "'(0,0)'")),
-    ("c_composite", "pair", ("ROW(1, 'a b')", "ROW(NULL, '\"q\"')")),
-]
-
-
 def test_every_type_round_trips(pg_db: str, tmp_path: Path) -> None:
     """The same values, once in the snapshot and once streamed (as inserts and as updates), render to
     identical envelope `after` values, and the follower equals the source."""
-    cols = ", ".join(f"{name} {typ}" for name, typ, _ in TYPE_COLUMNS)
     names = ", ".join(name for name, _, _ in TYPE_COLUMNS)
-    rows = [", ".join(values[i] for _, _, values in TYPE_COLUMNS) for i in (0, 1)]
     sql(
         pg_db,
-        TYPES_SETUP,
-        f"CREATE TABLE ty(id int PRIMARY KEY, {cols})",
-        f"INSERT INTO ty(id, {names}) VALUES (1, {rows[0]}), (2, {rows[1]}), (3, {', '.join(['NULL'] * len(TYPE_COLUMNS))})",
+        *type_table(),
         # Keys with every character COPY escapes, single and composite.
         "CREATE TABLE tk(k text, n int, v text, PRIMARY KEY (k, n))",
         "CREATE TABLE tk1(k text PRIMARY KEY, v text)",
@@ -301,8 +223,6 @@ def test_every_type_round_trips(pg_db: str, tmp_path: Path) -> None:
 
 
 # ---- 3. unchanged TOAST values ---------------------------------------------------------------------
-# ~9.6 kB of md5 hex: pglz finds nothing to compress, and with STORAGE EXTERNAL it is stored out of line.
-BIG_TEXT = "(SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, 300) g)"
 
 
 def test_toast_unchanged_update(pg_db: str, tmp_path: Path) -> None:
