@@ -210,24 +210,36 @@ def body(b: Bench) -> Report:
             b.results[f"verify_{sink}"] = v.code
     b.results["runs"] = runs
 
+    return summary(b.results)
+
+
+def summary(r: dict) -> Report:
+    """The side-by-side table of a run's results: each engine's apply against the floor (the log
+    read and net change alone, the most any follower could reach)."""
     rep = Report(
         "Search followers: cdc apply into tantivy and OpenSearch (bench/search.py)",
         ("wall s", "apply s", "docs"),
     )
-    rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; rates in the apply's own time (wall includes Spark start-up)"
-    for r in runs:
-        part = "initial rows (the snapshot)" if r["name"].startswith("initial") else "the workload's changes"
-        role = "ceiling" if r["name"].startswith("floor") else "cdc"
+    rep.subtitle = (
+        f"{r['config']['changes']:,} changes over {r['config']['keys']:,} keys;"
+        " rates in the apply's own time (wall includes Spark start-up)"
+    )
+    floors = [run for run in r["runs"] if run["name"].startswith("floor")]
+    floor_rate = floors[0]["changes"] / floors[0]["apply_s"] if floors else None
+    for run in r["runs"]:
+        initial = run["name"].startswith("initial")
+        rate = run["changes"] / run["apply_s"]
         rep.add(
-            part,
-            r["name"],
-            r["changes"] / r["apply_s"],
+            "initial rows (the snapshot)" if initial else "the workload's changes",
+            run["name"],
+            rate,
             "changes/s",
-            role=role,
-            wall_s=f"{r['wall_s']:.1f}",
-            apply_s=f"{r['apply_s']:.1f}",
-            docs=f"{r['docs']:,}",
-            notes=f"{r['changes'] / r['wall_s']:,.0f}/s wall",
+            role="ceiling" if run in floors else "cdc",
+            ratio=None if initial or not floor_rate else rate / floor_rate,
+            wall_s=f"{run['wall_s']:.1f}",
+            apply_s=f"{run['apply_s']:.1f}",
+            docs=f"{run['docs']:,}",
+            notes=f"{run['changes'] / run['wall_s']:,.0f}/s wall",
         )
     rep.summary.append(
         "floor: reading the log + net change + rows into Python, no engine, in-process, no start-up"
