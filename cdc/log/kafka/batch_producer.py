@@ -54,12 +54,13 @@ class BatchProducer:
         batch_bytes: int = 1 << 20,
         request_timeout_ms: int = 15_000,
         retry_s: float = 60.0,
+        **security: object,  # security_protocol, sasl_*, ssl_* (client.security())
     ):
         self.batch_bytes = batch_bytes
         self.request_timeout_ms = request_timeout_ms
         self.retry_s = retry_s
         self._client = KafkaNetClient(
-            bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms
+            bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, **security
         )
         try:
             self._client.check_version(timeout_ms=request_timeout_ms)  # bootstraps: fails fast if no broker answers

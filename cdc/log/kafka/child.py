@@ -29,7 +29,7 @@ def check_broker(pipeline) -> None:
     from cdc.log.kafka import client as kc
 
     cfg = pipeline.log_config.kafka
-    kc.admin(cfg.bootstrap_servers).close()
+    kc.admin(cfg).close()
 
 
 class PublishWatch:

@@ -207,23 +207,14 @@ class DebeziumLogView:
     @property
     def consumer(self):
         if self._consumer is None:
-            from kafka import KafkaConsumer
-            from kafka.errors import KafkaError
-
-            try:
-                self._consumer = KafkaConsumer(
-                    bootstrap_servers=kc.servers(self.cfg.bootstrap_servers),
-                    client_id="cdc-debezium-reader",
-                    enable_auto_commit=False,
-                    auto_offset_reset="earliest",
-                    request_timeout_ms=kc.TIMEOUT_MS + 5000,
-                    max_poll_records=20_000,
-                    max_partition_fetch_bytes=16 << 20,
-                    fetch_max_bytes=64 << 20,
-                    bootstrap_timeout_ms=kc.TIMEOUT_MS,
-                )
-            except (KafkaError, OSError) as exc:
-                raise kc._unreachable(self.cfg.bootstrap_servers, exc) from None
+            self._consumer = kc.consumer(
+                self.cfg,
+                client_id="cdc-debezium-reader",
+                consumer_timeout_ms=float("inf"),  # as before: no iterator timeout
+                max_poll_records=20_000,
+                max_partition_fetch_bytes=16 << 20,
+                fetch_max_bytes=64 << 20,
+            )
         return self._consumer
 
     def close(self) -> None:
@@ -566,7 +557,7 @@ class DebeziumLogView:
         from kafka.admin import ConfigResource, ConfigResourceType
 
         if self._admin is None:
-            self._admin = kc.admin(self.cfg.bootstrap_servers)
+            self._admin = kc.admin(self.cfg)
         existing = self.existing_topics()
         names = [self.topic(t) for t in self.followed_tables() if self.topic(t) in existing]
         if not names:

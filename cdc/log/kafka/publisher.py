@@ -120,7 +120,7 @@ class Publisher:
     @property
     def producer(self):
         if self._producer is None:
-            self._producer = kc.producer(self.cfg.bootstrap_servers)
+            self._producer = kc.producer(self.cfg)
         return self._producer
 
     def _ensure(self, topics: dict[str, dict[str, str]]) -> None:
@@ -128,7 +128,7 @@ class Publisher:
         if not todo:
             return
         if self._admin is None:
-            self._admin = kc.admin(self.cfg.bootstrap_servers)
+            self._admin = kc.admin(self.cfg)
         kc.ensure_topics(self._admin, todo, self.cfg.fix_cleanup_policy, self.cfg.replication_factor)
         self._ready_topics |= set(todo)
 
@@ -174,7 +174,7 @@ class Publisher:
         return produced
 
     def _consumer(self):
-        return kc.consumer(self.cfg.bootstrap_servers)
+        return kc.consumer(self.cfg)
 
     def _publish_schemas(self, table: TableName, published: int) -> int:
         history = self.staging.schema_history(table)

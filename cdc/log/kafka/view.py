@@ -56,7 +56,7 @@ class KafkaLogView:
     @property
     def consumer(self):
         if self._consumer is None:
-            self._consumer = kc.consumer(self.cfg.bootstrap_servers)
+            self._consumer = kc.consumer(self.cfg)
         return self._consumer
 
     def close(self) -> None:

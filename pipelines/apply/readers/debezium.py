@@ -45,7 +45,7 @@ class DebeziumReader(EnvelopeReader):
         return -1  # Debezium's topics are the table's whole history (its cut ranges start at 0)
 
     def _kafka(self, spark: SparkSession, topic: str, start: int | str, stop: int | str) -> DataFrame:
-        return kafka_frame(spark, self.view.cfg.bootstrap_servers, topic, start, stop)
+        return kafka_frame(spark, self.view.cfg, topic, start, stop)
 
     def _transaction_ends(self, spark: SparkSession) -> DataFrame | None:
         """xid, end_lsn, prev_end_lsn (the previous END of the same xid: xids wrap around) of every

@@ -17,6 +17,7 @@ from pipelines.apply.readers.base import ChangeReader
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from cdc.ground.config import KafkaLog
     from cdc.ground.tables import TableName
     from cdc.log.base import TableSchema
 
@@ -26,7 +27,7 @@ ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>,
 
 def kafka_frame(
     spark: SparkSession,
-    bootstrap_servers: str | list[str],
+    kafka: KafkaLog | str | list[str],
     topic: str,
     start: int | str,
     stop: int | str,
@@ -40,7 +41,7 @@ def kafka_frame(
 
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", ",".join(kc.servers(bootstrap_servers)))
+        .options(**kc.spark_options(kafka))  # bootstrap servers and the log's security settings
         .option("assign", json.dumps({topic: [0]}))
         .option("startingOffsets", bound(start))
         .option("endingOffsets", bound(stop))

@@ -36,7 +36,7 @@ class KafkaReader(EnvelopeReader):
         view = self.view
         schema = schema or view.schema(table)
         topic = view.table_meta(table)["topic"]
-        raw = kafka_frame(spark, view.cfg.bootstrap_servers, topic, after + 1, upto + 1, headers=True)
+        raw = kafka_frame(spark, view.cfg, topic, after + 1, upto + 1, headers=True)
         # Records carry their schema version (header cdc.sv): a value written before a rename is
         # found under the column's old name, and a retired column a version lacks is kept.
         history = view.schema_history(table)
