@@ -322,20 +322,45 @@ def wait(pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, 
 @cli.command()
 @PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--watch", is_flag=True, help="show it again every --interval seconds until Ctrl-C (then exit 0)")
+@click.option("--interval", "interval_s", default=2.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between refreshes of --watch")
 @handle_errors
-def status(pipeline: Path, as_json: bool) -> int:
+def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int:
     """Slot lag, log end and each follower's position (exit 4 if a follower's checkpoint is unreadable)."""
+    import time
+
+    from rich.console import Console
+
     from pipelines.status import collect_status, print_status
+    from pipelines.status_view import status_view
+    from pipelines.status_view import watch as watch_live
 
     loaded = load(pipeline)
-    data = collect_status(loaded)
-    if as_json:
-        import json
+    snapshot_cmd = loaded.command("snapshot")
+    console = Console()
+    if console.is_terminal and not as_json:  # a person reading: rich tables (README "CLI reference")
+        if watch:
+            watch_live(lambda: collect_status(loaded), snapshot_cmd, interval_s, console)
+            return 0
+        data = collect_status(loaded)
+        console.print(status_view(data, snapshot_cmd))
+        return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
+    while True:
+        data = collect_status(loaded)
+        if as_json:
+            import json
 
-        click.echo(json.dumps(data, indent=2, default=str))
-    else:
-        print_status(data, say, loaded.command("snapshot"))
-    return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
+            click.echo(json.dumps(data, indent=2, default=str))
+        else:
+            print_status(data, say, snapshot_cmd)
+        if not watch:
+            return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
+        sys.stdout.flush()
+        try:
+            time.sleep(interval_s)
+        except KeyboardInterrupt:
+            return 0  # watching ends with Ctrl-C: not a failure
+        click.echo("")
 
 
 @cli.command()

@@ -232,17 +232,21 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
             continue
         if f.get("lost"):
             say(f"  {_lost_line(f['sink'], f['lost'])}")
-        behind = f.get("events_behind_log")
-        lag = f.get("lag_s")
-        if behind is None:
-            backlog = "? events behind the log"
-        elif behind == 0:
-            backlog = "up to date with the log"
-        else:
-            when = f"oldest committed {lag:g}s ago" if lag is not None else "time of the oldest not known"
-            backlog = f"{behind:,} events behind the log ({when})"
+        backlog = backlog_text(f)
         if f["position"] is None:
-            todo = backlog.replace("events behind the log", "events to apply") if behind else backlog
-            say(f"  follower {f['sink']} ({f['kind']}): never applied; {todo}")
+            say(f"  follower {f['sink']} ({f['kind']}): never applied; {backlog}")
         else:
             say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")
+
+
+def backlog_text(f: dict[str, Any]) -> str:
+    """A follower's backlog in words: up to date, or how many events and how old the oldest."""
+    behind = f.get("events_behind_log")
+    lag = f.get("lag_s")
+    if behind is None:
+        return "? events behind the log"
+    if behind == 0:
+        return "up to date with the log"
+    when = f"oldest committed {lag:g}s ago" if lag is not None else "time of the oldest not known"
+    what = "events to apply" if f.get("position") is None else "events behind the log"
+    return f"{behind:,} {what} ({when})"

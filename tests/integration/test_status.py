@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,65 @@ def test_status_backlog_of_a_never_applied_follower_with_the_kafka_log(
     lines = {line.split(":")[0].strip(): line for line in text.out.splitlines() if "follower" in line}
     assert "never applied; 10 events to apply (oldest committed " in lines["follower fresh (delta)"], text.out
     assert "never applied; 16 events to apply (oldest committed " in lines["follower all (delta)"], text.out
+
+
+def in_terminal(*args: str | Path, stop_when: str | None = None, timeout: float = 300) -> tuple[int, str]:
+    """`cdc ARGS` with a pseudo-terminal as stdin/stdout/stderr, as a person runs it: (exit code,
+    everything it printed). With `stop_when`, Ctrl-C (SIGINT) once that text has been printed twice
+    (a refresh after the first view)."""
+    import os
+    import pty
+    import select
+    import signal
+    import sys
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the real console entry on the terminal
+        env = {**os.environ, "COLUMNS": "160", "LINES": "50", "TERM": "xterm-256color"}
+        os.execve(sys.executable, [sys.executable, "-m", "pipelines.cli", *map(str, args)], env)
+    out = b""
+    deadline = time.monotonic() + timeout  # hang guard only
+    interrupted = False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal: it has exited
+                break
+            if not chunk:
+                break
+            out += chunk
+        if stop_when and not interrupted and out.decode(errors="replace").count(stop_when) >= 2:
+            os.kill(pid, signal.SIGINT)
+            interrupted = True
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_status_on_a_terminal_is_a_table_and_watch_refreshes_it(pg_db: str, tmp_path: Path) -> None:
+    """Issue 16 item 7: on a terminal `cdc status` draws rich tables; `--watch` redraws them until
+    Ctrl-C, which ends it with exit 0. Piped, the output stays the plain lines."""
+    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1), (2)")
+    cache = {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.t"]}}
+    file = write_pipeline(tmp_path, pg_db, ["public.t"], sinks=[cache])
+    assert cdc("snapshot", file, "--no-progress").code == 0
+
+    code, out = in_terminal("status", file)
+    assert code == 0, out
+    assert "\x1b[" in out, out  # with colours
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    for text in ("pipeline test", "WAL position", "slot confirmed", "log (local): cut 1", "followers", "never applied"):
+        assert text in out, (text, out)
+    assert "┃" in out or "│" in out, out  # drawn as a table
+
+    code, out = in_terminal("status", file, "--watch", "--interval", "0.2", stop_when="followers")
+    assert code == 0, out
+    assert out.count("followers") >= 2 and "Traceback" not in out, out
+
+    piped = cdc("status", file)
+    assert piped.code == 0 and "│" not in piped.out and "follower cache (redis): never applied" in piped.out, piped
