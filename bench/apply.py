@@ -228,10 +228,13 @@ def freshness(b: Bench) -> dict:
         "batch_s_max": round(max(batch_s), 2) if batch_s else None,
         "confs": confs,
     }
-    say(
-        f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s "
-        f"({f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s)"
-    )
+    batches = f"{f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s"
+    if samples:
+        say(
+            f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s ({batches})"
+        )
+    else:  # the stream had not brought a transaction into an applied cut before the window ended
+        say(f"freshness: no transaction became visible within {seconds}s ({batches}); try a longer --seconds")
     return f
 
 
