@@ -121,7 +121,8 @@ class KafkaLog(_Strict):
             raise ValueError("sasl_* settings need security_protocol SASL_SSL (or SASL_PLAINTEXT)")
         ssl_files = [k for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, k)]
         if ssl_files and not self.security_protocol.endswith("SSL"):
-            raise ValueError(f"{', '.join(ssl_files)} need security_protocol SSL or SASL_SSL")
+            verb = "needs" if len(ssl_files) == 1 else "need"
+            raise ValueError(f"{', '.join(ssl_files)} {verb} security_protocol SSL or SASL_SSL")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
         return self
