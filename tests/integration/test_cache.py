@@ -31,13 +31,11 @@ from pipelines.devservices.base import free_port
 from pipelines.devservices.redis import LocalRedis
 from sinks.cache.keys import KeyTemplate
 from tests.fixtures.readers import delta_rows, redis_rows
+from tests.fixtures.workload import BIG_TEXT
 from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_changes as stream
 
 pytestmark = pytest.mark.integration
-
-BIG = "(SELECT string_agg(md5(random()::text || g), '') FROM generate_series(1, 300) g)"  # ~9.6 kB, stored out of line
-
 
 # ---- helpers -------------------------------------------------------------------------------------
 def snapshot(file: Path) -> None:
@@ -99,7 +97,7 @@ def make_tables(dsn: str) -> None:
         " tags int[], doc jsonb, big text, note text)",
         f"INSERT INTO t SELECT g, g, g * 1.25, '2024-01-31 10:00:00.123456+00'::timestamptz + g * interval '1 hour',"
         f" date '2024-01-01' + g, decode(md5(g::text), 'hex'), ARRAY[g, NULL, g + 1], jsonb_build_object('g', g),"
-        f" CASE WHEN g <= 3 THEN {BIG} END, 'a:b\\c' || g FROM generate_series(1, 50) g",
+        f" CASE WHEN g <= 3 THEN {BIG_TEXT} END, 'a:b\\c' || g FROM generate_series(1, 50) g",
         "CREATE TABLE pair (a text, b int, v text, PRIMARY KEY (a, b))",
         "INSERT INTO pair VALUES ('x:y', 1, 'one'), ('x', 1, 'two'), ('k', 2, 'three')",
     )
@@ -387,7 +385,7 @@ def test_replay_and_late_batch_change_nothing(pg_db: str, tmp_path: Path, spark,
 def test_redis_killed_mid_apply_then_restarted(
     pg_db: str, tmp_path: Path, spark, own_redis: LocalRedis
 ) -> None:
-    rows = 100_000
+    rows = 40_000  # ~30,000 changes in the cut: ~150 EVALSHA calls of 200 rows
     sql(
         pg_db,
         "CREATE TABLE t (id int PRIMARY KEY, v text, n int)",
@@ -441,7 +439,7 @@ def test_redis_killed_mid_apply_then_restarted(
     ckpt = load_checkpoint(pipeline.state_path, "cache")
     assert ckpt.pending is None and ckpt.cut_id > done_before
     assert_verified(file, spark, "cache")
-    assert_cache_is_source(own_redis.url, pg_db, columns=("v", "n"))  # 100,000 rows minus the deletes
+    assert_cache_is_source(own_redis.url, pg_db, columns=("v", "n"))  # 40,000 rows minus the deletes
 
 
 # ---- 4. Redis unreachable -----------------------------------------------------------------------------
