@@ -37,6 +37,7 @@ from tests.harness import stream_changes as stream
 
 pytestmark = pytest.mark.integration
 
+
 # ---- helpers -------------------------------------------------------------------------------------
 def snapshot(file: Path) -> None:
     from snapshot.runner import run_snapshot
