@@ -24,12 +24,13 @@ import orjson
 import psycopg2
 import pytest
 from click.testing import CliRunner
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from cdc.ground.errors import LogError
 from cdc.session import libpq_options
 from pipelines.cli import cli
 from tests.fixtures.debezium import wait_caught_up
+from tests.fixtures.topics import topic_records as read_topic
 from tests.harness import apply_once, cdc, verify, write_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -162,26 +163,6 @@ def test_apply_debezium_topics_to_delta(pg_db, debezium, kafka, spark, tmp_path,
 
 
 # ---- reading topics -----------------------------------------------------------------------------------
-def read_topic(bootstrap: str, topic: str) -> list:
-    consumer = KafkaConsumer(
-        bootstrap_servers=[bootstrap], enable_auto_commit=False, consumer_timeout_ms=5000
-    )
-    try:
-        tp = TopicPartition(topic, 0)
-        end = consumer.end_offsets([tp]).get(tp, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        out = []
-        while end and (not out or out[-1].offset < end - 1):
-            batch = consumer.poll(timeout_ms=10_000)
-            assert batch, f"no records from {topic}"
-            for records in batch.values():
-                out.extend(records)
-        return out
-    finally:
-        consumer.close()
-
-
 def _json(raw: bytes | None):
     if raw is None:
         return None
