@@ -47,6 +47,7 @@ from cdc.source import (
     _slot,
     connect,
     flushed_wal_lsn,
+    make_failover_slot,
     replica_index_without_key,
     slot_holder,
     slot_state,
@@ -191,6 +192,8 @@ class StreamReader:
         report = check_pipeline_source(self.pipeline, conn, gone)
         report.raise_if_problems()
         self._check_slot(conn)
+        if pg.failover and make_failover_slot(pg.dsn, self.pipeline.slot):
+            self.say(f"replication slot {self.pipeline.slot} is now a failover slot (source.postgres.failover)")
         for t in report.tables:
             self._keys[t.table] = t.key_columns
         if self.until == "current":
@@ -209,8 +212,9 @@ class StreamReader:
                     f"run `{self.pipeline.command('snapshot')}` first (it creates the slot at a consistent point)",
                 )
             raise SourceError(
-                f"replication slot {self.pipeline.slot} no longer exists (dropped, or invalidated and removed); "
-                "changes made since it went are not in the log",
+                f"replication slot {self.pipeline.slot} no longer exists (dropped, or invalidated and removed, or the "
+                "source failed over to a standby without a copy of it: only failover slots of PostgreSQL 17 or later, "
+                "source.postgres.failover: true, survive a failover); changes made since it went are not in the log",
                 f"run `{self.pipeline.command('snapshot')}`: it creates the slot again and re-copies every table, "
                 "then `cdc stream` continues from there",
             )

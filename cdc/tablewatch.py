@@ -55,7 +55,13 @@ def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckRepor
     """check_source for a pipeline's tables, slot and publication; `dropped` tables the file still
     names are notes, and fix lines name the pipeline file."""
     return check_source(
-        conn, pipeline.table_selectors, pipeline.slot, pipeline.publication, dropped=dropped, command=pipeline.command
+        conn,
+        pipeline.table_selectors,
+        pipeline.slot,
+        pipeline.publication,
+        dropped=dropped,
+        command=pipeline.command,
+        failover=pipeline.source.postgres.failover,
     )
 
 

@@ -80,7 +80,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         if generated[t.table]:
             say(
                 f"note: table {t.table}: generated column(s) {', '.join(generated[t.table])} are not captured: PostgreSQL does not "
-                "publish generated columns (before 18; 18 only with publish_generated_columns), so the log and every "
+                "publish generated columns (before 18; on 18 the publication keeps publish_generated_columns = none), so the log and every "
                 "follower leave them out and `cdc verify` names them as not compared; compute them in a view (`views:`) "
                 "if a follower needs them"
             )

@@ -458,7 +458,7 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
             if t.not_compared:
                 say(
                     f"    not compared: generated column(s) {', '.join(t.not_compared)}: PostgreSQL does not publish them "
-                    "(before 18; 18 with publish_generated_columns), so followers do not have them"
+                    "(before 18; on 18 the publication keeps publish_generated_columns = none), so followers do not have them"
                 )
             if t.missing_columns:
                 tables = shlex.quote(t.table)

@@ -231,7 +231,9 @@ def _copy_tables(
         f"creating {'temporary ' if slot_exists else ''}replication slot {slot} with an exported snapshot "
         "(waits for transactions open right now to finish)"
     )
-    with slot_with_snapshot(dsn, slot, temporary=slot_exists, server_version=server_version) as snap:
+    with slot_with_snapshot(
+        dsn, slot, temporary=slot_exists, server_version=server_version, failover=pipeline.source.postgres.failover
+    ) as snap:
         plans = _plan_tables(dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets})
         jobs_by_table: dict[TableName, list[CopyJob]] = {}
         snapshot_ids: dict[TableName, int] = {}

@@ -16,7 +16,7 @@ import psycopg2
 
 from cdc.ground.errors import SourceError
 from cdc.ground.lsn import parse_lsn
-from cdc.source import connect
+from cdc.source import connect, failover_unsupported
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,27 @@ class ExportedSnapshot:
     snapshot_name: str
 
 
+def require_failover_slots(server_version: int) -> None:
+    problem = failover_unsupported(server_version)
+    if problem is not None:
+        raise SourceError(problem.what, problem.fix)
+
+
 @contextmanager
-def slot_with_snapshot(dsn: str, slot: str, *, temporary: bool, server_version: int) -> Iterator[ExportedSnapshot]:
-    """Create a pgoutput slot and export its snapshot. A temporary slot disappears with the connection."""
+def slot_with_snapshot(
+    dsn: str, slot: str, *, temporary: bool, server_version: int, failover: bool = False
+) -> Iterator[ExportedSnapshot]:
+    """Create a pgoutput slot and export its snapshot. A temporary slot disappears with the connection.
+    `failover`: a failover slot (PostgreSQL >= 17), which standbys with sync_replication_slots copy."""
+    if failover and not temporary:
+        require_failover_slots(server_version)
     conn = connect(dsn, replication=True, application_name=f"cdc snapshot {slot}")
     try:
         temp = " TEMPORARY" if temporary else ""
+        # A temporary slot (a re-snapshot beside the pipeline's slot) lives for one connection: never a failover slot.
+        options = ", FAILOVER true" if failover and not temporary else ""
         if server_version >= 150000:
-            command = f"CREATE_REPLICATION_SLOT \"{slot}\"{temp} LOGICAL pgoutput (SNAPSHOT 'export')"
+            command = f"CREATE_REPLICATION_SLOT \"{slot}\"{temp} LOGICAL pgoutput (SNAPSHOT 'export'{options})"
         else:
             command = f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL pgoutput EXPORT_SNAPSHOT'
         try:
