@@ -121,6 +121,8 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
         builder = builder.config(key, value)
     try:
         with stage(f"starting Spark ({conf['spark.master']})"):
+            if not os.environ.get("CDC_DEBUG"):
+                _launch_quiet_jvm(conf)
             spark = builder.getOrCreate()
     except Exception as exc:  # JVM failed to start: one line, not a Java stack
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -129,6 +131,42 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     _register_sources(spark)
     attach_spark(spark)
     return spark
+
+
+# What the JVM prints on its stderr at start-up that tells a user nothing: the incubator-module
+# warning of Java 17+, log4j's level banner, WARN lines. CDC_DEBUG=1 shows them.
+JVM_NOISE = re.compile(
+    r"WARNING: |Setting default log level to |To adjust logging level use |For SparkR, use setLogLevel"
+    r"|(\d\d/\d\d/\d\d )?\d\d:\d\d:\d\d WARN "
+)
+
+
+def _launch_quiet_jvm(conf: dict[str, str]) -> None:
+    """Start Spark's JVM (as getOrCreate would, same confs) with its stderr on a pipe: a thread
+    passes each line on to ours but the noise. The Python workers the JVM starts inherit the pipe."""
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:  # a JVM is up already (a stopped session's): reused as is
+        return
+    read_fd, write_fd = os.pipe()
+    # forwarding first: what a JVM that fails to start says is passed on too
+    threading.Thread(target=_forward_jvm_stderr, args=(read_fd,), name="jvm-stderr", daemon=True).start()
+    try:
+        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())), {"stderr": write_fd})
+    finally:
+        os.close(write_fd)  # the JVM holds its own copy
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _forward_jvm_stderr(read_fd: int) -> None:
+    with os.fdopen(read_fd, "rb") as lines:
+        for line in lines:
+            if not JVM_NOISE.match(line.decode(errors="replace")):
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
 
 
 def _register_sources(spark: SparkSession) -> None:

@@ -16,6 +16,10 @@ from tests.harness import cdc, sql, write_pipeline
 pytestmark = pytest.mark.integration
 
 
+# What the JVM and log4j print at start-up (Java 17+, Spark 4) unless CDC_DEBUG=1
+JVM_NOISE = ("Using incubator modules", "Setting default log level", "sc.setLogLevel", " WARN ", "WARNING:")
+
+
 def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
     sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
     conf_dir = tmp_path / "conf"
@@ -41,8 +45,12 @@ def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
     ):
         assert line in run.err, (line, run.err)
     assert "sink lake: applied cut 1" in run.out and "starting Spark" not in run.out
-    check = cdc("verify", file, cwd=cwd)
+    # Spark's JVM banner and WARN lines stay out of the user's terminal (issue 16 item 6)
+    for noise in JVM_NOISE:
+        assert noise not in run.err, (noise, run.err)
+    check = cdc("verify", file, cwd=cwd, env={"CDC_DEBUG": "1"})
     assert check.code == 0, check
+    assert "Using incubator modules" in check.err, check.err  # CDC_DEBUG=1 shows what the JVM says
     for line in (
         "reading 1 source table(s) at one snapshot: done in ",
         "sink lake: public.t: comparing with the source ...",
