@@ -165,8 +165,7 @@ def _forward_jvm_stderr(read_fd: int) -> None:
     with os.fdopen(read_fd, "rb") as lines:
         for line in lines:
             if not JVM_NOISE.match(line.decode(errors="replace")):
-                sys.stderr.write(line.decode(errors="replace"))
-                sys.stderr.flush()
+                os.write(2, line)  # where the JVM wrote before: this process's stderr file
 
 
 def _register_sources(spark: SparkSession) -> None:
