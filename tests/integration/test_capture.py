@@ -703,7 +703,7 @@ def test_snapshot_of_added_table_while_streaming(pg_db: str, tmp_path: Path) -> 
 # Runs the real CLI, except that the copy of one table SIGKILLs the process after its first rows are
 # on disk and once the other tables' snapshots are finished: a crash in the middle of a copy, on cue.
 CRASH_DURING_COPY = r"""
-import builtins, os, signal, sqlite3, sys, threading, time
+import os, signal, sqlite3, sys, threading, time
 import snapshot.copier as copier
 from pipelines.cli import main
 
@@ -737,14 +737,16 @@ class DyingFile:
         os.kill(os.getpid(), signal.SIGKILL)
         return n
 
-def open_or_die(path, mode="r", *args, **kwargs):
-    f = builtins.open(path, mode, *args, **kwargs)
+private_open = copier.private_open
+
+def open_or_die(path, mode="wb", **kwargs):
+    f = private_open(path, mode, **kwargs)
     if getattr(here, "victim", False) and str(path).endswith(".part"):
         return DyingFile(f)
     return f
 
 copier.CopyPool._copy = copy_or_die
-copier.open = open_or_die  # the module's `open` is looked up at call time
+copier.private_open = open_or_die  # the segment writer's open, looked up at call time
 sys.argv[0] = "cdc"
 main()
 """
