@@ -450,8 +450,8 @@ def test_rejected_row_names_table_and_key(engine: str, pg_db: str, tmp_path: Pat
         if engine == "opensearch"
         else ("column 'v' (field type long)" in message)
     ), message
-    if engine == "opensearch":  # built on the executor: the fix still names the pipeline file as given
-        assert f"`cdc snapshot {f} --tables public.t` to rebuild the index" in message, message
+    # built on the driver, carried to the executors: names the pipeline file as given, rebuilds only this follower
+    assert f"`cdc reset {f} --sink s --rebuild --yes`" in message, message
     after = load_checkpoint(state, "s")
     assert after.cut_id == before.cut_id and after.pending is not None  # not recorded as done
     with pytest.raises(SinkError):

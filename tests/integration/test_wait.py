@@ -52,9 +52,14 @@ def test_cdc_wait_reads_your_own_writes(tmp_path: Path, pg_db: str, redis_db: st
             sql(pg_db, "UPDATE items SET title = 'mine' WHERE id = 7")
             seen["current"] = cdc("wait", file, "--current", "--sink", "cache", "--timeout", HANG_GUARD_S)
             seen["read after --current"] = cached_title(client, 7)
-            # --lsn: the position the application reads in its own session, after its commit
+            # --lsn: the position the application reads in its own session, after its commit. The test
+            # cluster runs synchronous_commit=off for speed; the README's pattern assumes the default (on),
+            # under which the commit's WAL is written before pg_current_wal_lsn() is read.
             lsn = sql(
-                pg_db, "UPDATE items SET title = 'mine too' WHERE id = 8", "SELECT pg_current_wal_lsn()::text"
+                pg_db,
+                "SET synchronous_commit = on",
+                "UPDATE items SET title = 'mine too' WHERE id = 8",
+                "SELECT pg_current_wal_lsn()::text",
             )
             seen["lsn"] = lsn[0][0]
             seen["by lsn"] = cdc("wait", file, "--lsn", seen["lsn"], "--timeout", HANG_GUARD_S)
