@@ -288,6 +288,7 @@ class ApplyJob:
                     table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json()
                 )
             ckpt.markers = True
+        sink.cut_applied(cut_id, cut_lsn, [by_name[n] for n in wanted if n in by_name])  # e.g. Delta's _cdc_cuts
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
             if name in cut_tables:
