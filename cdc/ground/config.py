@@ -40,6 +40,26 @@ TableList = Annotated[list[str], Field(min_length=1)]
 
 
 # --- source ---------------------------------------------------------------------------------------
+class SourceTableOptions(_Strict):
+    """What of one table leaves PostgreSQL (README "Choosing what is captured"): pushed down as the
+    publication's column list and row filter (PostgreSQL 15 or later) and used by the snapshot's COPY."""
+
+    columns: list[str] | None = Field(default=None, min_length=1, description="capture only these columns")
+    exclude_columns: list[str] | None = Field(default=None, min_length=1, description="capture every column but these")
+    where: str | None = Field(
+        default=None, min_length=1, description="SQL predicate over replica identity columns: only rows that match are captured"
+    )
+
+    @model_validator(mode="after")
+    def _one_list(self) -> SourceTableOptions:
+        if self.columns is not None and self.exclude_columns is not None:
+            raise ValueError("give `columns` or `exclude_columns`, not both")
+        for name in (self.columns or []) + (self.exclude_columns or []):
+            if not name:
+                raise ValueError("empty column name")
+        return self
+
+
 class PostgresSource(_Strict):
     dsn: str = Field(description="libpq connection string or postgresql:// URI")
     tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
@@ -56,7 +76,30 @@ class PostgresSource(_Strict):
         "(require: encryption without checking the server's certificate is enough)",
     )
 
+    table_options: dict[str, SourceTableOptions] = Field(
+        default_factory=dict,
+        description="per table of `tables` (schema-qualified name): columns or exclude_columns, and where",
+    )
+
     _tables = field_validator("tables")(_check_tables)
+
+    @model_validator(mode="after")
+    def _options_name_tables(self) -> PostgresSource:
+        selectors = [TableSelector.parse(t) for t in self.tables]
+        for key in self.table_options:
+            name = TableName.parse(key)  # raises ValueError with a readable message
+            if not any(s.matches(name) for s in selectors):
+                close = difflib.get_close_matches(key, self.tables, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"table_options: {key} is not among `tables`{hint}")
+        return self
+
+    def options_for(self, table: TableName) -> SourceTableOptions | None:
+        """The table_options entry naming `table` (keys are parsed, so quoting and case follow SQL)."""
+        for key, options in self.table_options.items():
+            if TableName.parse(key) == table:
+                return options
+        return None
 
 
 class Source(_Strict):
@@ -140,7 +183,95 @@ class LogConfig(_Strict):
 
 
 # --- sinks ----------------------------------------------------------------------------------------
-class DeltaSink(_Strict):
+MaskKind = Literal["hash", "redact", "null"]
+# A renamed table's name in every sink kind: a Delta/tantivy directory, an OpenSearch index, a Redis key prefix.
+RENAME_RE = r"^[a-z0-9_][a-z0-9_.-]*$"
+MIN_MASK_KEY = 16
+
+
+class SinkTableOptions(_Strict):
+    """What one sink gets of one table (README "Choosing what is captured"); applied by sinks/shaping.py."""
+
+    columns: list[str] | None = Field(default=None, min_length=1, description="only these columns (key columns always)")
+    exclude_columns: list[str] | None = Field(default=None, min_length=1, description="every column but these")
+    mask: dict[str, MaskKind] = Field(
+        default_factory=dict,
+        description="per column: hash (HMAC-SHA256 hex with mask_key), redact (the text [redacted]) or null",
+    )
+    rename: str | None = Field(
+        default=None,
+        pattern=RENAME_RE,
+        description="the follower's name for the table: Delta table directory <path>/<rename>, search index "
+        "<rename>, Redis keys <rename>:<pk>",
+    )
+
+    @field_validator("mask", mode="before")
+    @classmethod
+    def _yaml_null(cls, value: Any) -> Any:
+        # `mask: {notes: null}` without quotes is YAML's null: it means the mask `null`
+        if isinstance(value, dict):
+            return {k: "null" if v is None else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SinkTableOptions:
+        if self.columns is not None and self.exclude_columns is not None:
+            raise ValueError("give `columns` or `exclude_columns`, not both")
+        dropped = set(self.exclude_columns or ())
+        for column in self.mask:
+            if column in dropped:
+                raise ValueError(f"mask: column {column!r} is excluded (exclude_columns), so there is nothing to mask")
+            if self.columns is not None and column not in self.columns:
+                raise ValueError(f"mask: column {column!r} is not among `columns`, so there is nothing to mask")
+        return self
+
+
+class _ShapedSink(_Strict):
+    """Per-table columns, masks and renames, common to every sink kind."""
+
+    table_options: dict[str, SinkTableOptions] = Field(
+        default_factory=dict,
+        description="per table of this sink: columns / exclude_columns, mask, rename "
+        '(e.g. {"public.users": {"exclude_columns": ["password_hash"], "mask": {"email": "hash"}}})',
+    )
+    mask_key: str | None = Field(
+        default=None,
+        repr=False,
+        description=f"secret key of the `hash` mask (at least {MIN_MASK_KEY} characters), from the environment: ${{CDC_MASK_KEY}}",
+    )
+
+    @model_validator(mode="after")
+    def _options(self) -> _ShapedSink:
+        hashed = [f"{t}.{c}" for t, o in self.table_options.items() for c, m in o.mask.items() if m == "hash"]
+        if hashed and not self.mask_key:
+            raise ValueError(
+                f"mask hash ({', '.join(hashed)}) needs mask_key: write `mask_key: ${{CDC_MASK_KEY}}` in the sink "
+                f"and export CDC_MASK_KEY=<a secret of at least {MIN_MASK_KEY} characters>"
+            )
+        if self.mask_key is not None and len(self.mask_key) < MIN_MASK_KEY:
+            raise ValueError(
+                f"mask_key is shorter than {MIN_MASK_KEY} characters (a short key makes hashed values guessable); "
+                "export a longer secret in its environment variable"
+            )
+        renamed: dict[str, str] = {}
+        for table, options in self.table_options.items():
+            TableName.parse(table)  # schema.table, no wildcard (raises ValueError with a readable message)
+            if options.rename is not None:
+                if options.rename in renamed:
+                    raise ValueError(
+                        f"table_options: {renamed[options.rename]} and {table} are both renamed to {options.rename!r}"
+                    )
+                renamed[options.rename] = table
+        return self
+
+    def options_for(self, table: TableName) -> SinkTableOptions | None:
+        for name, options in self.table_options.items():
+            if TableName.parse(name) == table:
+                return options
+        return None
+
+
+class DeltaSink(_ShapedSink):
     path: str
     mode: Literal["scd1", "scd2"] = "scd1"
     tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
@@ -166,7 +297,14 @@ SearchFieldType = Literal[
 ]
 
 
-class SearchSink(_Strict):
+class AwsSigV4(_Strict):
+    region: str = Field(min_length=1, description="the AWS region of the domain or collection (e.g. eu-west-1)")
+    service: Literal["es", "aoss"] = Field(
+        default="es", description="es: an Amazon OpenSearch Service domain; aoss: an OpenSearch Serverless collection"
+    )
+
+
+class SearchSink(_ShapedSink):
     engine: Literal["tantivy", "opensearch"] = "tantivy"
     tables: TableList
     path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
@@ -194,6 +332,20 @@ class SearchSink(_Strict):
         default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request"
     )
     timeout_s: float = Field(default=60.0, gt=0, description="opensearch: seconds a request may take")
+    # Security (README Security): passed to every OpenSearch client of the tool (driver and executors)
+    username: str | None = Field(default=None, description="opensearch: HTTP basic auth user (e.g. ${OPENSEARCH_USER})")
+    password: str | None = Field(default=None, repr=False, description="opensearch: its password, from ${ENV}")
+    ca_file: str | None = Field(default=None, description="opensearch: PEM CA file for https hosts (default: the system's CAs)")
+    client_cert: str | None = Field(default=None, description="opensearch: client certificate (PEM), for mTLS")
+    client_key: str | None = Field(default=None, description="opensearch: the client certificate's key (PEM, unencrypted)")
+    verify_certs: bool = Field(
+        default=True, description="opensearch: check the nodes' certificates (and that they name the host)"
+    )
+    aws_sigv4: AwsSigV4 | None = Field(
+        default=None,
+        description="opensearch: sign requests with AWS SigV4 (Amazon OpenSearch Service / Serverless); "
+        "credentials from the standard AWS chain (env, profile, role); needs boto3",
+    )
 
     _tables = field_validator("tables")(_check_tables)
 
@@ -201,6 +353,16 @@ class SearchSink(_Strict):
     def _engine_options(self) -> SearchSink:
         if self.engine == "opensearch" and not self.hosts:
             raise ValueError("engine opensearch needs `hosts`")
+        security = ("username", "password", "ca_file", "client_cert", "client_key", "aws_sigv4")
+        given = [k for k in security if getattr(self, k) is not None]
+        if self.engine != "opensearch" and (given or not self.verify_certs):
+            raise ValueError(f"{', '.join(given) or 'verify_certs'}: only for engine opensearch")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together (HTTP basic auth)")
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("client_cert and client_key go together (a client certificate and its key)")
+        if self.aws_sigv4 is not None and self.username is not None:
+            raise ValueError("aws_sigv4 and username/password exclude each other (one way to sign in)")
         selectors = [TableSelector.parse(t) for t in self.tables]
         for table, columns in self.fields.items():
             name = TableName.parse(table)  # raises ValueError with a readable message
@@ -211,7 +373,7 @@ class SearchSink(_Strict):
         return self
 
 
-class RedisSink(_Strict):
+class RedisSink(_ShapedSink):
     url: str
     tables: TableList
     key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
@@ -256,6 +418,16 @@ class SparkConfig(_Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
     trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+    # Security on a cluster (README "Running on a cluster"): the secret reaches the driver's JVM over
+    # py4j, never its command line, and is masked in messages.
+    secret: str | None = Field(
+        default=None,
+        repr=False,
+        description="spark.authenticate secret shared with the cluster, from ${ENV} (turns authentication on)",
+    )
+    encrypt: bool = Field(
+        default=True, description="with `secret`: encrypt RPC (spark.network.crypto) and local shuffle/spill files"
+    )
 
 
 class StreamConfig(_Strict):
@@ -305,12 +477,45 @@ class Pipeline(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _search_files(self) -> Pipeline:
+        """The search sinks' certificate files too."""
+        for sink in self.sinks:
+            for key in ("ca_file", "client_cert", "client_key"):
+                if sink.search is not None and getattr(sink.search, key):
+                    object.__setattr__(sink.search, key, str(self.path(getattr(sink.search, key))))
+        return self
+
+    @model_validator(mode="after")
     def _unique_sinks(self) -> Pipeline:
         seen: set[str] = set()
         for sink in self.sinks:
             if sink.name in seen:
                 raise ValueError(f"two sinks are named {sink.name!r}")
             seen.add(sink.name)
+        return self
+
+    @model_validator(mode="after")
+    def _sink_table_options(self) -> Pipeline:
+        """table_options name tables of their sink (a typo would leave a column unmasked), and a
+        rename never takes a schema's directory (Delta and tantivy keep <path>/<schema>/<table>)."""
+        for sink in self.sinks:
+            settings = sink.settings
+            chosen = getattr(settings, "tables", None) or self.source.postgres.tables
+            selectors = [TableSelector.parse(t) for t in chosen]
+            where = f"sinks.{sink.name}.{sink.kind}.table_options"
+            for table, options in settings.table_options.items():
+                if not any(s.matches(TableName.parse(table)) for s in selectors):
+                    close = difflib.get_close_matches(table, chosen, n=1, cutoff=0.6)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise ValueError(
+                        f"{where}: table {table} is not among this sink's tables ({', '.join(chosen)}){hint}"
+                    )
+                schemas = {s.schema for s in selectors}
+                if options.rename in schemas:
+                    raise ValueError(
+                        f"{where}: {table}: rename {options.rename!r} is the name of a schema whose tables this sink "
+                        "follows (their directories are <path>/<schema>/<table>); choose another name"
+                    )
         return self
 
     # -- resolved values -------------------------------------------------------------------------

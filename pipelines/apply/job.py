@@ -38,6 +38,7 @@ from sinks.base import ApplyStats, Sink
 from sinks.changes import TableBatch
 from sinks.marker import Marker, lost_reason
 from sinks.registry import make_sink
+from sinks.shaping import shape_batch
 
 
 @dataclass
@@ -235,7 +236,7 @@ class ApplyJob:
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
-            batches.append(batch)
+            batches.append(shape_batch(batch, sink_cfg))  # the sink's columns, masks (sinks/shaping.py)
         ckpt.pending = {
             "cut_id": cut_id,
             "lsn": cut_lsn,
