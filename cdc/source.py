@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 import socket
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psycopg2
@@ -18,6 +18,17 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
 
+from cdc.filters import (
+    MIN_FILTER_VERSION,
+    CaptureFilter,
+    filter_problems,
+    identity_columns,
+    predicate_shape_problem,
+    publication_member,
+    resolve_filter,
+    select_query,
+)
+from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import PipelineFileError, SourceError
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.secrets import redact_with
@@ -118,6 +129,8 @@ class CheckReport:
     tables: list[TableInfo] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # what of each table is captured (source.postgres.table_options, cdc/filters.py)
+    filters: dict[TableName, CaptureFilter] = field(default_factory=dict)
 
     def raise_if_problems(self) -> None:
         if self.problems:
@@ -295,6 +308,7 @@ def check_source(
     dropped: Collection[TableName] = (),
     command: Command = placeholder,
     failover: bool = False,
+    options: Mapping[TableName, SourceTableOptions] | None = None,
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
@@ -397,8 +411,59 @@ def check_source(
                     "(rows that cannot be told apart cannot be followed exactly)",
                 )
             )
+    _check_filters(conn, report, info, options or {})
     _check_publication(conn, report, info, publication)
     return report
+
+
+def _check_filters(
+    conn, report: CheckReport, info: ServerInfo, options: Mapping[TableName, SourceTableOptions]
+) -> None:
+    """Column lists and row filters (cdc/filters.py): PostgreSQL's rules, checked before anything
+    changes at the source; the resolved filters go on the report."""
+    by_table = {t.table: t for t in report.tables}
+    for table, ti in by_table.items():
+        report.filters[table] = resolve_filter(table, options.get(table), [c.name for c in ti.columns])
+    chosen = {t: o for t, o in options.items() if t in by_table}
+    if not chosen:
+        return
+    if info.version < MIN_FILTER_VERSION:
+        names = ", ".join(map(str, chosen))
+        report.problems.append(
+            Problem(
+                f"source.postgres.table_options ({names}) needs PostgreSQL 15 or later (publication column lists and "
+                f"row filters); the source runs {info.version // 10000}",
+                "remove source.postgres.table_options from the pipeline file, or upgrade the source to PostgreSQL 15 or later",
+            )
+        )
+        return
+    for table, opts in chosen.items():
+        ti = by_table[table]
+        names = [c.name for c in ti.columns]
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+                " AND attgenerated <> ''",
+                (ti.oid,),
+            )
+            generated = [r[0] for r in cur.fetchall()]
+        identity = identity_columns(ti.replica_identity, ti.key_columns, names)
+        found = filter_problems(table, opts, names, generated, ti.replica_identity, identity)
+        report.problems.extend(Problem(what, fix) for what, fix in found)
+        if opts.where is not None and predicate_shape_problem(opts.where) is None:
+            # PostgreSQL itself says whether the predicate is a valid boolean expression over the table
+            key = f"source.postgres.table_options.{table}.where"
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql.SQL("{} LIMIT 0").format(select_query(table, names[:1], opts.where)))
+            except psycopg2.Error as exc:
+                message = (exc.pgerror or str(exc)).strip().splitlines()[0]
+                report.problems.append(
+                    Problem(
+                        f"{key}: the row filter of table {table} is not valid: {message}",
+                        f"correct {key} (a boolean SQL expression over the columns of {table})",
+                    )
+                )
 
 
 def failover_unsupported(version: int) -> Problem | None:
@@ -614,10 +679,14 @@ def _publication_tables(conn, publication: str) -> set[TableName] | None:
         return {TableName(s, t) for s, t in cur.fetchall()}
 
 
-def ensure_publication(conn, publication: str, tables: list[TableInfo]) -> list[TableName]:
-    """Create the publication, or add missing tables to it. Returns the tables added."""
+def ensure_publication(
+    conn, publication: str, tables: list[TableInfo], filters: Mapping[TableName, CaptureFilter] | None = None
+) -> list[TableName]:
+    """Create the publication, or add missing tables to it, each with its column list and row filter
+    (`filters`). Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
     existing = _publication_tables(conn, publication)
-    idents = [sql.Identifier(t.table.schema, t.table.name) for t in tables]
+    chosen = filters or {}
+    idents = [publication_member(chosen.get(t.table) or CaptureFilter(t.table)) for t in tables]
     with conn.cursor() as cur:
         if existing is None:
             cur.execute(
@@ -631,7 +700,7 @@ def ensure_publication(conn, publication: str, tables: list[TableInfo]) -> list[
             cur.execute(
                 sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                     sql.Identifier(publication),
-                    sql.SQL(", ").join(sql.Identifier(t.table.schema, t.table.name) for t in added),
+                    sql.SQL(", ").join(publication_member(chosen.get(t.table) or CaptureFilter(t.table)) for t in added),
                 )
             )
         return [t.table for t in added]

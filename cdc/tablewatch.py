@@ -24,6 +24,7 @@ import shlex
 import time
 from collections.abc import Callable
 
+from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.remedy import Command, placeholder
@@ -62,7 +63,13 @@ def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckRepor
         dropped=dropped,
         command=pipeline.command,
         failover=pipeline.source.postgres.failover,
+        options=table_options(pipeline),
     )
+
+
+def table_options(pipeline) -> dict[TableName, SourceTableOptions]:
+    """source.postgres.table_options by table name."""
+    return {TableName.parse(k): v for k, v in pipeline.source.postgres.table_options.items()}
 
 
 def gone_from_source(pipeline, conn) -> set[TableName]:
