@@ -151,7 +151,11 @@ def server_info(conn) -> ServerInfo:
                    current_setting('max_wal_senders')::int,
                    (SELECT count(*) FROM pg_stat_replication)::int,
                    (SELECT system_identifier::text FROM pg_control_system()),
-                   current_database(), current_user, r.rolsuper, r.rolreplication,
+                   current_database(), current_user, r.rolsuper,
+                   -- Amazon RDS/Aurora grant replication by membership in rds_replication, not the attribute
+                   r.rolreplication OR EXISTS (
+                       SELECT FROM pg_roles g WHERE g.rolname = 'rds_replication' AND pg_has_role(r.oid, g.oid, 'MEMBER')
+                   ),
                    has_database_privilege(current_database(), 'CREATE')
             FROM pg_roles r WHERE r.rolname = current_user
             """
@@ -337,7 +341,8 @@ def check_source(
     if not (info.superuser or info.replication_role):
         report.problems.append(
             Problem(
-                f"role {info.user} lacks the REPLICATION attribute", f"run ALTER ROLE {who} WITH REPLICATION;"
+                f"role {info.user} lacks the REPLICATION attribute",
+                f"run ALTER ROLE {who} WITH REPLICATION; (on Amazon RDS or Aurora: GRANT rds_replication TO {who};)",
             )
         )
     slot_row = _slot(conn, slot)

@@ -243,6 +243,37 @@ def test_role_without_replication(
     check_output(cdc("validate", path), 0, "all checks passed", secrets=[password])
 
 
+def test_rds_replication_role_counts_as_replication(
+    pg: LocalPostgres, pg_db: str, tmp_path: Path, role: tuple[str, str]
+) -> None:
+    """Amazon RDS and Aurora give the replication right by membership in `rds_replication` (README
+    Managed PostgreSQL), not by the REPLICATION attribute: a member (here through another role, as
+    through rds_superuser) passes the check. Not RDS: only the check runs, against a real server
+    with roles of those names."""
+    name, password = role
+    sql(
+        pg_db,
+        "CREATE TABLE t(id int PRIMARY KEY)",
+        f"GRANT SELECT ON t TO {name}",
+        f"ALTER TABLE t OWNER TO {name}",
+    )
+    sql(pg_db, f"GRANT CREATE ON DATABASE {dbname_of(pg_db)} TO {name}")
+    created = not sql(pg.dsn(), "SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication'")
+    if created:
+        sql(pg.dsn(), "CREATE ROLE rds_replication NOLOGIN")
+    sql(
+        pg.dsn(),
+        f"CREATE ROLE {name}_su NOLOGIN",
+        f"GRANT rds_replication TO {name}_su",
+        f"GRANT {name}_su TO {name}",
+    )
+    try:
+        path = write_pipeline(tmp_path, pg.dsn(dbname_of(pg_db), user=name, password=password), ["public.t"])
+        check_output(cdc("validate", path), 0, "all checks passed", secrets=[password])
+    finally:
+        sql(pg.dsn(), f"DROP ROLE {name}_su", *(["DROP ROLE rds_replication"] if created else []))
+
+
 def test_role_without_select(pg: LocalPostgres, pg_db: str, tmp_path: Path, role: tuple[str, str]) -> None:
     name, password = role
     sql(pg.dsn(), f"ALTER ROLE {name} WITH REPLICATION")
