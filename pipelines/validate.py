@@ -6,6 +6,9 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg2
+
+from cdc.filters import publication_drift, refused
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import ExitCode
 from cdc.ground.private import exposed
@@ -14,6 +17,7 @@ from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
 from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
+from snapshot.chunked import watermark_right
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
 
@@ -64,6 +68,21 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                         "`cdc teardown PIPELINE --drop-slot --yes` and `cdc snapshot PIPELINE`)",
                     )
                 )
+        modes = {pipeline.snapshot.mode, *pipeline.snapshot.tables.values()}
+        wm = watermark_right(conn) if modes != {"exported"} else None
+        if wm is not None and "chunked" in modes:
+            report.problems.append(Problem(*wm))
+        elif wm is not None:  # auto: a table chunked only once it is big
+            say(
+                f"{WARN} snapshot.mode auto: {wm[0]} (tables of {pipeline.snapshot.auto_min_rows:,} rows or more)\n       fix: {wm[1]}"
+            )
+        drift: dict = {}
+        if not report.problems:
+            try:  # compared in a transaction that is rolled back: nothing changes
+                drift = publication_drift(conn, pipeline.publication, report.filters)
+            except psycopg2.Error as exc:
+                error = refused(exc, pipeline.publication)
+                report.problems.append(Problem(error.problem, error.fix or ""))
     finally:
         conn.close()
     info = report.server
@@ -77,6 +96,15 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         mark = OK if t.key_columns and t.can_select else BAD
         say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
+        captured = report.filters.get(t.table)
+        if captured is not None and captured.active:
+            say(f"{OK} table {t.table}: captures {captured.describe()} (source.postgres.table_options)")
+        if t.table in drift:
+            say(
+                f"note: table {t.table}: source.postgres.table_options changed: {drift[t.table]}; the next `cdc stream` "
+                f"(or `{pipeline.command('snapshot')}`) sets the publication again and snapshots {t.table} again, "
+                "so followers get it as the pipeline file says"
+            )
         if generated[t.table]:
             say(
                 f"note: table {t.table}: generated column(s) {', '.join(generated[t.table])} are not captured: PostgreSQL does not "

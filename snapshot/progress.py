@@ -17,6 +17,7 @@ class RowProgress:
         self.description = description
         self.total = total
         self.done = 0
+        self.detail = ""  # shown after the rows (a chunked snapshot: "chunk 3/~10")
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._tty = enabled and sys.stderr.isatty()
@@ -46,11 +47,26 @@ class RowProgress:
             rate = self.done / max(now - self.started, 1e-6)
             if self._bar is not None:
                 total = max(self.total or 0, self.done)
-                self._bar.update(self._task, completed=self.done, total=total, rate=f"{rate:,.0f} rows/s")
+                description = f"{self.description} {self.detail}".rstrip()
+                self._bar.update(
+                    self._task,
+                    completed=self.done,
+                    total=total,
+                    rate=f"{rate:,.0f} rows/s",
+                    description=description,
+                )
             elif self._plain and now - self._last_line >= self._every:
                 self._last_line = now
                 pct = f" ({100 * self.done / self.total:.0f}% of ~{self.total:,})" if self.total else ""
-                print(f"{self.description}: {self.done:,} rows{pct}, {rate:,.0f} rows/s", file=sys.stderr, flush=True)
+                eta = ""
+                if self.total and self.done < self.total and rate > 0:
+                    eta = f", ETA {(self.total - self.done) / rate:,.0f}s"
+                detail = f", {self.detail}" if self.detail else ""
+                print(
+                    f"{self.description}: {self.done:,} rows{pct}{detail}, {rate:,.0f} rows/s{eta}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self) -> None:
         if self._bar is not None:

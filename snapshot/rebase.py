@@ -52,6 +52,7 @@ class ThreadRebaser:
                 only=[str(table)],
                 progress=False,
                 say=lambda m: self.say(f"re-base {table}: {m}"),
+                mode="exported",  # chunks would wait for this very stream, which a --until stream stops
             )
         except Exception as exc:  # reported, and left for the next stream or the user
             problem = exc.problem if isinstance(exc, CdcError) else f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,7 @@ import psycopg2
 from psycopg2 import sql
 
 from cdc import metrics
+from cdc.filters import CaptureFilter, publication_drift, refused, set_filters
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, LogError, SourceError, UsageError
 from cdc.ground.lsn import format_lsn
@@ -33,9 +34,11 @@ from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import _slot, connect, ensure_publication, resolve_tables
 from cdc.tablewatch import check_pipeline_source, gone_from_source
+from snapshot.chunked import ChunkedSnapshot, ChunkedTable, orderable_key, stream_covers
 from snapshot.chunks import plan_chunks
 from snapshot.copier import CopyDone, CopyJob, CopyPool
 from snapshot.progress import RowProgress
+from snapshot.reconcile import choose_mode
 from snapshot.slots import slot_with_snapshot
 
 
@@ -79,15 +82,22 @@ def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
 
 
 def _plan_tables(
-    dsn: str, snapshot_name: str, tables: list[TableName], keys: dict[TableName, tuple[str, ...]]
+    dsn: str,
+    snapshot_name: str | None,
+    tables: list[TableName],
+    keys: dict[TableName, tuple[str, ...]],
+    filters: dict[TableName, CaptureFilter] | None = None,
 ) -> list[TablePlan]:
-    """Columns and sizes as of the exported snapshot (so they match what COPY will see)."""
+    """Columns and sizes as of the exported snapshot (so they match what COPY will see); only the
+    captured columns of a table with a column list (`filters`, as the publication sends them)."""
+    filters = filters or {}
     conn = connect(dsn, autocommit=False, application_name="cdc snapshot plan")
     try:
         conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
         plans = []
         with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+            if snapshot_name is not None:  # None: a chunked snapshot's plan (no exported snapshot)
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
             for table in tables:
                 cur.execute(
                     "SELECT c.oid, c.relpages, c.reltuples::bigint, c.relkind FROM pg_class c"
@@ -100,7 +110,8 @@ def _plan_tables(
                     " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
                     (oid,),
                 )
-                columns = tuple(cur.fetchall())
+                captured = filters.get(table) or CaptureFilter(table)
+                columns = tuple(c for c in cur.fetchall() if captured.keeps(c[0]))
                 cur.execute(ATTRIBUTES_SQL, (oid,))
                 attnums = {name: num for num, name, dropped in cur.fetchall() if not dropped}
                 catalog = relation_catalog(cur, oid)  # fast defaults of every leaf partition too
@@ -131,7 +142,9 @@ def run_snapshot(
     *,
     progress: bool = True,
     say: Callable[[str], None] = print,
+    mode: str | None = None,
 ) -> SnapshotResult:
+    """`mode` overrides the pipeline's snapshot.mode (a re-base inside a stream takes "exported")."""
     started = time.monotonic()
     pg = pipeline.source.postgres
     conn = connect(pg.dsn, application_name="cdc snapshot")
@@ -146,6 +159,14 @@ def run_snapshot(
             bind_log_to_source(log, report.server.system_id, report.server.database, pipeline.slot)
             slot_exists = _slot(conn, pipeline.slot) is not None
             targets = _targets(conn, pipeline, log, all_tables, only, slot_exists, say)
+            try:  # column lists / row filters changed since the publication got them: those tables need a new base
+                drift = publication_drift(conn, pipeline.publication, report.filters)
+            except psycopg2.Error as exc:
+                raise refused(exc, pipeline.publication) from None
+            for table, reason in drift.items():
+                say(f"{table}: source.postgres.table_options changed ({reason}): the publication is set again and {table} snapshotted again")
+                if table not in targets:
+                    targets.append(table)
             result = SnapshotResult()
             if not targets:
                 say(
@@ -159,24 +180,41 @@ def run_snapshot(
                 return result
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table
-            added = ensure_publication(conn, pipeline.publication, [info[t] for t in all_tables])
+            try:
+                added = ensure_publication(conn, pipeline.publication, [info[t] for t in all_tables], report.filters)
+                if drift:
+                    for table, reason in drift.items():  # a crash from here on: the next stream re-bases them
+                        save_state(pipeline.state_path, table, state="needed", reason=f"table_options changed ({reason})")
+                    set_filters(conn, pipeline.publication, [report.filters[t] for t in drift])
+            except psycopg2.Error as exc:
+                raise refused(exc, pipeline.publication) from None
             if added:
                 say(f"publication {pipeline.publication}: added {', '.join(map(str, added))}")
+            chunked = _chunked_tables(conn, pipeline, targets, info, mode, say)
+            exported = [t for t in targets if t not in chunked]
             for snapshot_id, table_id, _lsn, _v in log.running_snapshots():
-                if any(log.table_id(t) == table_id for t in targets):
+                if any(log.table_id(t) == table_id for t in exported):
                     log.abandon_snapshot(snapshot_id)  # its exported snapshot died with its process
-            result = _copy_tables(
-                pipeline,
-                log,
-                conn,
-                report.server.version,
-                targets,
-                info,
-                slot_exists,
-                parallel,
-                progress,
-                say,
-            )
+            if exported:
+                result = _copy_tables(
+                    pipeline,
+                    log,
+                    conn,
+                    report.server.version,
+                    exported,
+                    info,
+                    slot_exists,
+                    parallel,
+                    progress,
+                    say,
+                    report.filters,
+                )
+            elif not slot_exists:  # chunked tables only: the slot must exist before their first watermark
+                result = _create_slot(pipeline, report.server.version, say)
+            if chunked:
+                _copy_chunked(
+                    pipeline, log, conn, chunked, info, report.filters, slot_exists, result, progress, say
+                )
             if pipeline.log_config.kafka is not None:
                 _publish(pipeline, log, result, progress, say)
             result.seconds = time.monotonic() - started
@@ -221,7 +259,7 @@ def _targets(
 
 
 def _copy_tables(
-    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say
+    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say, filters=None
 ) -> SnapshotResult:
     dsn = pipeline.source.postgres.dsn
     slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
@@ -234,7 +272,8 @@ def _copy_tables(
     with slot_with_snapshot(
         dsn, slot, temporary=slot_exists, server_version=server_version, failover=pipeline.source.postgres.failover
     ) as snap:
-        plans = _plan_tables(dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets})
+        filters = filters or {}
+        plans = _plan_tables(dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets}, filters)
         jobs_by_table: dict[TableName, list[CopyJob]] = {}
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
@@ -254,6 +293,7 @@ def _copy_tables(
                     snapshot_id,
                     chunk,
                     log.segment_path(table_id, snapshot_id, chunk.number),
+                    (filters.get(plan.table) or CaptureFilter(plan.table)).where,
                 )
                 for chunk in plan_chunks(plan.relpages, plan.relkind)
             ]
@@ -305,6 +345,100 @@ def _copy_tables(
         pool.join()
     result.rows = rows
     return result
+
+
+def _chunked_tables(
+    conn, pipeline: Pipeline, targets: list[TableName], info, forced: str | None, say
+) -> list[TableName]:
+    """The targets a chunked snapshot copies (snapshot.mode, per table; README "Snapshots of big tables")."""
+    chunked = []
+    for table in targets:
+        mode = forced or pipeline.snapshot.mode_for(table)
+        if mode == "exported":
+            continue
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT greatest(reltuples, 0)::bigint, relkind FROM pg_class WHERE oid = %s",
+                (info[table].oid,),
+            )
+            reltuples, relkind = cur.fetchone()
+        ordered = relkind in ("r", "p") and orderable_key(conn, table, info[table].key_columns)
+        if choose_mode(mode, ordered, reltuples, pipeline.snapshot.auto_min_rows) == "chunked":
+            chunked.append(table)
+        elif mode == "chunked":
+            say(
+                f"{table}: no orderable key (a primary key or a unique btree index on its key): exported snapshot instead of chunks"
+            )
+    return chunked
+
+
+def _create_slot(pipeline: Pipeline, server_version: int, say) -> SnapshotResult:
+    pg = pipeline.source.postgres
+    with slot_with_snapshot(
+        pg.dsn, pipeline.slot, temporary=False, server_version=server_version, failover=pg.failover
+    ) as snap:
+        say(f"created replication slot {pipeline.slot} at {format_lsn(snap.consistent_point)}")
+    return SnapshotResult(consistent_point=snap.consistent_point, created_slot=True)
+
+
+def _copy_chunked(
+    pipeline, log, conn, tables, info, filters, resume: bool, result: SnapshotResult, progress, say
+) -> None:
+    """Each table in watermark chunks (snapshot/chunked.py), one after the other. `resume`: chunk
+    checkpoints of an earlier run stay valid (not after the slot was created again: a gap)."""
+    dsn = pipeline.source.postgres.dsn
+    filters = filters or {}
+    plans = _plan_tables(dsn, None, tables, {t: info[t].key_columns for t in tables}, filters)
+    types = TypeCache()
+    for plan in plans:
+        table_id = log.ensure_table(plan.table)
+        schema = with_attnums(build_schema(conn, plan.columns, plan.key, types, plan.extras), plan.attnums)
+        target = ChunkedTable(
+            plan.table,
+            table_id,
+            info[plan.table].oid,
+            tuple(c[0] for c in plan.columns),
+            plan.key,
+            (filters.get(plan.table) or CaptureFilter(plan.table)).where,
+            plan.reltuples,
+            lambda lsn, s=schema, tid=table_id: log.schema_version(tid, s, lsn),
+        )
+        started = time.monotonic()
+        done = ChunkedSnapshot(
+            pipeline,
+            log,
+            target,
+            resume=resume,
+            progress=progress,
+            say=say,
+            catch_up=lambda lsn: _catch_up(pipeline, conn, log, lsn, say),
+        ).run()
+        result.rows[plan.table] = done.rows
+        _rebased(pipeline, log, plans, plan.table, done.first_low, done.rows)
+        say(
+            f"{plan.table}: {done.rows:,} rows in {done.chunks} chunk(s) in {time.monotonic() - started:.1f}s"
+            f" ({done.dropped:,} chunk rows superseded by changes inside their window)"
+        )
+
+
+def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
+    """Wait until the log holds the stream up to `lsn`: a running `cdc stream` gets there by
+    itself; with none running, stream here up to it (as `cdc stream --until` would)."""
+    from cdc.reader import run_stream
+
+    while not stream_covers(log, lsn):
+        slot = _slot(conn, pipeline.slot)
+        if slot is not None and slot[2] is not None:
+            time.sleep(0.2)  # a running stream holds the slot
+            continue
+        say(f"no stream is running: streaming up to {format_lsn(lsn)}")
+        try:
+            run_stream(pipeline, until=lsn + 1, say=lambda m: say(f"catch-up: {m}"))
+        except SourceError:
+            slot = _slot(conn, pipeline.slot)
+            if slot is None or slot[2] is None:
+                raise
+            # a `cdc stream` took the slot meanwhile: it gets there
 
 
 def _rebased(pipeline, log, plans: list[TablePlan], table: TableName, lsn: int, rows: int) -> None:

@@ -185,7 +185,7 @@ class LogConfig(_Strict):
 # --- sinks ----------------------------------------------------------------------------------------
 MaskKind = Literal["hash", "redact", "null"]
 # A renamed table's name in every sink kind: a Delta/tantivy directory, an OpenSearch index, a Redis key prefix.
-RENAME_RE = r"^[a-z0-9_][a-z0-9_.-]*$"
+RENAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
 MIN_MASK_KEY = 16
 
 
@@ -418,6 +418,12 @@ class SparkConfig(_Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
     trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+    apply_parallelism: int | None = Field(
+        default=None,
+        ge=1,
+        description="tables of a cut applied at the same time per sink (driver threads); "
+        "default twice Spark's default parallelism, at least 2; 1 = one after another",
+    )
     # Security on a cluster (README "Running on a cluster"): the secret reaches the driver's JVM over
     # py4j, never its command line, and is masked in messages.
     secret: str | None = Field(
@@ -442,6 +448,43 @@ class StreamConfig(_Strict):
     )
 
 
+SnapshotMode = Literal["auto", "exported", "chunked"]
+
+
+class SnapshotConfig(_Strict):
+    """How `cdc snapshot` copies tables (README "Snapshots of big tables")."""
+
+    mode: SnapshotMode = Field(
+        default="auto",
+        description="exported: every table inside the slot's exported snapshot (one long transaction); chunked: "
+        "key-ordered chunks in short transactions between WAL watermarks, resumable per chunk; auto: chunked for "
+        "tables with an orderable key and at least auto_min_rows rows, exported otherwise",
+    )
+    tables: dict[str, SnapshotMode] = Field(
+        default_factory=dict, description="per table (schema-qualified name): its mode, overriding `mode`"
+    )
+    chunk_rows: int = Field(default=50_000, gt=0, description="rows per chunk (one short transaction each)")
+    max_rows_per_s: float | None = Field(
+        default=None, gt=0, description="chunked: copy at most this many rows per second (default: unthrottled)"
+    )
+    auto_min_rows: int = Field(
+        default=1_000_000, ge=0, description="auto: tables estimated (pg_class.reltuples) at this many rows or more are chunked"
+    )
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            TableName.parse(key)  # raises ValueError with a readable message
+        return value
+
+    def mode_for(self, table: TableName) -> str:
+        for key, mode in self.tables.items():
+            if TableName.parse(key) == table:
+                return mode
+        return self.mode
+
+
 class MetricsConfig(_Strict):
     port: int | None = Field(
         default=None,
@@ -461,6 +504,7 @@ class Pipeline(_Strict):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
 
     # Where the file was loaded from; relative paths resolve against its directory.
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -679,6 +723,9 @@ def keys_at(loc: tuple[Any, ...]) -> list[str]:
     return keys
 
 
+_SECRET_KEYS = frozenset({"mask_key", "sasl_password", "password"})
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
     kind, msg = error["type"], error["msg"]
@@ -693,7 +740,8 @@ def _describe(error: dict[str, Any]) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     got = error.get("input")
-    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    secret = bool(error["loc"]) and error["loc"][-1] in _SECRET_KEYS  # a wrong secret is still a secret
+    shown = "" if isinstance(got, dict | list) or got is None or secret else f" (got {got!r})"
     return f"{loc}: {msg}{shown}"
 
 
@@ -705,7 +753,8 @@ def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None 
     except PipelineFileError as exc:
         raise PipelineFileError(f"{source}: {exc.problem}", exc.fix) from None
     try:
-        pipeline = Pipeline.model_validate(data)
+        # base_dir first: validators resolve relative paths (certificate files) against it
+        pipeline = Pipeline.model_validate(data | {"base_dir": base_dir or Path(".")})
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
         raise PipelineFileError(

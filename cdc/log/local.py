@@ -737,6 +737,18 @@ class LocalLog(LogWriter, LogReader):
             f"SELECT min(off) FROM ev_{tid} WHERE lsn >= ? AND off <= ? AND op != 'S'", (lsn, upto)
         ).fetchone()[0]
 
+    def end_offset_by_id(self, table_id: int) -> int:
+        return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{table_id}").fetchone()[0]
+
+    def events_after(self, table_id: int, after: int) -> Iterator[tuple[int, str, bytes | None, bytes | None]]:
+        """(commit lsn, op, key, payload) of the table's events at offsets above `after`, in offset
+        order (a chunked snapshot reads the stream's events inside a chunk's window from here)."""
+        cur = self.db.execute(f"SELECT lsn, op, key, payload FROM ev_{table_id} WHERE off > ? AND op != 'S' ORDER BY off", (after,))
+        try:
+            yield from cur
+        finally:
+            cur.close()  # an unfinished statement would pin the WAL snapshot
+
     def end_offset(self, table: TableName) -> int:
         tid = self.require_table(table)
         return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
