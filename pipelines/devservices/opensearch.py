@@ -102,6 +102,7 @@ class LocalOpenSearch(OwnedServerProcess):
 
     stop_timeout = STOP_TIMEOUT
     kill_timeout = 5.0
+    start_timeout = START_TIMEOUT
 
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir)
@@ -156,12 +157,13 @@ class LocalOpenSearch(OwnedServerProcess):
             f"-Djava.io.tmpdir={(self.base_dir / 'tmp').resolve()}",
             "-Dlog4j2.formatMsgNoLookups=true",
             "-cp",
-            f"{jars.resolve()}/*",
+            self._classpath(jars),
             MAIN_CLASS,
             "-basePath", str(self.base_dir.resolve()),
             "-numOfNode", "1",
             "-baseHttpPort", str(self.port - 1),  # node n takes the first free port from base + n
             "-clusterName", CLUSTER_NAME,
+            *self._runner_args(),
         ]
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         self._spawn(argv, self.log_file)
@@ -183,6 +185,16 @@ class LocalOpenSearch(OwnedServerProcess):
         return None
 
     # -- internals ------------------------------------------------------------------------------
+    # Hooks for a node with more on its class path (the tests' node with the security plugin).
+    def _classpath(self, jars: Path) -> str:
+        return f"{jars.resolve()}/*"
+
+    def _runner_args(self) -> list[str]:
+        return []
+
+    def _health(self) -> dict:
+        return http_json(f"{self.url}/_cluster/health?wait_for_status=yellow&timeout=2s", timeout=5)
+
     def _owns(self, cmdline: str) -> bool:
         return MAIN_CLASS in cmdline
 
@@ -199,7 +211,7 @@ class LocalOpenSearch(OwnedServerProcess):
         return " | ".join(text[-lines:]) if text else "(no output)"
 
     def _wait_ready(self, began: float) -> None:
-        deadline = began + START_TIMEOUT
+        deadline = began + self.start_timeout
         last_error = "no answer yet"
         while time.monotonic() < deadline:
             assert self._proc is not None
@@ -214,7 +226,7 @@ class LocalOpenSearch(OwnedServerProcess):
                 self.port = int(bound[-1])
                 self.port_file.write_text(str(self.port))
             try:
-                health = http_json(f"{self.url}/_cluster/health?wait_for_status=yellow&timeout=2s", timeout=5)
+                health = self._health()
                 if health.get("status") in ("green", "yellow"):
                     return
                 last_error = f"cluster status {health.get('status')}"
@@ -226,7 +238,7 @@ class LocalOpenSearch(OwnedServerProcess):
         tail = self._log_tail()
         self.stop()
         raise ServiceError(
-            f"OpenSearch did not report green/yellow health on {self.url} within {START_TIMEOUT:.0f}s ({last_error}): {tail}",
+            f"OpenSearch did not report green/yellow health on {self.url} within {self.start_timeout:.0f}s ({last_error}): {tail}",
             f"see {self.log_file}",
         )
 

@@ -61,12 +61,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from cdc.ground.errors import SinkError
+from cdc.ground.errors import EngineSettingError, SinkError
+from cdc.ground.secrets import redact_with
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
+from sinks.search.opensearch_client import ClientSettings, make_client
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
+from sinks.shaping import follower_name
 
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
@@ -173,17 +176,10 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
-def make_client(hosts: list[str], timeout: float) -> OpenSearch:
-    from opensearchpy import OpenSearch
-
-    return OpenSearch(hosts=hosts, timeout=timeout, max_retries=2, retry_on_timeout=False)
-
-
 # ---- executors ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BulkPlan:
-    hosts: tuple[str, ...]
-    timeout: float
+    client: ClientSettings  # hosts, timeout and the sign-in/TLS settings (opensearch_client.py)
     index: str
     layout: RowLayout
     truncate: int  # changes below this version are older than the table's last truncate: dropped
@@ -266,7 +262,7 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
 
     counts = [0, 0, 0, 0]  # inserted, updated, deleted, stale
     try:
-        client = make_client(list(plan.hosts), plan.timeout)
+        client = make_client(plan.client)
         codecs = encoders(plan.layout)
         chunk: list[Row] = []
         for raw in rows:
@@ -288,7 +284,7 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
         return iter(
             [
                 error_result(
-                    f"OpenSearch at {show_hosts(plan.hosts)} is unreachable ({_reason(exc)})",
+                    f"OpenSearch at {show_hosts(plan.client.hosts)} is unreachable ({_reason(exc)})",
                     FIX_UNREACHABLE,
                     tuple(counts),
                 )
@@ -298,7 +294,8 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
         return iter(
             [
                 error_result(
-                    f"{plan.layout.table}: writing to OpenSearch index {plan.index} failed: {type(exc).__name__}: {exc}",
+                    f"{plan.layout.table}: writing to OpenSearch index {plan.index} failed: {type(exc).__name__}: "
+                    + redact_with(str(exc), plan.client.secrets),
                     "the next `cdc apply` applies the batch again",
                     tuple(counts),
                 )
@@ -307,11 +304,9 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
     return iter([ok_result(*counts)])
 
 
-def read_slice(
-    hosts: tuple[str, ...], timeout: float, index: str, slices: int, slice_id: int
-) -> Iterator[dict]:
+def read_slice(cs: ClientSettings, index: str, slices: int, slice_id: int) -> Iterator[dict]:
     """One executor task: one slice of the index's documents (scroll), as their `_source`."""
-    client = make_client(list(hosts), timeout)
+    client = make_client(cs)
     body: dict[str, Any] = {"size": 1000, "sort": ["_doc"], "query": {"match_all": {}}}
     if slices > 1:
         body["slice"] = {"id": slice_id, "max": slices}
@@ -342,31 +337,95 @@ class OpenSearchSink(SearchSink):
         return self.settings.index_prefix or self.pipeline.name
 
     def index_of(self, table: TableName) -> str:
-        return index_name(self.prefix, table)
+        # table_options rename: the name itself (checked as a valid lower-case index name), no prefix
+        return follower_name(self.config, table) or index_name(self.prefix, table)
 
     def describe(self) -> str:
         return f"{self.name} (search, opensearch at {show_hosts(self.hosts)})"
 
+    @property
+    def client_settings(self) -> ClientSettings:
+        return ClientSettings.of(self.settings, self.name)
+
     def client(self) -> OpenSearch:
-        return make_client(self.hosts, self.settings.timeout_s)
+        return make_client(self.client_settings)
 
     @contextmanager
     def calls(self, what: str) -> Iterator[None]:
         """OpenSearch client failures as SinkError: unreachable, or refused with its reason."""
         from opensearchpy.exceptions import ConnectionError as OsConnectionError
+        from opensearchpy.exceptions import SSLError as OsSSLError
         from opensearchpy.exceptions import TransportError
 
         try:
             yield
+        except OsSSLError as exc:
+            raise self._tls_error(exc) from None
         except OsConnectionError as exc:
             raise SinkError(
                 f"OpenSearch at {show_hosts(self.hosts)} is unreachable ({_reason(exc)})", FIX_UNREACHABLE
             ) from None
         except TransportError as exc:
+            if exc.status_code in (401, 403):
+                raise self._auth_error(exc.status_code, what) from None
             raise SinkError(
                 f"OpenSearch at {show_hosts(self.hosts)} refused {what}: HTTP {exc.status_code} {_error_text(exc.info.get('error') if isinstance(exc.info, dict) else exc.info)}",
                 "check the cluster's health and the user's rights; the next `cdc apply` resumes from the checkpoint",
             ) from None
+
+    def _tls_error(self, exc: BaseException) -> EngineSettingError:
+        """A refused TLS handshake (exit 3), naming the setting at fault; never a secret."""
+        where, cs = f"sinks[{self.name}].search", self.client_settings
+        text = str(exc)
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            why = re.search(r"certificate verify failed: ([^(')\]]+)", text)
+            mismatch = "mismatch" in text.lower()
+            return EngineSettingError(
+                f"OpenSearch at {show_hosts(self.hosts)}: the node's TLS certificate was refused "
+                f"({why.group(1).strip() if why else 'certificate verify failed'}); {where}.ca_file is "
+                f"{cs.ca_file or 'not set (the system CAs)'}",
+                f"set {where}.ca_file to the CA that signed the nodes' certificates"
+                + (", or list the hosts by the name their certificates carry" if mismatch else ""),
+            )
+        return EngineSettingError(
+            f"OpenSearch at {show_hosts(self.hosts)}: the TLS handshake failed ({_reason(exc) if 'Errno' in text else text[:200]})",
+            f"check the hosts' scheme (https) and {where}.client_cert/client_key (a node that requires a client "
+            f"certificate refuses the handshake without one), ca_file and verify_certs",
+        )
+
+    def _auth_error(self, status: int, what: str) -> EngineSettingError:
+        """401 (sign-in refused) or 403 (signed in, not allowed) as exit 3, naming the settings."""
+        where, cs = f"sinks[{self.name}].search", self.client_settings
+        if cs.username is not None:
+            who = f"{where}.username {cs.username!r}"
+            check = f"{where}.username and {where}.password (its ${{ENV}} variable)"
+        elif cs.sigv4_region:
+            who = f"the AWS identity of {where}.aws_sigv4 (region {cs.sigv4_region}, service {cs.sigv4_service})"
+            check = f"the AWS credentials and {where}.aws_sigv4's region and service"
+        elif cs.client_cert:
+            who = f"the client certificate {where}.client_cert"
+            check = f"{where}.client_cert/client_key and how the cluster maps certificates to users"
+        else:
+            who = "an anonymous client (no username, client certificate or aws_sigv4 set)"
+            check = f"{where}.username/password, client_cert/client_key or aws_sigv4"
+        if cs.sigv4_region and cs.username is None:  # Amazon answers a bad signature with 403 too
+            return EngineSettingError(
+                f"OpenSearch at {show_hosts(self.hosts)} refused the SigV4-signed request of {who} for {what} "
+                f"(HTTP {status}): credentials that do not match, another region or service, or an identity the "
+                "domain's access policy does not allow",
+                f"check {check}, and the domain's access policy (or the collection's data access policy)",
+            )
+        if status == 401:
+            return EngineSettingError(
+                f"OpenSearch at {show_hosts(self.hosts)} refused the sign-in of {who} (HTTP 401): wrong password, "
+                "no such user, or credentials of another cluster",
+                f"check {check}",
+            )
+        return EngineSettingError(
+            f"OpenSearch at {show_hosts(self.hosts)} does not allow {who} {what} (HTTP 403)",
+            "give that user a role with the index rights README Security lists for the search sink "
+            f"(indices {self.prefix}.*: create, write, read, manage aliases; cluster: monitor), or check {check}",
+        )
 
     def _meta(self, client: OpenSearch, alias: str) -> tuple[str, dict, dict] | None:
         """(concrete index, properties, _meta.cdc) behind a table's alias, None if there is none."""
@@ -575,8 +634,7 @@ class OpenSearchSink(SearchSink):
                         "the next `cdc apply` tries again",
                     )
         plan = BulkPlan(
-            tuple(self.hosts),
-            self.settings.timeout_s,
+            self.client_settings,
             index,
             job.layout,
             recorded,
@@ -605,7 +663,7 @@ class OpenSearchSink(SearchSink):
         with self.calls("a refresh"):
             self.client().indices.refresh(index=index)
         slices = max(2, self.spark.sparkContext.defaultParallelism)
-        read = partial(read_slice, tuple(self.hosts), self.settings.timeout_s, index, slices)
+        read = partial(read_slice, self.client_settings, index, slices)
         return self.spark.sparkContext.parallelize(range(slices), slices).flatMap(read)
 
     def search(

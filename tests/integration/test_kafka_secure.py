@@ -7,7 +7,6 @@ setting, with no secret printed."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from pipelines.devservices.base import LOOPBACK, free_port, run
 from pipelines.devservices.kafka import STORAGE_TOOL, LocalKafka, new_cluster_id
+from tests.fixtures.certs import make_certs
 from tests.fixtures.kafka_log import apply_ok, make_kpipe, snapshot, stream_until_current, verified
 from tests.fixtures.services import running
 from tests.harness import cdc, sql
@@ -22,26 +22,6 @@ from tests.harness import cdc, sql
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a broker JVM of its own
 
 USER, PASSWORD = "cdc", "s3cret-Kafka-pw"
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_certs(directory: Path) -> tuple[Path, Path, Path]:
-    """(CA file, the broker's PEM key + certificate file, another CA's file)."""
-    d = directory
-    for name in ("ca", "other"):
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=test-{name}",
-                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.crt"))  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=cdc-test-kafka",
-            "-keyout", str(d / "broker.key"), "-out", str(d / "broker.csr"))  # fmt: skip
-    openssl("x509", "-req", "-in", str(d / "broker.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-            "-CAcreateserial", "-days", "2", "-extfile", str(d / "san.ext"), "-out", str(d / "broker.crt"))  # fmt: skip
-    pem = d / "broker.pem"  # Kafka's PEM keystore: the unencrypted PKCS#8 key, then the certificate
-    pem.write_text((d / "broker.key").read_text() + (d / "broker.crt").read_text())
-    return d / "ca.crt", pem, d / "other.crt"
 
 
 class SecureKafka(LocalKafka):

@@ -1,0 +1,104 @@
+"""The OpenSearch clients of a search sink (README Security): one picklable ClientSettings built
+on the driver from the sink's settings, turned into an opensearch-py client wherever it is needed
+(the driver's index management, `cdc verify`/`status`/`reset`, and the Spark executors' bulk
+writes and scroll reads), so every client signs in and checks TLS the same way.
+
+* HTTP basic auth: `username`/`password` (the password comes from `${ENV}` in the pipeline file
+  and is never printed; credentials inside a host URL keep working too).
+* TLS: `https://` hosts; `ca_file` (else the system's CAs), `client_cert`/`client_key` for mTLS,
+  `verify_certs: false` to skip the certificate and host name checks (test clusters only).
+* `aws_sigv4`: every request signed with opensearch-py's Urllib3AWSV4SignerAuth; credentials
+  come from boto3's standard chain (AWS_ACCESS_KEY_ID/..., a profile, an instance role),
+  resolved where the client is made, so executors use their own environment. boto3 is optional:
+  without it such a sink stops with exit 3 saying to install it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc.ground.errors import EngineSettingError
+
+if TYPE_CHECKING:
+    from opensearchpy import OpenSearch
+
+    from cdc.ground.config import SearchSink as SearchSettings
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    hosts: tuple[str, ...]
+    timeout: float
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify_certs: bool = True
+    sigv4_region: str | None = None
+    sigv4_service: str = "es"
+    where: str = "the search sink"  # how errors name the settings, e.g. "sinks[s].search"
+
+    @classmethod
+    def of(cls, settings: SearchSettings, sink_name: str) -> ClientSettings:
+        sigv4 = settings.aws_sigv4
+        return cls(
+            hosts=tuple(settings.hosts or []),
+            timeout=settings.timeout_s,
+            username=settings.username,
+            password=settings.password,
+            ca_file=settings.ca_file,
+            client_cert=settings.client_cert,
+            client_key=settings.client_key,
+            verify_certs=settings.verify_certs,
+            sigv4_region=sigv4.region if sigv4 else None,
+            sigv4_service=sigv4.service if sigv4 else "es",
+            where=f"sinks[{sink_name}].search",
+        )
+
+    @property
+    def secrets(self) -> list[str]:
+        return [s for s in (self.password,) if s]
+
+
+def _sigv4_auth(cs: ClientSettings) -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise EngineSettingError(
+            f"{cs.where}.aws_sigv4 needs the boto3 package (AWS credentials for the SigV4 signer), which is not installed",
+            "install it into the tool's Python environment (`pip install boto3`), on the Spark executors too",
+        ) from None
+    from opensearchpy import Urllib3AWSV4SignerAuth
+
+    credentials = boto3.Session().get_credentials()
+    if credentials is None:
+        raise EngineSettingError(
+            f"{cs.where}.aws_sigv4: no AWS credentials found (environment, shared profile or instance role)",
+            "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_PROFILE, or run with a role",
+        )
+    return Urllib3AWSV4SignerAuth(credentials, cs.sigv4_region, cs.sigv4_service)
+
+
+def make_client(cs: ClientSettings) -> OpenSearch:
+    from opensearchpy import OpenSearch
+
+    kwargs: dict[str, Any] = {
+        "hosts": list(cs.hosts),
+        "timeout": cs.timeout,
+        "max_retries": 2,
+        "retry_on_timeout": False,
+        "verify_certs": cs.verify_certs,
+    }
+    if not cs.verify_certs:
+        kwargs |= {"ssl_assert_hostname": False, "ssl_show_warn": False}  # README: test clusters only
+    if cs.ca_file:
+        kwargs["ca_certs"] = cs.ca_file
+    if cs.client_cert:
+        kwargs |= {"client_cert": cs.client_cert, "client_key": cs.client_key}
+    if cs.username is not None:
+        kwargs["http_auth"] = (cs.username, cs.password or "")
+    elif cs.sigv4_region:
+        kwargs["http_auth"] = _sigv4_auth(cs)
+    return OpenSearch(**kwargs)
