@@ -276,6 +276,38 @@ def test_slot_dropped_while_disconnected_is_a_clear_error(
     no_traceback((out, err))
 
 
+def test_invalidated_slot_is_a_clear_error(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
+    """A stopped pipeline whose slot the server invalidated (max_slot_wal_keep_size, README Managed
+    PostgreSQL): `cdc stream` exits 3 saying so, and the printed remedy (drop the slot, `cdc
+    snapshot`) brings the log back to the source."""
+    make_table(pg_db, "t", 10)
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
+    snapshot(pipe)
+    sql(pg.dsn(), "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()")
+    try:  # the slot's WAL falls out of the 1 MB it may keep, and a checkpoint invalidates it
+        for i in range(4):
+            sql(pg_db, f"INSERT INTO t VALUES ({100 + i}, 'while stopped')", "SELECT pg_switch_wal()")
+        sql(pg_db, "CHECKPOINT")
+        status = sql(
+            pg_db, "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", params=(pipe.slot,)
+        )
+        assert status == [("lost",)], status
+    finally:
+        sql(pg.dsn(), "ALTER SYSTEM RESET max_slot_wal_keep_size", "SELECT pg_reload_conf()")
+    run = cdc("stream", pipe.file, "--until", "current")
+    assert run.code == 3, run
+    assert f"error: replication slot {pipe.slot} was invalidated (the server removed WAL" in run.err, run.err
+    assert (
+        f"drop it (SELECT pg_drop_replication_slot('{pipe.slot}');), then run `cdc snapshot {pipe.file}`"
+        in run.err
+    ), run.err
+    no_traceback(run)
+    sql(pg_db, "SELECT pg_drop_replication_slot(%s)", params=(pipe.slot,))  # the remedy, as printed
+    snapshot(pipe)
+    stream_until_current(pipe)
+    assert_same(pipe, {"public.t": ["id"]})
+
+
 # ---- issue 11 item 7: exit codes ---------------------------------------------------------------------
 def test_stream_exit_codes(pg_db: str, tmp_path: Path) -> None:
     """SIGTERM of a continuous stream: 0 (a requested stop, as systemd expects); of a stream with
