@@ -16,9 +16,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import psycopg2
 from psycopg2 import sql
 
 from cdc.ground.config import SourceTableOptions
+from cdc.ground.errors import SourceError
 from cdc.ground.tables import TableName, quote_ident
 
 MIN_FILTER_VERSION = 150000  # publication column lists and row filters
@@ -348,3 +350,15 @@ def set_filters(conn, publication: str, filters: Sequence[CaptureFilter]) -> Non
         raise
     finally:
         conn.autocommit = was
+
+
+def refused(exc: psycopg2.Error, publication: str) -> SourceError:
+    """PostgreSQL refused a publication's column list or row filter (a rule checked only there,
+    e.g. a row filter calling a mutable or user-defined function): exit 3 with its message."""
+    message = (exc.pgerror or str(exc)).strip()
+    return SourceError(
+        f"publication {publication}: PostgreSQL refused a column list or row filter of source.postgres.table_options: "
+        f"{' '.join(message.split())}",
+        "correct source.postgres.table_options (a row filter may use only immutable built-in functions and operators "
+        "on replica identity columns); setting them needs ownership of the publication and the table",
+    )

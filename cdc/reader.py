@@ -32,6 +32,7 @@ import psycopg2
 from psycopg2 import sql
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from cdc.filters import publication_drift, refused
 from cdc.ground.errors import CdcError, LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
@@ -157,6 +158,7 @@ class StreamReader:
         self._rebaser = rebaser
         # tables changed without change events
         self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say, pipeline.command)
+        self._filter_drift: dict[TableName, str] = {}
         self._acked = 0
         self._limit = 0
         self._limit_checked = 0.0
@@ -196,6 +198,10 @@ class StreamReader:
             self.say(f"replication slot {self.pipeline.slot} is now a failover slot (source.postgres.failover)")
         for t in report.tables:
             self._keys[t.table] = t.key_columns
+        try:  # table_options changed since the publication got them: re-based once streaming (run)
+            self._filter_drift = publication_drift(conn, self.pipeline.publication, report.filters)
+        except psycopg2.Error as exc:
+            raise refused(exc, self.pipeline.publication) from None
         if self.until == "current":
             self.stats.target_lsn = flushed_wal_lsn(conn)
         elif isinstance(self.until, int):
@@ -278,6 +284,9 @@ class StreamReader:
     def run(self) -> StreamStats:
         self._prepare()
         self._rewrites.resume()  # re-bases an earlier stream did not see finished
+        for table, reason in self._filter_drift.items():
+            # the re-base sets the publication's column list / row filter, then snapshots the table
+            self._rewrites.request(table, f"source.postgres.table_options changed ({reason})")
         old_handlers = {}
         if self._install:
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -137,6 +137,12 @@ class RewriteWatch:
             schema, _, table = name.partition(".")
             self._rebase(TableName(schema, table), f"{reason} (re-base not finished before)")
 
+    def request(self, table: TableName, reason: str) -> None:
+        """Re-base `table` for a reason found outside the stream's messages (changed table_options)."""
+        if self.rebaser is not None and self.rebaser.busy(table):
+            return
+        self._rebase(table, reason)
+
     def check(
         self,
         conn,

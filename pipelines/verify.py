@@ -33,6 +33,7 @@ from psycopg2 import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.filters import CaptureFilter, select_query
 from cdc.ground.config import Pipeline, pipeline_tables, sink_tables
 from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
@@ -125,9 +126,15 @@ def source_columns(cur, table: TableName, schema: TableSchema) -> tuple[tuple[Co
 
 
 def copy_source(
-    pipeline: Pipeline, server_version: int, schemas: dict[TableName, TableSchema], directory: Path
+    pipeline: Pipeline,
+    server_version: int,
+    schemas: dict[TableName, TableSchema],
+    directory: Path,
+    filters: dict[TableName, CaptureFilter] | None = None,
 ) -> SourceCopy:
-    """COPY every table at one exact point (a temporary slot's exported snapshot)."""
+    """COPY every table at one exact point (a temporary slot's exported snapshot): of a table with
+    source.postgres.table_options, `SELECT <columns> FROM t WHERE <where>` (what the log captures)."""
+    filters = filters or {}
     dsn = pipeline.source.postgres.dsn
     files: dict[TableName, Path] = {}
     restricted: dict[TableName, TableSchema] = {}
@@ -142,14 +149,15 @@ def copy_source(
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snap.snapshot_name,))
                 for table, schema in schemas.items():
                     cols, generated[table] = source_columns(cur, table, schema)
+                    captured = filters.get(table) or CaptureFilter(table)
+                    cols = tuple(c for c in cols if captured.keeps(c.name))
                     known = {**schema.types}
                     new_oids = {c.type_oid for c in cols if c.type_oid not in known}
                     known.update({o: pgtype_to_dict(t) for o, t in types.resolve(conn, new_oids).items()})
                     restricted[table] = TableSchema(cols, schema.key, known)
                     path = directory / f"{len(files)}.copy"
-                    stmt = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
-                        sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),
-                        sql.Identifier(table.schema, table.name),
+                    stmt = sql.SQL("COPY ({}) TO STDOUT").format(
+                        select_query(table, [c.name for c in cols], captured.where)
                     )
                     with private_open(path, "wb") as f:  # the source's rows: owner-only
                         cur.copy_expert(stmt.as_string(conn), f, size=1 << 20)
@@ -306,7 +314,7 @@ def run_verify(
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
         schemas = {t: log.schema(t) for t in wanted}
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
-            source = copy_source(pipeline, report.server.version, schemas, workdir)
+            source = copy_source(pipeline, report.server.version, schemas, workdir, report.filters)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):

@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
+from cdc.filters import select_query
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
 from cdc.source import connect
@@ -32,6 +33,7 @@ class CopyJob:
     snapshot_id: int
     chunk: Chunk
     path: Path
+    where: str | None = None  # source.postgres.table_options row filter (the publication's too)
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,15 @@ def count_lines(path: Path) -> int:
 
 
 def copy_statement(job: CopyJob) -> sql.Composed:
-    table = sql.Identifier(job.table.schema, job.table.name)
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in job.columns)
+    """COPY of the job's chunk: the captured columns and rows (cdc.filters.select_query, which the
+    publication's column list and row filter match) within the chunk's pages."""
     chunk = job.chunk
-    if chunk.whole_table:
-        return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
-    conds = [sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))]
-    if chunk.end_page is not None:
-        conds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
-    return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(cols, table, sql.SQL(" AND ").join(conds))
+    conds: list[sql.Composable] = []
+    if not chunk.whole_table:
+        conds.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)")))
+        if chunk.end_page is not None:
+            conds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
+    return sql.SQL("COPY ({}) TO STDOUT").format(select_query(job.table, job.columns, job.where, conds))
 
 
 class CopyPool:
