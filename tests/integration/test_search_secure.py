@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cdc.ground.config import load_pipeline
 from cdc.ground.errors import EngineSettingError
@@ -186,6 +187,16 @@ def test_aws_sigv4_signs_every_request(
             assert proxy.refused == [] and proxy.verified > 5, (proxy.verified, proxy.refused)
             docs = opensearch_docs(opensearch.url, "sigv4.public.items")  # the node itself, not the proxy
             assert {k: d["title"] for k, d in docs.items()} == {str(i): f"hello {i}" for i in range(1, 21)}
+
+            # verify_certs: false (test clusters only): the proxy's certificate is not checked, no ca_file
+            loose = tmp_path / "loose"
+            loose.mkdir()
+            sink = yaml.safe_load(f.read_text())["sinks"][0]
+            del sink["search"]["ca_file"]
+            sink["search"]["verify_certs"] = False
+            g = write_pipeline(loose, pg_db, ["public.items"], sinks=[sink])
+            lines = list(run_search(load_pipeline(g), "public.items", "hello", "s", 5))
+            assert "top 5 of 20 hit(s)" in lines[0], lines
 
             # a secret that does not match: exit 3 naming aws_sigv4, no secret printed
             monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-" + SECRET)
