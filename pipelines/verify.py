@@ -50,6 +50,7 @@ from pipelines.checkpoints import load_checkpoint
 from pipelines.stages import stage
 from sinks.changes import typed_columns
 from sinks.registry import make_sink
+from sinks.shaping import Shape, shape_of, shape_rows
 from snapshot.slots import slot_with_snapshot
 
 SAMPLE_KEYS = 10
@@ -203,8 +204,12 @@ def unstreamed_changes(
 
 
 # ---- comparison -------------------------------------------------------------------------------------
-def _typed_source(spark: SparkSession, schema: TableSchema, path: Path) -> DataFrame:
-    raw = spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load()
+def _typed_source(
+    spark: SparkSession, schema: TableSchema, path: Path, shape: Shape | None = None
+) -> DataFrame:
+    """The source's rows typed like apply types them; shaped (columns, masks) like the sink's when given."""
+    raw = shape_rows(spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load(), shape)
+    schema = shape.schema if shape is not None else schema
     typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))])
     return raw.select(*(t.alias(n) for n, t, _ in typed))
 
@@ -266,13 +271,21 @@ def compare(
 
 
 def _changed_after(
-    spark, reader: ChangeReader, table: TableName, schema: TableSchema, point: int, upto: int
+    spark,
+    reader: ChangeReader,
+    table: TableName,
+    schema: TableSchema,
+    point: int,
+    upto: int,
+    shape: Shape | None = None,
 ) -> DataFrame | None:
-    """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none."""
+    """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none.
+    With the sink's shape, keys are as the follower has them (a hashed key column)."""
     first = reader.first_offset_from(spark, table, point, upto)
     if first is None:
         return None
-    raw = reader.read_changes(spark, table, first - 1, upto, schema)
+    raw = shape_rows(reader.read_changes(spark, table, first - 1, upto, schema), shape)
+    schema = shape.schema if shape is not None else schema
     key_schema = TableSchema(
         tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types
     )
@@ -390,17 +403,19 @@ def _verify_sink(
         sink = make_sink(sink_cfg, pipeline, spark)
         for table in tables:
             schema = source.schemas[table]
+            # the sink's columns and masks (table_options): the source is compared shaped the same way
+            shape = shape_of(sink_cfg, table, schema)
             excused = None
             if ckpt.lsn >= source.point:
                 end = ckpt.tables.get(str(table), [0, 0])[1]
-                excused = _changed_after(spark, reader, table, schema, source.point, end)
+                excused = _changed_after(spark, reader, table, schema, source.point, end, shape)
             with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
                 current = sink.current(table)
                 verdict.tables.append(
                     compare(
                         spark,
-                        schema,
-                        _typed_source(spark, schema, source.files[table]),
+                        shape.schema if shape is not None else schema,
+                        _typed_source(spark, schema, source.files[table], shape),
                         current,
                         excused,
                         str(table),

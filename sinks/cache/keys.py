@@ -11,6 +11,7 @@
   replica identity index or unique index on NOT NULL columns), so no NULL marker is needed.
   The same expression is used when writing and when `cdc verify` reads the cache back (which
   reads the row from the value, not the key).
+* A table renamed by the sink's table_options (`rename: people`) has the keys `people:{pk}`.
 * A table's keys are found with SCAN MATCH `<prefix>*<suffix>` (the literal parts of the
   template, glob-escaped). Two tables of one sink must not be able to share a key: templates
   whose table patterns overlap are refused before anything is written.
@@ -122,9 +123,11 @@ class TableKeys:
 
 
 class KeyTemplate:
-    def __init__(self, template: str | None, sink: str):
+    def __init__(self, template: str | None, sink: str, renames: dict[TableName, str] | None = None):
         self.text = template or DEFAULT_TEMPLATE
         self.sink = sink
+        # table_options rename: that table's keys are `<rename>:<pk>` whatever the template says
+        self.renames = renames or {}
         unknown = sorted({m for m in _PLACEHOLDER.findall(self.text) if m not in ("schema", "table", "pk")})
         if unknown or self.text.count("{pk}") != 1:
             problem = (
@@ -138,6 +141,8 @@ class KeyTemplate:
             )
 
     def for_table(self, table: TableName) -> TableKeys:
+        if table in self.renames:
+            return TableKeys(table, self.renames[table] + ":", "")
         prefix, suffix = self.text.split("{pk}")
         fill = lambda s: s.replace("{schema}", table.schema).replace("{table}", table.name)  # noqa: E731
         keys = TableKeys(table, fill(prefix), fill(suffix))

@@ -90,6 +90,7 @@ from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape, q
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 from sinks.changes import META_COLUMNS, NetChanges, TableBatch
+from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
 
 TOMBSTONE_TTL_S = 7 * 24 * 3600
@@ -140,7 +141,8 @@ class RedisSink(Sink):
         super().__init__(config, pipeline, spark)
         self.url: str = self.settings.url
         self.ttl: int = self.settings.ttl or 0
-        self.template = KeyTemplate(self.settings.key, self.name)
+        renames = {TableName.parse(t): o.rename for t, o in self.settings.table_options.items() if o.rename}
+        self.template = KeyTemplate(self.settings.key, self.name, renames)
         self._conn: Any = None
 
     def describe(self) -> str:
@@ -321,7 +323,9 @@ class RedisSink(Sink):
     def _schema_of(self, table: TableName) -> T.StructType:
         log = open_log_view(self.pipeline)
         try:
-            return spark_schema(log.schema(table))
+            schema = log.schema(table)
+            shape = shape_of(self.config, table, schema)  # the columns this sink was given (sinks/shaping.py)
+            return spark_schema(shape.schema if shape is not None else schema)
         finally:
             log.close()
 

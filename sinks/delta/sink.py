@@ -51,6 +51,7 @@ from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
+from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
 
@@ -95,7 +96,7 @@ class DeltaSink(Sink):
         return self.pipeline.path(self.settings.path)
 
     def path_of(self, table: TableName) -> str:
-        return str(table_path(self.base, table))
+        return str(table_path(self.base, table, follower_name(self.config, table)))
 
     def _exists(self, path: str) -> bool:
         return DeltaTable.isDeltaTable(self.spark, path)

@@ -58,6 +58,7 @@ from sinks.changes import TableBatch
 from sinks.delta.paths import table_path
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
+from sinks.shaping import follower_name
 
 if TYPE_CHECKING:
     import tantivy
@@ -527,7 +528,7 @@ class TantivySink(SearchSink):
         )
 
     def table_dir(self, table: TableName) -> Path:
-        return table_path(self.base, table)
+        return table_path(self.base, table, follower_name(self.config, table))
 
     def describe(self) -> str:
         return f"{self.name} (search, tantivy at {self.base})"

@@ -159,3 +159,14 @@ def test_mask_key_is_not_in_the_settings_repr() -> None:
 def test_yaml_null_means_the_null_mask() -> None:
     cfg = sink({"mask": {"email": None}})
     assert cfg.settings.options_for(USERS).mask == {"email": "null"}
+
+
+def test_a_wrong_mask_key_is_not_shown_in_the_error() -> None:
+    doc = {
+        "name": "t",
+        "source": {"postgres": {"dsn": "x", "tables": ["public.users"]}},
+        "sinks": [{"name": "lake", "delta": {"path": "lake", "mask_key": 98765432109876543210}}],
+    }
+    with pytest.raises(PipelineFileError) as info:
+        parse_pipeline(doc)
+    assert "mask_key" in info.value.problem and "98765432109876543210" not in info.value.problem
