@@ -66,6 +66,9 @@ def base_conf(master: str) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.adaptive.enabled": "true",
+        # The tables of a cut are applied from several driver threads, a scheduler pool per sink
+        # (pipelines/apply/parallel.py): FAIR shares the executors between the sinks' pools.
+        "spark.scheduler.mode": "FAIR",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.pyspark.python": sys.executable,

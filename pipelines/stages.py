@@ -70,9 +70,10 @@ class Stages:
         else:
             logformat.emit(text, self.stream, **fields)
 
-    def begin(self, text: str) -> None:
+    def begin(self, text: str) -> tuple[str, float]:
+        entry = (text, time.monotonic())
         with self._lock:
-            self._stack.append((text, time.monotonic()))
+            self._stack.append(entry)
             if self._console is not None:
                 if self._status is None:
                     self._status = self._console.status(text)
@@ -81,10 +82,16 @@ class Stages:
                     self._status.update(text)
             else:
                 self._line(f"{text} ...", stage=text, status="started")
+        return entry
 
-    def end(self, failed: bool = False) -> None:
+    def end(self, failed: bool = False, entry: tuple[str, float] | None = None) -> None:
+        """End `entry` (the stage begin returned; the innermost when None): the tables of a cut
+        run in threads of their own (pipelines/apply/parallel.py), and their stages end in any order."""
         with self._lock:
-            text, started = self._stack.pop()
+            if entry is None or entry not in self._stack:
+                entry = self._stack[-1]
+            self._stack.remove(entry)
+            text, started = entry
             took = time.monotonic() - started
             self._line(
                 f"{text}: {'failed after' if failed else 'done in'} {took:.1f}s",
@@ -146,13 +153,13 @@ def stage(text: str) -> Iterator[None]:
     if reporter is None:
         yield
         return
-    reporter.begin(text)
+    entry = reporter.begin(text)
     try:
         yield
     except BaseException:
-        reporter.end(failed=True)
+        reporter.end(failed=True, entry=entry)
         raise
-    reporter.end()
+    reporter.end(entry=entry)
 
 
 @contextmanager

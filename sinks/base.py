@@ -9,6 +9,7 @@ must be idempotent per cut id and must never let an older position overwrite a n
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,19 @@ class Sink(ABC):
         `tables` are the follower's tables at this cut. Delta records the cut's table versions
         (sinks/delta/cuts.py); most engines have nothing to record."""
         return None
+
+    # Whether `apply` may run for several tables of a cut at once, each table in its own thread and
+    # session (pipelines/apply/parallel.py); such a sink keeps nothing per table it does not set in prepare.
+    parallel_tables: bool = True
+
+    def in_session(self, spark: SparkSession) -> Sink:
+        """This sink working in another session (a worker thread's own), sharing all the rest,
+        what `prepare` decided included."""
+        if spark is self.spark:
+            return self
+        twin = copy.copy(self)
+        twin.spark = spark
+        return twin
 
     @property
     def settings(self) -> Any:

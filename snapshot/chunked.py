@@ -124,8 +124,11 @@ def discard_checkpoint(state_dir: Path, table: TableName) -> None:
 
 
 # ---- the source side ----------------------------------------------------------------------------------
-def emit_watermark(conn, table: TableName, chunk: int, mark: str) -> int:
-    """Write a watermark into the WAL (autocommit: its own transaction); returns its LSN."""
+def emit_watermark(conn, table: TableName, chunk: int, mark: str, *, first: bool = False) -> int:
+    """Write a watermark into the WAL (autocommit: its own transaction); returns its LSN. `first`:
+    the snapshot's first low watermark, the position of the table's new base: wait until what
+    committed before it is visible (later chunks need no wait: a change committed before their
+    low watermark but not visible to their read comes after that base in the log anyway)."""
     body = json.dumps({"table": str(table), "chunk": chunk, "mark": mark})
     try:
         with conn.cursor() as cur:
@@ -138,7 +141,8 @@ def emit_watermark(conn, table: TableName, chunk: int, mark: str) -> int:
             "snapshot.mode: exported",
         )
         raise SourceError(f"chunked snapshot of {table}: {problem[0]}", problem[1]) from None
-    _wait_for_older_transactions(conn)
+    if first:
+        _wait_for_older_transactions(conn)
     return lsn
 
 
@@ -400,7 +404,7 @@ class ChunkedSnapshot:
         for sid in running:
             self.log.abandon_snapshot(sid)
         after = self.log.end_offset_by_id(t.table_id)
-        first_low = emit_watermark(control, t.table, 0, "low")
+        first_low = emit_watermark(control, t.table, 0, "low", first=True)
         snapshot_id = self.log.begin_snapshot(t.table_id, first_low, t.schema_version(first_low))
         cp = Checkpoint(self.cp_path, str(t.table), snapshot_id, first_low)
         cp.chunks = []

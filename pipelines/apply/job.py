@@ -29,6 +29,7 @@ from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
+from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, pause_point
@@ -124,44 +125,65 @@ class ApplyJob:
         return [self.pipeline.sink(name) for name in ([only] if isinstance(only, str) else only)]
 
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
-        runs = []
+        sinks = self._sinks(only)
         log = open_log_view(self.pipeline)
-        reader = change_reader(log)
         try:
             cut = log.latest_cut()
             if cut is None:
                 raise LogError("the log is empty", f"run `{self.pipeline.command('snapshot')}` first")
-            for sink_cfg in self._sinks(only):
-                started = time.monotonic()
-                run = SinkRun(sink_cfg.name)
-                try:
-                    # one applier per follower: a second one would write the same cut and race on the checkpoint
-                    with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s, self.say):
-                        pause_point("apply:locked")
-                        # another run may have applied a newer cut than the one read above (while this
-                        # one waited, or applied other sinks): read it again so the follower never goes back
-                        latest = log.latest_cut() or cut
-                        self._apply_sink(log, reader, latest, sink_cfg, run)
-                        if run.used_pending and run.cut_id != latest.id:
-                            self._apply_sink(
-                                log, reader, latest, sink_cfg, run
-                            )  # then on to the latest cut: --once drains
-                except CdcError as exc:
-                    run.error = exc
-                except Exception as exc:  # one follower's failure must not stop the others
-                    if os.environ.get("CDC_DEBUG"):
-                        raise
-                    run.error = SinkError(
-                        f"{type(exc).__name__}: {spark_error_line(exc)}",
-                        "the follower keeps its checkpoint and resumes on the next run; CDC_DEBUG=1 shows a traceback",
-                    )
-                run.seconds = time.monotonic() - started
-                self._record(run)
-                runs.append(run)
+            if len(sinks) > 1 and self.pipeline.spark.apply_parallelism != 1:
+                # the sinks side by side: each has its own checkpoint, lock, log view and session
+                alone = lambda slot: self._run_sink_alone(cut, slot.item)  # noqa: E731
+                return run_tasks(sinks, alone, len(sinks), None, "sinks")
+            reader = change_reader(log)
+            try:
+                return [self._run_sink(log, reader, cut, sink_cfg) for sink_cfg in sinks]
+            finally:
+                reader.close()
         finally:
-            reader.close()
             log.close()
-        return runs
+
+    def _run_sink_alone(self, cut: Cut, sink_cfg: SinkConfig) -> SinkRun:
+        """One sink in a thread of its own: its own session (Delta's idempotence confs are session
+        confs, pipelines/apply/parallel.py), log view and reader, its Spark jobs in its FAIR pool."""
+        spark = clone_session(self.spark)
+        spark.sparkContext.setLocalProperty(POOL_PROPERTY, sink_cfg.name)
+        job = ApplyJob(self.pipeline, spark, self.say, self.lock_wait_s)
+        log = open_log_view(self.pipeline)
+        try:
+            reader = change_reader(log)
+            try:
+                return job._run_sink(log, reader, cut, sink_cfg)
+            finally:
+                reader.close()
+        finally:
+            log.close()
+
+    def _run_sink(self, log, reader: ChangeReader, cut: Cut, sink_cfg: SinkConfig) -> SinkRun:
+        started = time.monotonic()
+        run = SinkRun(sink_cfg.name)
+        try:
+            # one applier per follower: a second one would write the same cut and race on the checkpoint
+            with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s, self.say):
+                pause_point("apply:locked")
+                # another run may have applied a newer cut than the one read above (while this
+                # one waited, or applied other sinks): read it again so the follower never goes back
+                latest = log.latest_cut() or cut
+                self._apply_sink(log, reader, latest, sink_cfg, run)
+                if run.used_pending and run.cut_id != latest.id:  # then on to the latest cut: --once drains
+                    self._apply_sink(log, reader, latest, sink_cfg, run)
+        except CdcError as exc:
+            run.error = exc
+        except Exception as exc:  # one follower's failure must not stop the others
+            if os.environ.get("CDC_DEBUG"):
+                raise
+            run.error = SinkError(
+                f"{type(exc).__name__}: {spark_error_line(exc)}",
+                "the follower keeps its checkpoint and resumes on the next run; CDC_DEBUG=1 shows a traceback",
+            )
+        run.seconds = time.monotonic() - started
+        self._record(run)
+        return run
 
     def _record(self, run: SinkRun) -> None:
         """Metrics of one follower's round (README "Monitoring")."""
@@ -246,35 +268,25 @@ class ApplyJob:
         if batches:
             name = sink_cfg.name
             stages = metrics.APPLY_STAGE
+            parallelism = self._parallelism(sink)  # tables side by side (pipelines/apply/parallel.py)
             try:
                 with (
                     stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"),
                     stages.labels(self.pipeline.name, name, "read").time(),
                 ):
-                    for batch in batches:
-                        batch.check()  # a value no follower type can hold stops the cut before any table is written
-            except BaseException:
-                for batch in batches:
-                    batch.release()
-                raise
-            with stage(f"sink {name}: preparing the follower"), stages.labels(self.pipeline.name, name, "prepare").time():
-                sink.prepare(batches)
-            for batch in batches:
-                if run.tables:
-                    crash_point("apply:between-tables")
-                try:
-                    with (
-                        stage(
-                            f"sink {name}: {batch.table}: applying offsets {batch.first_offset + 1}..{batch.last_offset}"
-                        ),
-                        metrics.APPLY_TABLE.labels(self.pipeline.name, name, str(batch.table)).time(),
-                    ):
-                        changes = batch.versions() if sink.wants_versions else batch.net()
-                        try:
-                            run.tables.append(sink.apply(batch, changes, cut_id))
-                        finally:
-                            changes.release()
-                finally:
+                    # a value no follower type can hold stops the cut before any table is written
+                    run_tasks(batches, lambda slot: slot.item.check(), parallelism, self.spark, name)
+                with (
+                    stage(f"sink {name}: preparing the follower"),
+                    stages.labels(self.pipeline.name, name, "prepare").time(),
+                ):
+                    sink.prepare(batches)
+                applied = run_tasks(
+                    batches, lambda slot: self._apply_table(sink, slot, cut_id), parallelism, self.spark, name
+                )
+                run.tables.extend(applied)
+            finally:
+                for batch in batches:  # those a failure kept from starting (the others released theirs)
                     batch.release()
             crash_point("apply:after-merge")
         if sink.markers:
@@ -284,10 +296,17 @@ class ApplyJob:
             )  # older followers
             ends = {b.table: (cut_tables[str(b.table)].base, b.last_offset) for b in batches}
             ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
-            for table, (base, end) in ends.items():
-                sink.write_marker(
-                    table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json()
-                )
+            markers = [
+                (table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json())
+                for table, (base, end) in ends.items()
+            ]
+            run_tasks(
+                markers,
+                lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
+                self._parallelism(sink),
+                self.spark,
+                sink_cfg.name,
+            )
             ckpt.markers = True
         sink.cut_applied(cut_id, cut_lsn, [by_name[n] for n in wanted if n in by_name])  # e.g. Delta's _cdc_cuts
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
@@ -296,6 +315,33 @@ class ApplyJob:
                 ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
         ckpt.pending = None
         save_checkpoint(state, ckpt)
+
+    def _parallelism(self, sink: Sink) -> int:
+        """How many tables of a cut the sink applies at once (`spark.apply_parallelism`)."""
+        if not sink.parallel_tables:
+            return 1
+        wanted = self.pipeline.spark.apply_parallelism
+        return wanted if wanted is not None else auto_parallelism(self.spark.sparkContext.defaultParallelism)
+
+    def _apply_table(self, sink: Sink, slot: Slot[TableBatch], cut_id: int) -> ApplyStats:
+        """One table of the cut, in the session of the thread it runs on."""
+        batch = slot.item
+        if slot.finished_before:  # another table of the cut is committed, this one not yet written
+            crash_point("apply:between-tables")
+        name = sink.name
+        offsets = f"{batch.first_offset + 1}..{batch.last_offset}"
+        try:
+            with (
+                stage(f"sink {name}: {batch.table}: applying offsets {offsets}"),
+                metrics.APPLY_TABLE.labels(self.pipeline.name, name, str(batch.table)).time(),
+            ):
+                changes = batch.versions() if sink.wants_versions else batch.net()
+                try:
+                    return sink.in_session(slot.spark).apply(batch, changes, cut_id)
+                finally:
+                    changes.release()
+        finally:
+            batch.release()  # its cached events, as soon as the table is done
 
     def _check_markers(
         self,

@@ -89,6 +89,7 @@ class WriteJob:
 class SearchSink(Sink):
     kind = "search"
     engine = ""
+    parallel_tables = False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
 
     def describe(self) -> str:
         return f"{self.name} (search, {self.engine})"
