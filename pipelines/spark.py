@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc.ground.errors import CdcError
+from cdc.ground.errors import CdcError, EngineSettingError
 from cdc.ground.private import private_dir
+from cdc.ground.secrets import redact_with
 from pipelines.stages import attach_spark, stage
 
 if TYPE_CHECKING:
@@ -36,7 +37,10 @@ def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
         folder = jars_dir() / group
         found = sorted(str(p) for p in folder.glob("*.jar"))
         if not found:
-            raise CdcError(f"no {group} jars in {folder}", "run scripts/setup.sh (it resolves them from Maven Central once)")
+            raise CdcError(
+                f"no {group} jars in {folder}",
+                "run scripts/setup.sh (it resolves them from Maven Central once)",
+            )
         jars += found
     return jars
 
@@ -57,28 +61,40 @@ def base_conf(master: str) -> dict[str, str]:
     # 50 by default: on a few local cores that cost more than the MERGE of a small batch (a 10k-key
     # batch into 100k rows: 5.7 s per batch with 50, 3.2 s with 2 on 2 cores). Clusters keep 50.
     delta_snapshot = {"spark.databricks.delta.snapshotPartitions": str(cores)} if cores else {}
-    return delta_snapshot | {
-        "spark.master": master,
-        "spark.app.name": "cdc-apply",
-        "spark.jars": ",".join(spark_jars(tuple(g for g in SPARK_JAR_GROUPS if (jars_dir() / g).exists()) or ("spark",))),
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.sql.adaptive.enabled": "true",
-        # The tables of a cut are applied from several driver threads, a scheduler pool per sink
-        # (pipelines/apply/parallel.py): FAIR shares the executors between the sinks' pools.
-        "spark.scheduler.mode": "FAIR",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.databricks.delta.schema.autoMerge.enabled": "false",
-        "spark.databricks.delta.merge.repartitionBeforeWrite.enabled": "true",
-        # Loopback only: the driver and executors never listen on the machine's other interfaces.
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-    }
+    return (
+        delta_snapshot
+        | _jars_conf()
+        | {
+            "spark.master": master,
+            "spark.app.name": "cdc-apply",
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": "8",
+            "spark.sql.adaptive.enabled": "true",
+            # The tables of a cut are applied from several driver threads, a scheduler pool per sink
+            # (pipelines/apply/parallel.py): FAIR shares the executors between the sinks' pools.
+            "spark.scheduler.mode": "FAIR",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.databricks.delta.schema.autoMerge.enabled": "false",
+            "spark.databricks.delta.merge.repartitionBeforeWrite.enabled": "true",
+            # Loopback only: the driver and executors never listen on the machine's other interfaces.
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        }
+    )
+
+
+def _jars_conf() -> dict[str, str]:
+    """Ours from .jars/; under spark-submit its --jars are the jars (and this code may then run
+    from the shipped zip, far from .jars/)."""
+    if under_spark_submit():
+        return {}
+    groups = tuple(g for g in SPARK_JAR_GROUPS if (jars_dir() / g).exists()) or ("spark",)
+    return {"spark.jars": ",".join(spark_jars(groups))}
 
 
 def warehouse_conf(pipeline: Pipeline | None) -> dict[str, str]:
@@ -99,11 +115,34 @@ def warehouse_conf(pipeline: Pipeline | None) -> dict[str, str]:
     }
 
 
+def security_conf(pipeline: Pipeline | None) -> dict[str, str]:
+    """spark.secret: authentication with the cluster and (spark.encrypt, on by default) encrypted RPC
+    and local shuffle/spill files. Local masters make up a secret of their own when none is given."""
+    if pipeline is None or not pipeline.spark.secret:
+        return {}
+    conf = {"spark.authenticate": "true", "spark.authenticate.secret": pipeline.spark.secret}
+    if pipeline.spark.encrypt:
+        conf |= {"spark.network.crypto.enabled": "true", "spark.io.encryption.enabled": "true"}
+    return conf
+
+
+# Confs never put on the JVM's command line (`ps` shows it to every local user): set over py4j.
+SECRET_CONF = re.compile(r"secret|password|token", re.I)
+
+
+def under_spark_submit() -> bool:
+    """Run by spark-submit (or the pyspark shell): the JVM is up and its conf was given there."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -> SparkSession:
     """Get (or create) the process's SparkSession. A session that already exists is reused as
-    is: one JVM per process, so tests and `cdc run` pay start-up once."""
+    is: one JVM per process, so tests and `cdc run` pay start-up once. Under spark-submit the
+    session is built on the JVM spark-submit started, its --master/--conf/--jars kept."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        raise CdcError("Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)")
+        raise CdcError(
+            "Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
+        )
     # Python workers (executors and the data source planner) must use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -119,21 +158,85 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
         private_dir(pipeline.state_path)
     if pipeline is not None:
         conf |= {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in pipeline.spark.conf.items()}
+    conf |= security_conf(pipeline)
+    submitted = under_spark_submit()
+    if submitted:
+        conf = _not_submitted(conf)
+    master_url = conf.get("spark.master") or _submitted_master()
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
+    secrets = [v for k, v in conf.items() if SECRET_CONF.search(k)]
     try:
-        with stage(f"starting Spark ({conf['spark.master']})"):
-            if not os.environ.get("CDC_DEBUG"):
-                _launch_quiet_jvm(conf)
+        with stage(f"starting Spark ({master_url})"):
+            if not submitted:
+                _launch_jvm(conf, quiet=not os.environ.get("CDC_DEBUG"))
+            if master_url.startswith("spark://"):
+                _probe_master(master_url, _submitted_conf() | conf)
             spark = builder.getOrCreate()
+    except CdcError:
+        raise
     except Exception as exc:  # JVM failed to start: one line, not a Java stack
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CdcError(f"Spark could not start: {first}", "check Java 17 is installed and spark.master/spark.conf in the pipeline file") from None
+        raise CdcError(
+            redact_with(f"Spark could not start: {first}", secrets),
+            "check Java 17 is installed and spark.master/spark.conf in the pipeline file",
+        ) from None
     spark.sparkContext.setLogLevel("ERROR")
+    if not master_url.startswith("local"):
+        ship_code(spark, pipeline)
     _register_sources(spark)
     attach_spark(spark)
     return spark
+
+
+def _submitted_conf() -> dict[str, str]:
+    """The confs spark-submit gave the JVM (empty when we start the JVM ourselves)."""
+    if not under_spark_submit():
+        return {}
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM (PYSPARK_GATEWAY_PORT)
+    return dict(SparkConf().getAll())  # loadDefaults: the JVM's spark.* system properties
+
+
+def _submitted_master() -> str:
+    return _submitted_conf().get("spark.master", "local[*]")
+
+
+def _not_submitted(conf: dict[str, str]) -> dict[str, str]:
+    """Our confs minus those spark-submit set (its --master, --jars, --conf win), and minus the
+    JVM launch options it already used."""
+    given = _submitted_conf()
+    launch_only = {"spark.driver.extraJavaOptions", "spark.pyspark.driver.python"}
+    return {k: v for k, v in conf.items() if k not in given and k not in launch_only}
+
+
+def _launch_jvm(conf: dict[str, str], quiet: bool) -> None:
+    """Start Spark's JVM (as getOrCreate would, same confs but no secrets on its command line,
+    which pyspark's own launch puts every conf on). Quiet: its stderr on a pipe, a thread passes
+    each line on to ours but the noise. The Python workers the JVM starts inherit the pipe."""
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:  # a JVM is up already (a stopped session's): reused as is
+        return
+    argv_conf = [(k, v) for k, v in conf.items() if not SECRET_CONF.search(k)]  # secrets: over py4j
+    if not quiet:
+        SparkContext._ensure_initialized(
+            gateway=launch_gateway(SparkConf(loadDefaults=False).setAll(argv_conf))
+        )
+        return
+    read_fd, write_fd = os.pipe()
+    # forwarding first: what a JVM that fails to start says is passed on too
+    threading.Thread(target=_forward_jvm_stderr, args=(read_fd,), name="jvm-stderr", daemon=True).start()
+    try:
+        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(argv_conf), {"stderr": write_fd})
+    finally:
+        os.close(write_fd)  # the JVM holds its own copy
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 # What the JVM prints on its stderr at start-up that tells a user nothing: the incubator-module
@@ -144,31 +247,83 @@ JVM_NOISE = re.compile(
 )
 
 
-def _launch_quiet_jvm(conf: dict[str, str]) -> None:
-    """Start Spark's JVM (as getOrCreate would, same confs) with its stderr on a pipe: a thread
-    passes each line on to ours but the noise. The Python workers the JVM starts inherit the pipe."""
-    import threading
-
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None:  # a JVM is up already (a stopped session's): reused as is
-        return
-    read_fd, write_fd = os.pipe()
-    # forwarding first: what a JVM that fails to start says is passed on too
-    threading.Thread(target=_forward_jvm_stderr, args=(read_fd,), name="jvm-stderr", daemon=True).start()
-    try:
-        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())), {"stderr": write_fd})
-    finally:
-        os.close(write_fd)  # the JVM holds its own copy
-    SparkContext._ensure_initialized(gateway=gateway)
-
-
 def _forward_jvm_stderr(read_fd: int) -> None:
     with os.fdopen(read_fd, "rb") as lines:
         for line in lines:
             if not JVM_NOISE.match(line.decode(errors="replace")):
                 os.write(2, line)  # where the JVM wrote before: this process's stderr file
+
+
+def ship_code(spark: SparkSession, pipeline: Pipeline | None) -> None:
+    """Executors of a real cluster get this code as a zip (addPyFile: on their Python path before
+    anything installed there), unless spark-submit --py-files shipped it already."""
+    import tempfile
+
+    from pipelines.package import ZIP_NAME, write_zip
+
+    if spark.sparkContext.getConf().get("spark.submit.pyFiles", ""):
+        return
+    base = (
+        pipeline.state_path / "spark" if pipeline is not None else Path(tempfile.mkdtemp(prefix="cdc-code-"))
+    )
+    spark.sparkContext.addPyFile(str(write_zip(private_dir(base) / ZIP_NAME)))
+
+
+def _probe_master(master: str, conf: dict[str, str]) -> None:
+    """Look the standalone master's endpoint up with our security settings before building the
+    context: a refused (or missing) secret fails here at once, exit 3, rather than after Spark's
+    three 20 s registration attempts. The probe is a client-only RpcEnv in the driver's JVM; it
+    sends the authentication handshake and one endpoint lookup, nothing else."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    host, _, port = master.removeprefix("spark://").split(",")[0].rpartition(":")
+    if not port_answers(host, int(port)):
+        raise EngineSettingError(
+            f"the Spark master {master} does not accept connections",
+            "check spark.master and that the master runs (`cdc dev status spark` for the dev cluster)",
+        )
+    jconf = jvm.org.apache.spark.SparkConf(False)
+    for key, value in conf.items():
+        jconf.set(key, value)
+    config = getattr(getattr(jvm.org.apache.spark.internal.config, "package$"), "MODULE$")
+    security = jvm.org.apache.spark.SecurityManager(
+        jconf, jvm.scala.Option.empty(), config.AUTH_SECRET_FILE()
+    )
+    log4j = jvm.org.apache.logging.log4j
+    quiet = ("org.apache.spark.network", "org.apache.spark.rpc")  # their ERROR lines of the refusal
+    for name in quiet:
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    env = jvm.org.apache.spark.rpc.RpcEnv.create(
+        "cdcProbe", conf.get("spark.driver.host", "127.0.0.1"), 0, jconf, security, True
+    )
+    try:
+        env.setupEndpointRef(jvm.org.apache.spark.rpc.RpcAddress(host, int(port)), "Master")
+        for name in quiet:  # on a refusal they stay quiet: its connection threads log on a while
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.ERROR)
+    except Exception:  # the port answers, so the master refused the handshake: the secret
+        given = (
+            "spark.secret is not the cluster's"
+            if "spark.authenticate.secret" in conf
+            else "the master requires authentication and spark.secret is not set"
+        )
+        raise EngineSettingError(
+            f"the Spark master {master} refused this driver: {given}",
+            "set spark.secret in the pipeline file to the secret the cluster was started with "
+            "(e.g. spark.secret: ${SPARK_SECRET}, with SPARK_SECRET exported)",
+        ) from None
+    finally:
+        env.shutdown()
+
+
+def port_answers(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _register_sources(spark: SparkSession) -> None:

@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.opensearch",
     "tests.fixtures.debezium",
+    "tests.fixtures.spark_cluster",
 ]
 
 

@@ -191,8 +191,9 @@ class OwnedServerProcess(ABC):
     def running(self) -> bool:
         return self.pid() is not None
 
-    def _spawn(self, argv: Sequence[str], output: Path) -> subprocess.Popen:
-        """Run `argv` in `base_dir` with stdout and stderr appended to `output`; write the pid file."""
+    def _spawn(self, argv: Sequence[str], output: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Run `argv` in `base_dir` with stdout and stderr appended to `output` (and these
+        variables added to our environment); write the pid file."""
         with open(output, "ab") as out:
             try:
                 self._proc = subprocess.Popen(
@@ -201,6 +202,7 @@ class OwnedServerProcess(ABC):
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
+                    env={**os.environ, **env} if env else None,
                     # own session: outlives `cdc dev up`, and a Ctrl-C in that shell does not reach it
                     start_new_session=True,
                 )

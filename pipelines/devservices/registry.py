@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -59,15 +60,24 @@ def _debezium(base: Path) -> DevService:
     )
 
 
+def _spark(base: Path, secret: str | None = None) -> DevService:
+    """A standalone master and two workers (1 core, 1g each); `secret`: authenticated, encrypted RPC."""
+    from pipelines.devservices.spark import LocalSparkCluster
+
+    return LocalSparkCluster(base / "spark", secret=secret)
+
+
 FACTORIES = {
     "postgres": _postgres,
     "kafka": _kafka,
     "redis": _redis,
     "opensearch": _opensearch,
     "debezium": _debezium,
+    "spark": _spark,
 }
-# Started only when named (`cdc dev up postgres kafka debezium`): it needs the others running.
-OPTIONAL = {"debezium"}
+# Started only when named (`cdc dev up postgres kafka debezium`, `cdc dev up spark`): debezium needs
+# the others running; spark's three JVMs are for trying the cluster path (README "Running on a cluster").
+OPTIONAL = {"debezium", "spark"}
 
 
 def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
@@ -79,17 +89,31 @@ def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
     return names
 
 
-def up(base: Path, services: Iterable[str], pg_version: int | None = None) -> dict[str, str]:
-    """Start the services; `pg_version`: the PostgreSQL major (default: the newest Debian server)."""
+def up(base: Path, services: Iterable[str], pg_version: int | None = None, secure: bool = False) -> dict[str, str]:
+    """Start the services; `pg_version`: the PostgreSQL major (default: the newest Debian server);
+    `secure`: spark with authentication and encryption, its secret from $SPARK_SECRET."""
     names = _chosen(services)
     if pg_version is not None and "postgres" not in names:
         raise UsageError(
             "--version chooses the PostgreSQL major, but postgres is not started",
             "add postgres: cdc dev up postgres --version N",
         )
+    if secure and "spark" not in names:
+        raise UsageError("--secure is for spark, but spark is not started", "cdc dev up spark --secure")
+    secret = os.environ.get("SPARK_SECRET", "") if secure else None
+    if secure and not secret:  # from the environment only: never on a command line or in output
+        raise UsageError(
+            "cdc dev up spark --secure takes the cluster's secret from $SPARK_SECRET, which is not set",
+            'export SPARK_SECRET="$(openssl rand -hex 32)" and write spark.secret: ${SPARK_SECRET} in the pipeline file',
+        )
     env: dict[str, str] = {}
     for name in names:
-        svc = _postgres(base.resolve(), pg_version) if name == "postgres" else FACTORIES[name](base.resolve())
+        if name == "postgres":
+            svc = _postgres(base.resolve(), pg_version)
+        elif name == "spark":
+            svc = _spark(base.resolve(), secret)
+        else:
+            svc = FACTORIES[name](base.resolve())
         env |= svc.start()
     return env
 
@@ -132,6 +156,14 @@ def access_notes(base: Path, services: Iterable[str]) -> list[str]:
         notes.append(
             f"note: postgres listens on 127.0.0.1 and asks for the superuser's password over TCP (kept in "
             f"{base.resolve() / 'postgres' / 'password'}, mode 0600); its Unix socket is its own OS user's alone (0700)"
+        )
+    if "spark" in names:
+        spark = base.resolve() / "spark"
+        notes.append(
+            "note: spark listens on 127.0.0.1; its master takes applications from any local user"
+            if not (spark / "conf" / "spark-defaults.conf").exists()
+            else f"note: spark listens on 127.0.0.1 and takes only applications with its secret (spark.authenticate, "
+            f"RPC encryption; kept in {spark / 'conf' / 'spark-defaults.conf'}, mode 0600)"
         )
     open_ones = [n for n in names if n in OPEN_ON_LOOPBACK]
     if open_ones:
