@@ -289,9 +289,11 @@ def reconcile_segment(
 
 
 def stream_covers(log: LocalLog, lsn: int) -> bool:
-    """Whether the log holds every transaction of the source committed before `lsn`."""
+    """Whether the log holds every transaction of the source committed up to watermark `lsn`.
+    pg_logical_emit_message returns the end of the message's record, which is where its own
+    transaction's commit record starts: the watermark transaction commits exactly at `lsn`."""
     position = log.stream_position()
-    return position is not None and position[0] > lsn
+    return position is not None and position[0] >= lsn
 
 
 # ---- one table ------------------------------------------------------------------------------------------

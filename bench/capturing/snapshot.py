@@ -1,5 +1,6 @@
 """Part 2: a `--rows`-row table read by `COPY t TO STDOUT` in psql to /dev/null (the ceiling) and by
-`cdc snapshot` into a fresh log (default workers, then --parallel 1, 2, 4), interleaved per run."""
+`cdc snapshot` into a fresh log (default workers, then --parallel 1, 2, 4, then a chunked snapshot:
+`snapshot.mode: chunked`, watermark chunks of CHUNK_ROWS rows), interleaved per run."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from pipelines.devservices.postgres import pg_bin_dir
 
 TABLE = "public.bench_snap"
 PUBLICATION = "bench_snap_pub"
+CHUNK_ROWS = 50_000  # the default snapshot.chunk_rows
 CONFIGS: tuple[tuple[str, int | None], ...] = (
     ("default", None),
     ("parallel 1", 1),
     ("parallel 2", 2),
     ("parallel 4", 4),
+    ("chunked", None),  # snapshot.mode: chunked (snapshot/chunked.py): one connection, short transactions
 )
 
 
@@ -52,7 +55,12 @@ def snapshot(b: Bench) -> None:
         )
         for label, parallel in CONFIGS:
             name = f"bench_snap_{'default' if parallel is None else f'p{parallel}'}_{rep}"
-            pipe = b.pipeline(name, [TABLE], slot=name, publication=PUBLICATION, log=b.local_log(name))
+            if label == "chunked":
+                name = f"bench_snap_chunked_{rep}"
+            sections: dict[str, Any] = {"log": b.local_log(name)}
+            if label == "chunked":
+                sections["snapshot"] = {"mode": "chunked", "chunk_rows": CHUNK_ROWS}
+            pipe = b.pipeline(name, [TABLE], slot=name, publication=PUBLICATION, **sections)
             extra = [] if parallel is None else ["--parallel", str(parallel)]
             run = b.cdc(f"snapshot_{name}", "snapshot", pipe, "--no-progress", *extra)
             got = cdcout.snapshot(run.out)

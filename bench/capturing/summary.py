@@ -93,6 +93,13 @@ def summary(r: dict[str, Any]) -> Report:
             f"snapshot: psql COPY {fmt_int(copy['rows_per_s'])} rows/s | cdc snapshot {fmt_int(d['rows_per_s'])} rows/s"
             f" | {fmt_pct(d['ratio'])} ({ok}; default = {d['workers']} worker(s))"
         )
+        ch = sn["cdc_snapshot"].get("chunked")
+        if ch:
+            ok = "meets the 60% target" if ch["ratio"] >= 0.6 else "BELOW the 60% target"
+            rep.summary.append(
+                f"chunked snapshot: {fmt_int(ch['rows_per_s'])} rows/s in {ch['chunks']} chunk(s) | {fmt_pct(ch['ratio'])} of"
+                f" psql COPY ({ok})"
+            )
     if b:
         recv, c = b["pg_recvlogical"], b["cdc_stream"]
         rep.add(

@@ -122,6 +122,18 @@ def checkpoint(state_dir: Path, table: str) -> dict | None:
         return None
 
 
+def test_chunked_snapshot_of_an_idle_source_finishes_by_itself(pg_db: str, tmp_path: Path):
+    """Nothing written, no stream running: the snapshot streams up to its own last watermark (whose
+    transaction commits exactly at the LSN pg_logical_emit_message returned) and stops there."""
+    make_table(pg_db, "t", 120)
+    pipe = write_pipeline(tmp_path, pg_db, ["public.t"], snapshot={"mode": "chunked", "chunk_rows": 50})
+    run = cdc("snapshot", pipe, "--no-progress", timeout=120)
+    assert run.code == 0, run.err + run.out
+    assert "public.t: 120 rows in 3 chunk(s)" in run.out, run.out
+    state = tmp_path / ".cdc" / "test"
+    assert materialize(state / "log")["public.t"] == source_rows(pg_db, "public.t", ["id"])
+
+
 def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db: str, tmp_path: Path):
     make_table(pg_db, "t", 40_000, pad=150)  # chunks of 4,000 rows: each read lasts long enough to be seen
     pipe = write_pipeline(
@@ -172,44 +184,41 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
 
 
 def test_chunked_snapshot_while_streaming_and_writing(pg_db: str, tmp_path: Path, spark):
-    """A table added to a running pipeline is copied in chunks while `cdc stream` runs and both
-    tables are written to; the follower ends as the source (cdc verify 0, delta-rs, the log replayed)."""
-    make_table(pg_db, "a", 50)
+    """`cdc snapshot --tables` copies a live table again in chunks while `cdc stream` runs and the
+    table is written to; the follower ends as the source (cdc verify 0, delta-rs, the log replayed)."""
     make_table(pg_db, "b", 300)
     lake = tmp_path / "lake"
     sinks = [{"name": "lake", "delta": {"path": str(lake)}}]
-    snap = {"mode": "auto", "tables": {"public.b": "chunked"}, "chunk_rows": 25}
-    pipe = write_pipeline(tmp_path, pg_db, ["public.a"], sinks=sinks, snapshot=snap)
-    assert cdc("snapshot", pipe, "--no-progress").code == 0  # `a` is small: auto takes the exported snapshot
+    snap = {"tables": {"public.b": "exported"}, "chunk_rows": 25}
+    pipe = write_pipeline(tmp_path, pg_db, ["public.b"], sinks=sinks, snapshot=snap)
+    assert cdc("snapshot", pipe, "--no-progress").code == 0  # the slot, and b's first base (exported)
     stream = cdc_popen("stream", pipe)
-    writers = [Writer(pg_db, "a", seed=2, key_space=60), Writer(pg_db, "b", seed=3, key_space=330)]
+    writer = Writer(pg_db, "b", seed=3, key_space=330)
     try:
-        for w in writers:
-            w.start()
-        pipe = write_pipeline(tmp_path, pg_db, ["public.a", "public.b"], sinks=sinks, snapshot=snap)
-        run = cdc("snapshot", pipe, "--no-progress")
+        writer.start()
+        pipe = write_pipeline(
+            tmp_path, pg_db, ["public.b"], sinks=sinks, snapshot={**snap, "tables": {"public.b": "chunked"}}
+        )
+        run = cdc("snapshot", pipe, "--tables", "public.b", "--no-progress")
         assert run.code == 0, run.err + run.out
         assert "public.b: chunked snapshot from" in run.out, run.out
         assert "no stream is running" not in run.out  # the running stream passed the watermarks
-        for w in writers:
-            w.finish()
-        assert all(w.done > 50 for w in writers)
+        writer.finish()
+        assert writer.done > 50
     finally:
-        for w in writers:
-            w.stop.set()
+        writer.stop.set()
         stream.send_signal(signal.SIGTERM)
         stream.wait(60)
     state = tmp_path / ".cdc" / "test"
     stream_changes(pipe, pg_db)
-    expected = {t: source_rows(pg_db, f"public.{t}", ["id"]) for t in ("a", "b")}
-    log_rows = materialize(state / "log")
-    assert log_rows["public.a"] == expected["a"] and log_rows["public.b"] == expected["b"]
+    expected = source_rows(pg_db, "public.b", ["id"])
+    assert materialize(state / "log")["public.b"] == expected
     apply_once(pipe, spark)
     code, report = verify(pipe, spark)
     assert code == 0, report
     lake_b = delta_rows(spark, lake / "public" / "b")
     assert {k: (r["n"], r["big"]) for k, r in lake_b.items()} == {
-        k: (int(r["n"]), r["big"]) for k, r in expected["b"].items()
+        k: (int(r["n"]), r["big"]) for k, r in expected.items()
     }
 
 
