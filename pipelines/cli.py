@@ -470,6 +470,47 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
 
 
 @cli.command()
+@PIPELINE
+@click.argument("query", required=False)
+@click.option("--sink", "sink_name", help="the delta sink to read (default: the first one)")
+@click.option("--cut", "cut", type=click.IntRange(min=1), help="read every table as of this applied cut (default: the latest complete one)")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1), help="rows to print at most")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per row")
+@click.option("--cuts", "list_only", is_flag=True, help="list the recorded cuts (id, LSN, time, table versions) instead")
+@handle_errors
+def sql(pipeline: Path, query: str | None, sink_name: str | None, cut: int | None, limit: int, as_json: bool, list_only: bool) -> int:
+    """Spark SQL over a Delta follower, every table as of the same cut (views named like the tables)."""
+    from pipelines.lakesql import delta_sink, run_sql
+    from pipelines.spark import spark_session
+
+    p = load(pipeline)
+    delta_sink(p, sink_name)  # unknown or non-delta sink: exit 2 before Spark starts
+    return run_sql(p, spark_session(p), query, sink_name, cut, limit, as_json, list_only, say, err)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--sink", "sink_names", multiple=True, help="only this delta sink; repeat for several (default: every delta sink)")
+@click.option("--retain-hours", "retain_hours", type=click.FloatRange(min=0), help="VACUUM keeps files versions of the last H hours need (default 168, Delta's safety default; less only while no apply runs)")
+@click.option("--keep-cuts", "keep_cuts", default=1, show_default=True, type=click.IntRange(min=0), help="the retention also covers the N newest recorded cuts, so readers can pin them")
+@click.option("--no-optimize", is_flag=True, help="skip compaction")
+@click.option("--no-vacuum", is_flag=True, help="skip VACUUM (and keep every recorded cut)")
+@LOG_FORMAT
+@handle_errors
+def maintain(pipeline: Path, sink_names: tuple[str, ...], retain_hours: float | None, keep_cuts: int, no_optimize: bool, no_vacuum: bool) -> int:
+    """Compact, VACUUM and checkpoint the Delta followers' tables (safe beside a running apply)."""
+    from pipelines.maintain import delta_sinks, run_maintain
+    from pipelines.spark import spark_session
+    from pipelines.stages import reporting
+
+    p = load(pipeline)
+    names = list(dict.fromkeys(sink_names)) or None
+    delta_sinks(p, names)  # unknown or non-delta sink: exit 2 before Spark starts
+    with reporting():
+        return run_maintain(p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum, say)
+
+
+@cli.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path(".cdc/demo"), show_default=True, help="where the demo's pipeline, log and Delta tables go (replaced)")
 @click.option("--keep-server", is_flag=True, help="leave the demo PostgreSQL running")
 @handle_errors

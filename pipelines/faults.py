@@ -16,7 +16,7 @@ import time
 def pause_point(name: str) -> None:
     """`CDC_PAUSE=<point>` with `CDC_PAUSE_FILE=<path>`: at that point create the file, then wait
     until the test removes it (so a test can hold a process at an exact step without sleeping).
-    Points: apply:locked (a sink's apply lock taken, nothing written yet)."""
+    Points: apply:locked (a sink's apply lock taken, nothing written yet), and every crash point."""
     if os.environ.get("CDC_PAUSE") == name:
         marker = os.environ["CDC_PAUSE_FILE"]
         open(marker, "w").close()
@@ -25,5 +25,8 @@ def pause_point(name: str) -> None:
 
 
 def crash_point(name: str) -> None:
+    """Every crash point is a pause point too (e.g. CDC_PAUSE=apply:between-tables holds an apply
+    with a cut's first table committed and the next not yet written)."""
+    pause_point(name)
     if os.environ.get("CDC_FAULT") == name:
         os.kill(os.getpid(), signal.SIGKILL)

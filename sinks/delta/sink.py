@@ -22,6 +22,9 @@
   allows; column mapping only for a column name plain Delta cannot hold (or `column_mapping:
   name`), type widening only at the first widening with `on_type_change: widen`. Tables made by
   earlier versions (both on) keep them.
+* Cuts (sinks/delta/cuts.py): after a cut's rows and markers, every table's Delta version is
+  recorded in `<path>/_cdc_cuts`, so readers can read all tables as of one cut.
+* Writes retry a commit that lost a Delta conflict with `cdc maintain` (sinks/delta/conflicts.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.delta.conflicts import retry_conflicts
+from sinks.delta.cuts import forget_table, record_cut, table_version
 from sinks.delta.features import (
     COLUMN_MAPPING,
     LOST_READERS,
@@ -113,6 +118,18 @@ class DeltaSink(Sink):
         jvm = self.spark.sparkContext._jvm
         path = jvm.org.apache.hadoop.fs.Path(self.path_of(table))
         path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
+        forget_table(self.spark, self.base, table)  # its versions start over: older cuts cannot read it
+
+    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName]) -> None:
+        """Record the Delta version of every follower table at this cut in `_cdc_cuts`
+        (sinks/delta/cuts.py), so readers can read all tables as of the same cut."""
+        versions = {
+            str(t): v for t in tables if (v := table_version(self.spark, self.path_of(t))) is not None
+        }
+        paths = {
+            str(t): str(Path(self.path_of(t)).relative_to(self.base)) for t in tables if str(t) in versions
+        }
+        record_cut(self.spark, self.base, self.app_id, self.log_id, cut_id, lsn, versions, paths)
 
     def read_marker(self, table: TableName) -> str | None:
         path = self.path_of(table)
@@ -123,8 +140,10 @@ class DeltaSink(Sink):
     def write_marker(self, table: TableName, text: str) -> None:
         if self.read_marker(table) != text:  # a replayed cut adds no commit
             value = text.replace("\\", "\\\\").replace("'", "\\'")
-            self.spark.sql(
-                f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
+            retry_conflicts(
+                lambda: self.spark.sql(
+                    f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
+                )
             )
 
     # ---- schema --------------------------------------------------------------------------------
@@ -307,15 +326,20 @@ class DeltaSink(Sink):
             end_history(self.spark, path, replace.rename, replace.replace, batch, changes)
         target = DeltaTable.forPath(self.spark, path)
         if self.scd2:
-            stats.inserted = apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)[
-                "inserted"
-            ]
+            # each step is safe to run again (as after a crash), so a conflict retries them all
+            scd2 = retry_conflicts(
+                lambda: apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)
+            )
+            stats.inserted = scd2["inserted"]
             return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
-            target.delete(self._older_than(batch.snapshot_lsn, 0))  # start over from the snapshot
+            older = self._older_than(batch.snapshot_lsn, 0)
+            retry_conflicts(lambda: target.delete(older))  # start over from the snapshot
         if batch.truncate_position is not None and not fresh:
-            target.delete(self._older_than(*batch.truncate_position))
-        metrics = self._merge(target, batch, changes, cut_id)
+            older = self._older_than(*batch.truncate_position)
+            retry_conflicts(lambda: target.delete(older))
+        # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
+        metrics = retry_conflicts(lambda: self._merge(target, batch, changes, cut_id))
         if metrics is not None:
             stats.inserted = int(metrics["num_inserted_rows"])
             stats.updated = int(metrics["num_updated_rows"])

@@ -1,0 +1,82 @@
+"""`cdc maintain PIPELINE [--sink NAME]`: compaction, VACUUM and log checkpoints of the Delta
+followers' tables (sinks/delta/maintain.py), beside a running `cdc apply` (no lock taken)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
+
+from cdc.ground.config import Pipeline, SinkConfig
+from cdc.ground.errors import UsageError
+from sinks.delta.maintain import (
+    SAFE_RETENTION_HOURS,
+    delta_tables,
+    is_cuts_table,
+    maintain_table,
+    prune_cuts,
+    retention_hours,
+)
+
+
+def delta_sinks(pipeline: Pipeline, sink_names: list[str] | None) -> list[SinkConfig]:
+    """The named sinks (each must be a delta one), or every delta sink of the pipeline."""
+    sinks = (
+        [pipeline.sink(n) for n in sink_names]
+        if sink_names
+        else [s for s in pipeline.sinks if s.kind == "delta"]
+    )
+    if not sinks:
+        raise UsageError(
+            f"pipeline {pipeline.name} has no delta sink", "add one under `sinks:` in the pipeline file"
+        )
+    for cfg in sinks:
+        if cfg.kind != "delta":
+            raise UsageError(
+                f"sink {cfg.name} is a {cfg.kind} follower; cdc maintain looks after Delta followers",
+                "name a delta sink with --sink",
+            )
+    return sinks
+
+
+def run_maintain(
+    pipeline: Pipeline,
+    spark: SparkSession,
+    sink_names: list[str] | None,
+    retain_hours: float | None,
+    keep_cuts: int,
+    do_optimize: bool,
+    do_vacuum: bool,
+    say: Callable[[str], None],
+) -> int:
+    sinks = delta_sinks(pipeline, sink_names)
+    if retain_hours is not None and retain_hours < SAFE_RETENTION_HOURS:
+        say(
+            f"note: --retain-hours {retain_hours:g} is below Delta's safety default ({SAFE_RETENTION_HOURS:g} h): "
+            "run it only while no `cdc apply` of these sinks runs (VACUUM could delete files a MERGE has "
+            "written but not committed yet), and readers lose time travel past it"
+        )
+    for cfg in sinks:
+        base = pipeline.path(cfg.settings.path)
+        tables = delta_tables(base) if base.is_dir() else []
+        if not tables:
+            say(f"sink {cfg.name}: no Delta tables under {base} yet")
+            continue
+        hours = retention_hours(spark, base, retain_hours, keep_cuts)
+        say(f"sink {cfg.name}: {len(tables)} table(s) under {base}; VACUUM retention {hours:.3g} h")
+        totals = [0, 0, 0, 0]
+        for path in tables:
+            if is_cuts_table(base, path) and do_vacuum:
+                forgotten = prune_cuts(spark, base, hours)
+                if forgotten:
+                    say(f"sink {cfg.name}: _cdc_cuts: {forgotten} cut(s) older than the retention forgotten")
+            done = maintain_table(spark, base, path, hours, do_optimize, do_vacuum)
+            say(f"sink {cfg.name}: {done.line()}")
+            totals[0] += done.before.data
+            totals[1] += done.after.data
+            totals[2] += done.before.log_json
+            totals[3] += done.after.log_json
+        say(
+            f"sink {cfg.name}: data files {totals[0]} -> {totals[1]}, _delta_log json files {totals[2]} -> {totals[3]}"
+        )
+    return 0
