@@ -417,7 +417,9 @@ def _copy_chunked(
         _rebased(pipeline, log, plans, plan.table, done.first_low, done.rows)
         say(
             f"{plan.table}: {done.rows:,} rows in {done.chunks} chunk(s) in {time.monotonic() - started:.1f}s"
-            f" ({done.dropped:,} chunk rows superseded by changes inside their window)"
+            f" ({done.dropped:,} chunk rows superseded by changes inside their window"
+            + (f"; resumed at chunk {done.resumed_at}" if done.resumed_at is not None else "")
+            + ")"
         )
 
 
