@@ -10,7 +10,7 @@ import psycopg2
 
 from cdc.filters import publication_drift, refused
 from cdc.ground.config import Pipeline
-from cdc.ground.errors import ExitCode
+from cdc.ground.errors import ExitCode, PipelineFileError
 from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
 from cdc.schema import generated_columns
@@ -116,15 +116,41 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         say(f"note: {note}")
     for p in report.problems:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
+    shape_problems = sink_shape_problems(pipeline, report)
+    for p in shape_problems:
+        say(f"{BAD} {p.what}\n       fix: {p.fix}")
     engine_problems = check_engines(pipeline, say)
-    if report.problems or dir_problems or engine_problems:
-        say(
-            f"{len(report.problems) + len(dir_problems) + engine_problems} problem(s) found; nothing was changed"
-        )
+    if report.problems or dir_problems or engine_problems or shape_problems:
+        count = len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems)
+        say(f"{count} problem(s) found; nothing was changed")
         # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")
     return int(ExitCode.OK)
+
+
+def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
+    """Sinks' table_options naming a column the table does not have (as captured), or a rule a key
+    column cannot take: found here, before `cdc apply` stops on them (sinks/shaping.py)."""
+    from cdc.log.base import Column, TableSchema
+    from sinks.shaping import shape_of
+
+    problems: list[Problem] = []
+    for sink in pipeline.sinks:
+        for t in report.tables:
+            if sink.settings.options_for(t.table) is None or not t.key_columns:
+                continue
+            captured = report.filters.get(t.table)
+            cols = tuple(
+                Column(c.name, c.type_oid, c.typmod)
+                for c in t.columns
+                if captured is None or captured.keeps(c.name)
+            )
+            try:
+                shape_of(sink, t.table, TableSchema(cols, t.key_columns))
+            except PipelineFileError as exc:
+                problems.append(Problem(exc.problem, exc.fix or ""))
+    return problems
 
 
 def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:

@@ -221,8 +221,6 @@ class SinkTableOptions(_Strict):
         for column in self.mask:
             if column in dropped:
                 raise ValueError(f"mask: column {column!r} is excluded (exclude_columns), so there is nothing to mask")
-            if self.columns is not None and column not in self.columns:
-                raise ValueError(f"mask: column {column!r} is not among `columns`, so there is nothing to mask")
         return self
 
 

@@ -80,7 +80,7 @@ def pipeline(tmp_path: Path, dsn: str, redis_url: str, search_options: dict | No
                     "table_options": {
                         users: {
                             "columns": ["email", "age"],
-                            "mask": {"email": "hash"},
+                            "mask": {"email": "hash", "id": "hash"},  # a hashed key column
                             "rename": "users_cache",
                         }
                     },
@@ -108,16 +108,18 @@ def check_followers(tmp_path: Path, dsn: str, redis_url: str, spark) -> None:
         assert doc.get("notes") is None
         # a document written before a column was added lacks it: readers take the column's default
         assert doc.get("nickname", "nick" if "nickname" in row else None) == row.get("nickname")
-    # the cache, renamed: only the key and the listed columns
+    # the cache, renamed: only the key (hashed: keys stay distinct) and the listed columns
     client = redis.Redis.from_url(redis_url)
     try:
         cached = redis_rows(client, "users_cache:")
         assert not redis_rows(client, "public.users:")
     finally:
         client.close()
-    assert set(cached) == {f"users_cache:{k}" for k in source}
+    by_hash = {hashed(k): row for k, row in source.items()}
+    assert set(cached) == {f"users_cache:{h}" for h in by_hash}
     for key, value in cached.items():
-        row = source[key.split(":", 1)[1]]
+        row = by_hash[key.split(":", 1)[1]]
+        assert value["id"] == hashed(row["id"])
         assert set(value) - {"_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts"} == {"id", "email", "age"}, (
             value
         )
@@ -167,8 +169,8 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
     # verify compares masked values, not just keys: a follower's hashed value changed by hand is found
     client = redis.Redis.from_url(redis_db)
     try:
-        value = json.loads(client.get("users_cache:3"))
-        client.set("users_cache:3", json.dumps({**value, "email": hashed("someone@else.com")}))
+        value = json.loads(client.get(f"users_cache:{hashed('3')}"))
+        client.set(f"users_cache:{hashed('3')}", json.dumps({**value, "email": hashed("someone@else.com")}))
     finally:
         client.close()
     code, report = verify(f, spark, "cache")
@@ -186,10 +188,14 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
 
 
 def test_bad_table_options_exit_2_without_printing_the_key(
-    pg_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_db: str, redis_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("CDC_MASK_KEY", raising=False)
-    f = pipeline(tmp_path, pg_db, "redis://127.0.0.1:1/0")
+    sql(
+        pg_db,
+        "CREATE TABLE users (id int PRIMARY KEY, email text, phone text, notes text, password_hash text, age int)",
+    )
+    f = pipeline(tmp_path, pg_db, redis_db)
     missing = cdc("validate", f)  # CDC_MASK_KEY is not set: refused before anything connects
     assert missing.code == 2 and "environment variable CDC_MASK_KEY is not set" in missing.err, missing.err
     assert "  fix: export CDC_MASK_KEY=" in missing.err, missing.err
@@ -202,4 +208,13 @@ def test_bad_table_options_exit_2_without_printing_the_key(
         run.err
     )
     assert "error:" in run.err and "  fix:" in run.err and "Traceback" not in run.err
+    assert KEY not in run.err + run.out
+
+    # a column the table does not have: `cdc validate` says so before any apply stops on it
+    bad = pipeline(tmp_path, pg_db, redis_db, {"mask": {"emial": "hash"}})
+    run = cdc("validate", bad, env={"CDC_MASK_KEY": KEY})
+    assert run.code == 2, run.out + run.err
+    assert (
+        "sink search: table_options public.users: column 'emial' is not a column of public.users" in run.out
+    ), run.out
     assert KEY not in run.err + run.out
