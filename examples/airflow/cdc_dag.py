@@ -60,7 +60,10 @@ EXIT_CODES: dict[int, str] = {
 
 def exit_meaning(code: int) -> str:
     if code < 0:  # subprocess: killed by a signal
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
         return f"killed by signal {name} (the task's timeout, the OOM killer or an operator)"
     return EXIT_CODES.get(code, "unexpected exit code")
 
@@ -117,17 +120,22 @@ class CdcCommand(BaseOperator):
             cwd=Path(self.pipeline).parent,
         )
         out, tail = "", deque[str](maxlen=200)  # the last lines: where error:/fix: are
-        if json_out:
-            out, err = child.communicate()
-            tail.extend(err.splitlines())
-            for line in tail:
-                self.log.info("%s", line)
-        else:
-            assert child.stdout is not None
-            for line in child.stdout:
-                self.log.info("%s", line.rstrip())
-                tail.append(line.rstrip())
-            child.wait()
+        try:
+            if json_out:
+                out, err = child.communicate()
+                tail.extend(err.splitlines())
+                for line in tail:
+                    self.log.info("%s", line)
+            else:
+                assert child.stdout is not None
+                for line in child.stdout:
+                    self.log.info("%s", line.rstrip())
+                    tail.append(line.rstrip())
+                child.wait()
+        finally:  # the task stopped (its timeout): stop cdc too, it ends its batch on SIGTERM
+            if child.poll() is None:
+                child.terminate()
+                child.wait(timeout=120)
         if child.returncode != 0:
             # cdc's own words: `error:` lines, a failed sink of `cdc apply`, their `fix:` lines
             said = [s.strip() for s in tail if s.strip().startswith(("error:", "fix:")) or ": FAILED: " in s]
