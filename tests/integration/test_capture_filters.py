@@ -171,6 +171,10 @@ def test_columns_and_row_filters_end_to_end(pg_db: str, tmp_path: Path, spark) -
     assert all("email" not in e["after"] for e in after[-20:])
     apply_once(pipe.file, spark)  # followers rebuild both tables from their new base (delta-rs reads them)
     _lake_matches(spark, pipe, ["tenant_id", "id"])
+    lake = delta_rows(spark, pipe.dir / "lake" / "public" / "users", ("tenant_id", "id"))
+    assert all(r.get("email") is None for r in lake.values()), (
+        "a column left out is gone from the current rows"
+    )
     want = _filtered(
         pg_db, "SELECT id, status, total::text AS total, note FROM orders WHERE status = 'draft'", ("id",)
     )
