@@ -225,3 +225,20 @@ def test_bad_options_refused_before_any_change(
     assert (
         sql(pg_db, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")[0][0] == 0
     )
+
+
+def test_filter_postgresql_refuses_is_exit_3(pg_db: str, tmp_path: Path) -> None:
+    """A rule PostgreSQL checks only when the publication is set (no mutable functions in a row
+    filter): `cdc snapshot` exits 3 with PostgreSQL's message, before any slot exists."""
+    sql(pg_db, SCHEMA)
+    pipe = _write(tmp_path, pg_db, {"public.users": {"where": "tenant_id > random() * 10"}})
+    run = cdc("snapshot", pipe.file)
+    no_traceback(run)
+    assert run.code == 3, (run.out, run.err)
+    text = " ".join((run.out + run.err).split())
+    assert "PostgreSQL refused a column list or row filter of source.postgres.table_options" in text, text
+    assert "fix:" in text
+    assert sql(pg_db, "SELECT count(*) FROM pg_publication")[0][0] == 0
+    assert (
+        sql(pg_db, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")[0][0] == 0
+    )
