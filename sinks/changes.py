@@ -10,8 +10,9 @@ sees tiny aggregates (the truncate position, cast-failure counts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from typing import Any
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -25,6 +26,26 @@ from sinks.sparktypes import cast_failures, from_envelope, from_text, spark_type
 
 META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
 META_TYPES = {"_cdc_lsn": T.LongType(), "_cdc_seq": T.LongType(), "_cdc_op": T.StringType(), "_cdc_commit_ts": T.TimestampType()}
+
+
+class cached_property:  # functools.cached_property, without its lock
+    """Computed on first use, then kept on the instance. Python 3.11's functools version holds one
+    lock per property for every instance: the tables of a cut, checked and applied side by side
+    (pipelines/apply/parallel.py), would wait for each other's Spark jobs. A batch is used by one
+    thread at a time, so it needs no lock."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 def unchanged_flag(index: int) -> str:

@@ -353,17 +353,20 @@ class ApplyJob:
     ) -> None:
         """Does the engine still hold what the checkpoint says this follower applied? (sinks/marker.py)
         Tables it lost are rebuilt from the log's base, or the run stops (on_lost: stop)."""
-        lost: dict[str, str] = {}
-        for name in applied:
-            table = by_name[name]
-            if not sink.has_table(table):
-                lost[name] = "the table is gone from the engine (deleted or moved away)"
-            elif sink.markers and ckpt.markers:
-                base, end = ckpt.tables[name]
+
+        def why_lost(slot: Slot[str]) -> str | None:
+            table, engine = by_name[slot.item], sink.in_session(slot.spark)
+            if not engine.has_table(table):
+                return "the table is gone from the engine (deleted or moved away)"
+            if sink.markers and ckpt.markers:
+                base, end = ckpt.tables[slot.item]
                 expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
-                reason = lost_reason(Marker.from_json(sink.read_marker(table)), expected)
-                if reason is not None:
-                    lost[name] = reason
+                return lost_reason(Marker.from_json(engine.read_marker(table)), expected)
+            return None
+
+        # table by table a few small reads each: side by side like the tables' MERGEs
+        reasons = run_tasks(applied, why_lost, self._parallelism(sink), self.spark, sink_cfg.name)
+        lost = {name: why for name, why in zip(applied, reasons, strict=True) if why is not None}
         if not lost:
             return
         what = "; ".join(f"{t}: {why}" for t, why in sorted(lost.items()))

@@ -99,3 +99,23 @@ def test_stages_of_threads_end_in_any_order() -> None:
         stages.close()
     done = [line for line in out.getvalue().splitlines() if "done in" in line]
     assert [line.split(":")[0] for line in done] == ["table a", "table b"]
+
+
+def test_batches_compute_their_cached_values_side_by_side() -> None:
+    """Two batches' first `_summary`/`events` at the same time (sinks/changes.py's cached_property):
+    functools' in Python 3.11 holds one lock per property across every instance, which made the
+    tables of a cut wait for each other's Spark jobs; here both are inside at once."""
+    from sinks.changes import cached_property
+
+    both_inside = threading.Barrier(2, timeout=60)
+
+    class Batch:
+        @cached_property
+        def summary(self) -> int:
+            both_inside.wait()  # raises BrokenBarrierError if the other cannot get in
+            return id(self)
+
+    batches = [Batch(), Batch()]
+    got = run_tasks(batches, lambda slot: slot.item.summary, 2, None, "t")
+    assert got == [id(b) for b in batches]
+    assert all(b.summary == id(b) for b in batches)  # kept: computed once
