@@ -287,7 +287,10 @@ class LocalLog(LogWriter, LogReader):
             if not self.owned:
                 return
             self.log._in_batch = False
-            self.log.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if not exc_type:
+                self.log.db.execute("COMMIT")
+            elif self.log.db.in_transaction:  # SQLite rolls back by itself after some errors
+                self.log.db.execute("ROLLBACK")
 
     def write(self) -> LocalLog._Write:
         """`with log.write():` one SQLite write transaction (joins an open batch if any)."""
@@ -295,7 +298,8 @@ class LocalLog(LogWriter, LogReader):
 
     def rollback(self) -> None:
         if self._in_batch:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite rolls back by itself after some errors (a full disk)
+                self.db.execute("ROLLBACK")
             self._in_batch = False
         self._latest_version.clear()
 
@@ -465,7 +469,22 @@ class LocalLog(LogWriter, LogReader):
             # consistent point is in the snapshot already; appending it after the base would
             # put offsets out of position order.
             rows = [r for r in rows if r[0] >= since]
-        self.db.executemany(_EV_INSERT.format(id=table_id), rows)
+        try:
+            self.db.executemany(_EV_INSERT.format(id=table_id), rows)
+        except sqlite3.OperationalError as exc:
+            raise self._write_failed(exc) from None
+
+    def _write_failed(self, exc: sqlite3.OperationalError) -> Exception:
+        """A full disk (or a failing one) under the log: one clear error instead of SQLite's
+        "disk I/O error"; any other SQLite error is passed on as it is."""
+        if not any(text in str(exc) for text in ("disk I/O error", "database or disk is full")):
+            return exc
+        free = shutil.disk_usage(self.path).free
+        return LogError(
+            f"the local log at {self.path} could not be written ({exc}; {free / 1e6:,.0f} MB free on its filesystem)",
+            "free space on that filesystem (or move log.local.path to a bigger disk) and start the command again:"
+            " it goes on from the last durable cut (PostgreSQL was told nothing past it)",
+        )
 
     def stream_position(self) -> tuple[int, int] | None:
         value = self._meta("stream_position")
@@ -481,6 +500,10 @@ class LocalLog(LogWriter, LogReader):
                 self._set_meta("stream_position", f"{stream_position[0]},{stream_position[1]}")
             cut = self._write_cut(lsn)
             self.db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if self.db.in_transaction:  # SQLite may have rolled back by itself
+                self.db.execute("ROLLBACK")
+            raise self._write_failed(exc) from None
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
