@@ -2,6 +2,7 @@
 
 Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--keys 100000]
                                                           [--rate 2000] [--seconds 60] [--json out.json]
+                                                          [--tables 1,10,100 [--parallelism N]]
 
 1. Throughput. A 10-column table with `--keys` rows is snapshotted, then `--changes` updates
    over those keys (1000-row transactions) are streamed into the local log. One
@@ -17,7 +18,15 @@ Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--
    (checked at the end against the newest number in the Delta table). Freshness of a transaction =
    visible time - commit time; p50/p99 are reported.
 
-Both apply in this process (pipelines.apply.job.ApplyJob on one SparkSession, start-up not
+3. Cost vs tables touched (`--tables 1,10,100`, only with that option). For each N: N tables
+   holding `--keys` rows between them, snapshotted and applied to two fresh Delta followers
+   (not timed); then `--changes` updates spread evenly over the N tables (one per key) are
+   streamed, and one `cdc apply --once` per follower applies that same cut: one with
+   `spark.apply_parallelism: 1` (the tables one after another), one side by side
+   (`--parallelism`, default the automatic one). Reported: seconds per cut and each against
+   the 1-table cut of the same mode.
+
+All apply in this process (pipelines.apply.job.ApplyJob on one SparkSession, start-up not
 counted). It starts its own PostgreSQL (bench/harness) and removes it.
 """
 
@@ -238,13 +247,92 @@ def freshness(b: Bench) -> dict:
     return f
 
 
+def make_tables(b: Bench, names: list[str], keys: int) -> None:
+    statements = []
+    for name in names:
+        statements += [
+            f"CREATE TABLE {name} (id bigint PRIMARY KEY, ver bigint NOT NULL, v text)",
+            f"INSERT INTO {name} SELECT g, 0, 'x' || g FROM generate_series(1, {keys}) g",
+        ]
+    b.sql(*statements)
+
+
+def update_tables(dsn: str, names: list[str], per_table: int, per_txn: int = 1000) -> int:
+    """`per_table` updates of distinct keys in every table, at most `per_txn` rows per transaction."""
+    conn = connect(dsn)
+    done = 0
+    with conn.cursor() as cur:
+        for name in names:
+            for first in range(1, per_table + 1, per_txn):
+                last = min(per_table, first + per_txn - 1)
+                cur.execute(f"UPDATE {name} SET ver = ver + 1 WHERE id BETWEEN %s AND %s", (first, last))
+                done += cur.rowcount
+                conn.commit()
+    conn.close()
+    return done
+
+
+def with_parallelism(pipe: Path, parallelism: int | None):
+    from cdc.ground.config import load_pipeline
+
+    pipeline = load_pipeline(pipe)
+    return pipeline.model_copy(
+        update={"spark": pipeline.spark.model_copy(update={"apply_parallelism": parallelism})}
+    )
+
+
+def tables_cost(b: Bench) -> dict:
+    """The same number of changes in one cut, spread over N tables: seconds per cut, the tables
+    one after another (apply_parallelism 1) and side by side."""
+    from pipelines.apply.job import ApplyJob
+    from pipelines.apply.parallel import auto_parallelism
+
+    changes, keys = b.args.changes, b.args.keys
+    out: dict = {}
+    for n in b.args.tables:
+        names = [f"tb{n}_{i}" for i in range(n)]
+        per_keys = max(1, keys // n)
+        per_table = min(per_keys, max(1, changes // n))
+        say(f"tables: {n} table(s) of {per_keys:,} rows, {per_table:,} updates each")
+        make_tables(b, names, per_keys)
+        pipe = b.pipeline(
+            f"benchtables{n}",
+            [f"public.{t}" for t in names],
+            sinks=[
+                {"name": "seq", "delta": {"path": f"t{n}-seq"}},
+                {"name": "par", "delta": {"path": f"t{n}-par"}},
+            ],
+            spark=SPARK,
+        )
+        b.cdc(f"tables{n}_snapshot", "snapshot", pipe, "--no-progress")
+        spark, job = apply_job(pipe)
+        bootstrap = job.run_once()  # both followers, not measured
+        assert not any(r.error for r in bootstrap), [r.error for r in bootstrap]
+        written = update_tables(b.dsn, names, per_table)
+        b.cdc(f"tables{n}_stream", "stream", pipe, "--until", "current")
+        parallel = b.args.parallelism or auto_parallelism(spark.sparkContext.defaultParallelism)
+        row = {"tables": n, "changes": written, "parallelism": parallel}
+        for sink, parallelism in (("seq", 1), ("par", parallel)):
+            job = ApplyJob(with_parallelism(pipe, parallelism), spark, say=lambda _m: None)
+            t0 = time.monotonic()
+            (run,) = job.run_once(sink)
+            row[f"{sink}_s"] = round(time.monotonic() - t0, 2)
+            assert run.error is None and not run.up_to_date, (run.error, run.up_to_date)
+        say(
+            f"  {n} table(s), {written:,} changes: one after another {row['seq_s']}s, "
+            f"side by side ({parallel} threads) {row['par_s']}s"
+        )
+        out[str(n)] = row
+    return out
+
+
 def body(b: Bench) -> Report:
     args = b.args
     b.results["config"].update(changes=args.changes, keys=args.keys, rate=args.rate, seconds=args.seconds)
     b.start_postgres(durable=True)
     rep = Report("Apply into Delta (bench/apply.py)", ("seconds",))
     rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; freshness at {args.rate:,} changes/s for {args.seconds}s"
-    if args.only in (None, "throughput"):
+    if args.only in (None, "throughput") and not (args.tables and args.only is None):
         t = b.results["throughput"] = throughput(b)
         rep.add(
             "throughput",
@@ -265,7 +353,27 @@ def body(b: Bench) -> Report:
             seconds=f"{t['ceiling_merge_s']:.2f}",
             notes="events / the MERGE's time",
         )
-    if args.only in (None, "freshness"):
+    if args.tables:
+        rows = b.results["tables"] = tables_cost(b)
+        first = rows[str(args.tables[0])]
+        for n in args.tables:
+            row = rows[str(n)]
+            for key, role, how in (
+                ("par_s", "cdc", f"side by side, apply_parallelism {row['parallelism']}"),
+                ("seq_s", "peer", "one after another, apply_parallelism 1"),
+            ):
+                rep.add(
+                    "tables",
+                    f"{n} table(s), {how}",
+                    row[key],
+                    "s",
+                    role=role,
+                    ratio=row[key] / first[key],
+                    less_is_better=True,
+                    seconds=f"{row[key]:.2f}",
+                    notes=f"{row['changes']:,} changes in one cut; ratio: x the {args.tables[0]}-table cut",
+                )
+    if args.only in (None, "freshness") and not (args.tables and args.only is None):
         f = b.results["freshness"] = freshness(b)
         rep.targets["freshness"] = (10.0, "target: p99 < 10 s")
         for key, name in (("freshness_p50_s", "p50"), ("freshness_p99_s", "p99"), ("freshness_max_s", "max")):
@@ -300,6 +408,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--only", choices=["throughput", "freshness"])
+    ap.add_argument(
+        "--tables",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="cost vs tables touched: the same --changes spread over each number of tables (e.g. 1,10,100); "
+        "runs only this part unless --only names another",
+    )
+    ap.add_argument("--parallelism", type=int, help="--tables: apply_parallelism of the side-by-side runs")
     ap.add_argument(
         "--conf",
         action="append",
