@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 SAFE_RETENTION_HOURS = 168.0  # Delta's default delta.deletedFileRetentionDuration (1 week)
 _CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+_LISTING = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 @dataclass
@@ -122,11 +123,19 @@ def vacuum(spark: SparkSession, path: Path, hours: float) -> None:
     below = hours < SAFE_RETENTION_HOURS
     if below:  # the user asked for less than Delta's safety default (pipelines/maintain.py says so)
         spark.conf.set(_CHECK, "false")
+    # VACUUM lists the table's directories with this many tasks (Spark's default, 10000, is made
+    # for huge partitioned tables: on a few cores the listing alone then takes minutes)
+    listing = spark.conf.get(_LISTING, None)
+    spark.conf.set(_LISTING, str(max(2, spark.sparkContext.defaultParallelism)))
     try:
         retry_conflicts(lambda: spark.sql(f"VACUUM delta.`{path}` RETAIN {text} HOURS").collect())
     finally:
         if below:
             spark.conf.unset(_CHECK)
+        if listing is None:
+            spark.conf.unset(_LISTING)
+        else:
+            spark.conf.set(_LISTING, listing)
 
 
 def checkpoint(spark: SparkSession, path: Path) -> None:

@@ -182,7 +182,7 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
         stream(pipe)
         apply_ok(pipe, spark)
 
-    for i in range(4):
+    for i in range(2):
         small_cut(i)
     before = disk_files(table)
 
@@ -194,8 +194,8 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
     args = (pipeline, spark.newSession(), None, None, 1, True, True, lines.append)
     worker = threading.Thread(target=lambda: out.append(run_maintain(*args)), daemon=True)
     worker.start()
-    i = 4
-    while worker.is_alive() or i < 5:
+    i = 2
+    while worker.is_alive() or i < 3:
         small_cut(i)
         i += 1
     worker.join()
@@ -209,7 +209,6 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
     assert {k: r["v"] for k, r in rows.items()} == {
         k: r["v"] for k, r in source_rows(pg_db, "public.t", ("id",)).items()
     }
-    verified(pipe, spark)
     _rec, old = tables_at_cut_arrow(
         tmp_path / "lake", first.cut_id
     )  # 168 h retention: the first cut is readable
@@ -224,7 +223,7 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
     assert "below Delta's safety default" in report, report
     after = disk_files(table)
     print(
-        f"public.t files: {before} after 5 cuts, {during} after maintain beside apply, {after} after --retain-hours 0"
+        f"public.t files: {before} after 3 cuts, {during} after maintain beside apply, {after} after --retain-hours 0"
     )
     assert after[0] < before[0] and after[0] <= 2, (before, during, after)
     assert "_cdc_cuts: " in report and "forgotten" in report, report
