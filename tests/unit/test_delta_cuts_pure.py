@@ -63,3 +63,22 @@ def test_conflicts_are_retried_other_errors_are_not() -> None:
     assert retry_conflicts(flaky) == "committed" and len(calls) == 3
     with pytest.raises(ValueError):
         retry_conflicts(lambda: (_ for _ in ()).throw(ValueError("not a conflict")))
+
+
+def test_sql_and_maintain_refuse_a_sink_that_is_not_delta(tmp_path) -> None:
+    """Exit 2 naming the sink, before Spark starts."""
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    file = tmp_path / "p.yml"
+    file.write_text(
+        "name: p\nsource:\n  postgres:\n    dsn: postgresql://x@127.0.0.1:1/x\n    tables: [public.t]\n"
+        "sinks:\n  - name: cache\n    redis: {url: 'redis://127.0.0.1:1', tables: [public.t]}\n"
+    )
+    runner = CliRunner()
+    result = runner.invoke(cli, ["maintain", str(file)])
+    assert result.exit_code == 2 and "error: pipeline p has no delta sink" in result.stderr, result.output
+    result = runner.invoke(cli, ["sql", str(file), "--sink", "cache", "SELECT 1"])
+    assert result.exit_code == 2 and "error: sink cache is a redis follower" in result.stderr, result.output
+    assert "  fix: name a delta sink with --sink" in result.stderr
