@@ -326,6 +326,9 @@ def run_verify(
         all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
         schemas = {t: log.schema(t) for t in wanted}
+        for s in sinks:  # a sink's table_options naming a column the table lacks: exit 2 before reading
+            for t in sink_tables(s, all_tables):
+                shape_of(s, t, schemas[t])
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
             source = copy_source(pipeline, report.server.version, schemas, workdir, report.filters)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")

@@ -160,7 +160,10 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
     )
     stream_changes(f, pg_db)
     lines: list[str] = []
-    ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+    runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+    assert all(r.error is None and not r.up_to_date for r in runs), runs
+    # markers are found under the renamed names: no follower looks as if it lost its data
+    assert not any("lost data" in line for line in lines), lines
     check_followers(tmp_path, pg_db, redis_db, spark)
     code, report = verify(f, spark)
     assert code == 0, report
@@ -185,6 +188,8 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
     assert isinstance(error, PipelineFileError) and error.exit_code == 2
     assert "sink search" in error.problem and "public.users" in error.problem and "'emial'" in error.problem
     assert error.fix and "correct the column name" in error.fix
+    with pytest.raises(PipelineFileError, match="'emial'"):  # verify too: exit 2 before reading the source
+        verify(bad, spark, "search")
 
 
 def test_bad_table_options_exit_2_without_printing_the_key(
