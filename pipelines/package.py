@@ -1,5 +1,5 @@
-"""The project's Python code as one zip for Spark executors (`--py-files`, `addPyFile`), and the
-spark-submit entry script (README "Running on a cluster").
+"""The spark-submit package: the code zip (pipelines/codezip.py), the entry script and the
+driver's log4j settings (README "Running on a cluster").
 
 `cdc package spark --out DIR` writes DIR/pgcdc.zip and DIR/cdc_apply.py and prints the
 spark-submit command with the jars it needs. `cdc apply` on a non-local master ships the same zip
@@ -9,18 +9,12 @@ need its third-party libraries (README: the executors' Python).
 
 from __future__ import annotations
 
-import importlib
 import shlex
-import zipfile
 from pathlib import Path
 
 from cdc.ground.private import private_dir
+from pipelines.codezip import ZIP_NAME, write_zip
 
-PACKAGES = ("cdc", "snapshot", "sinks", "pipelines")  # every import of the apply job stays inside these
-ZIP_NAME = "pgcdc.zip"
-# Caches, and compiled speedups (Python cannot import an extension module from a zip; the pure
-# Python fallback runs on executors)
-SKIP = {".pyc", ".pyo", ".so", ".c"}
 ENTRY_NAME = "cdc_apply.py"
 LOG4J_NAME = "log4j2.properties"
 
@@ -36,20 +30,6 @@ from pipelines.cli import cli
 if __name__ == "__main__":
     cli(["apply", *sys.argv[1:]], prog_name="cdc_apply.py")
 '''
-
-
-def write_zip(path: Path) -> Path:
-    """The packages' files (sources and data such as Lua scripts; no caches) in one zip, written
-    to a temp name first so a reader never sees half a zip."""
-    part = path.with_name(path.name + ".part")
-    with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as out:
-        for name in PACKAGES:
-            root = Path(importlib.import_module(name).__file__ or "").parent
-            for file in sorted(root.rglob("*")):
-                if file.is_file() and "__pycache__" not in file.parts and file.suffix not in SKIP:
-                    out.write(file, Path(name) / file.relative_to(root))
-    part.replace(path)
-    return path
 
 
 def spark_jar_paths() -> list[str]:

@@ -259,7 +259,7 @@ def ship_code(spark: SparkSession, pipeline: Pipeline | None) -> None:
     anything installed there), unless spark-submit --py-files shipped it already."""
     import tempfile
 
-    from pipelines.package import ZIP_NAME, write_zip
+    from pipelines.codezip import ZIP_NAME, write_zip
 
     if spark.sparkContext.getConf().get("spark.submit.pyFiles", ""):
         return
