@@ -45,7 +45,6 @@ from tests.fixtures.lake import (
     delta_dir,
     delta_rows,
     delta_version,
-    descendants,
     duplicate_events,
     lake_app_id,
     log_events,
@@ -514,50 +513,7 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
     verified(pipe, spark)
 
 
-# ---- 5. a real cluster: local-cluster --------------------------------------------------------------------------
-@pytest.mark.slow
-def test_apply_on_local_cluster(pg_db: str, tmp_path: Path, spark) -> None:
-    """`cdc apply --once` with spark.master local-cluster[2,1,1024] (a master, two workers and their
-    executor JVMs, the log read by executors' Python workers) gives the same follower."""
-    make_table(pg_db, "lc", 2000)
-    pipe = make_pipe(
-        tmp_path,
-        pg_db,
-        ["public.lc"],
-        spark={
-            "master": "local-cluster[2,1,1024]",
-            "conf": FAST_JVM | {"spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
-        },
-    )
-    snapshot(pipe)
-    sql(
-        pg_db,
-        "UPDATE lc SET v = 'changed' WHERE id % 7 = 0",
-        "DELETE FROM lc WHERE id % 11 = 0",
-        "INSERT INTO lc SELECT g, 'new' FROM generate_series(5000, 5100) g",
-    )
-    stream(pipe)
-    proc = cdc_popen("apply", pipe.file, "--once")
-    executors: set[int] = set()  # executor JVMs started under this `cdc apply`
-    try:
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            executors |= {
-                pid for pid, cmd in descendants(proc.pid).items() if "CoarseGrainedExecutorBackend" in cmd
-            }
-            time.sleep(0.5)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
-    no_traceback((out, err))
-    assert "sink lake: applied cut" in out, out
-    assert len(executors) == 2, (
-        f"expected the two executor JVMs of local-cluster[2,1,1024], saw {len(executors)}"
-    )
-    verified(pipe, spark)
-    assert_delta_is_source(spark, pipe, pg_db, "public.lc")
+# ---- 5. a real cluster: tests/integration/test_spark_cluster.py (standalone master and workers) ----------
 
 
 # ---- 7. bad input ---------------------------------------------------------------------------------------------
