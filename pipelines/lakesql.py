@@ -18,20 +18,7 @@ from sinks.delta.cuts import list_cuts, views_at_cut
 
 def delta_sink(pipeline: Pipeline, name: str | None) -> SinkConfig:
     """The named sink, which must be a delta one, or the pipeline's first delta sink."""
-    if name is not None:
-        cfg = pipeline.sink(name)
-        if cfg.kind != "delta":
-            raise UsageError(
-                f"sink {name} is a {cfg.kind} follower; this command reads Delta followers",
-                "name a delta sink with --sink",
-            )
-        return cfg
-    for cfg in pipeline.sinks:
-        if cfg.kind == "delta":
-            return cfg
-    raise UsageError(
-        f"pipeline {pipeline.name} has no delta sink", "add one under `sinks:` in the pipeline file"
-    )
+    return pipeline.sink_of_kind("delta", name, "delta: {path: ...}")
 
 
 def _value(v: Any) -> Any:

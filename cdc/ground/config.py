@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cdc.ground.errors import PipelineFileError
+from cdc.ground.errors import PipelineFileError, UsageError
 from cdc.ground.tables import TableName, TableSelector
 
 NAME_RE = r"^[a-z][a-z0-9_]*$"
@@ -628,6 +628,22 @@ class Pipeline(_Strict):
                 return sink
         known = ", ".join(s.name for s in self.sinks) or "none"
         raise PipelineFileError(f"no sink named {name!r} in pipeline {self.name!r} (sinks: {known})")
+
+    def sink_of_kind(self, kind: str, name: str | None, example: str) -> SinkConfig:
+        """For commands that read one kind of follower (`cdc sql`: delta, `cdc search`: search): the
+        sink named `name`, which must be of that kind, or else the pipeline's first of that kind.
+        `example` shows the settings of such a sink in the fix line."""
+        if name:
+            cfg = self.sink(name)
+            if cfg.kind != kind:
+                raise UsageError(
+                    f"sink {name!r} is a {cfg.kind} sink, not a {kind} sink", f"name a {kind} sink with --sink"
+                )
+            return cfg
+        for cfg in self.sinks:
+            if cfg.kind == kind:
+                return cfg
+        raise UsageError(f"pipeline {self.name} has no {kind} sink", f"add a sink with `{example}`")
 
 
 def pipeline_tables(pipeline: Pipeline, tables: list[TableName]) -> list[TableName]:

@@ -25,24 +25,6 @@ if TYPE_CHECKING:
     from sinks.search.sink import SearchSink
 
 
-def _search_sink(pipeline: Pipeline, sink_name: str | None) -> SinkConfig:
-    if sink_name:
-        cfg = pipeline.sink(sink_name)  # unknown name: PipelineFileError listing the sinks
-        if cfg.kind != "search":
-            raise UsageError(
-                f"sink {sink_name!r} is a {cfg.kind} sink, not a search sink",
-                "name a sink with `search:` settings",
-            )
-        return cfg
-    for cfg in pipeline.sinks:
-        if cfg.kind == "search":
-            return cfg
-    raise UsageError(
-        f"pipeline {pipeline.name} has no search sink",
-        "add a sink with `search: {engine: tantivy, tables: [...]}`",
-    )
-
-
 def _table(cfg: SinkConfig, text: str) -> TableName:
     try:
         table = TableName.parse(text)
@@ -67,7 +49,7 @@ def _open(pipeline: Pipeline, cfg: SinkConfig) -> SearchSink:
 def run_search(
     pipeline: Pipeline, table: str, query: str, sink_name: str | None, limit: int
 ) -> Iterator[str]:
-    cfg = _search_sink(pipeline, sink_name)
+    cfg = pipeline.sink_of_kind("search", sink_name, "search: {engine: tantivy, tables: [...]}")
     name = _table(cfg, table)
     if not query.strip():
         raise UsageError(
