@@ -30,6 +30,9 @@ class Checkpoint:
     # the last time the follower was found to have lost data (status shows it)
     lost: dict[str, Any] | None = None
     clear: bool = False  # `cdc reset --rebuild`: the next apply clears the follower's tables first
+    # str(TableName) -> the sink's table_options it was applied with (sinks/shaping.py shape_record);
+    # None in checkpoints written before shapes were recorded (taken as they are, no rebuild)
+    shapes: dict[str, str] | None = None
 
     @property
     def path_name(self) -> str:

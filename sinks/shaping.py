@@ -121,6 +121,23 @@ def options_for(sink: SinkConfig, table: TableName):
     return sink.settings.options_for(table)
 
 
+def shape_record(sink: SinkConfig, table: TableName) -> str:
+    """What the sink's follower of a table was shaped with, as stable text for its checkpoint: the
+    table's options, and a short fingerprint of mask_key when a hash mask uses it (never the key
+    itself). A change means the follower holds values shaped otherwise (an email stored before
+    its mask was added): the apply job then rebuilds that table from the log's base."""
+    import json
+
+    options = options_for(sink, table)
+    if options is None:
+        return ""
+    doc = options.model_dump(exclude_defaults=True)
+    key = sink.settings.mask_key
+    if key and "hash" in options.mask.values():
+        doc["mask_key_sha256"] = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return json.dumps(doc, sort_keys=True) if doc else ""
+
+
 def follower_name(sink: SinkConfig, table: TableName) -> str | None:
     """The sink's own name for the table (`rename`), or None for the default."""
     options = options_for(sink, table)

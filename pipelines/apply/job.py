@@ -39,7 +39,7 @@ from sinks.base import ApplyStats, Sink
 from sinks.changes import TableBatch
 from sinks.marker import Marker, lost_reason
 from sinks.registry import make_sink
-from sinks.shaping import shape_batch
+from sinks.shaping import shape_batch, shape_of, shape_record
 
 
 @dataclass
@@ -229,6 +229,7 @@ class ApplyJob:
                 if name in by_name:
                     sink.clear_table(by_name[name])
             ckpt.tables, ckpt.clear = {}, False
+        self._rebuild_reshaped(log, sink, sink_cfg, ckpt, wanted, by_name)
         self._check_markers(
             sink, sink_cfg, ckpt, [n for n in wanted if n in ckpt.tables and n in by_name], by_name
         )
@@ -343,6 +344,33 @@ class ApplyJob:
         finally:
             batch.release()  # its cached events, as soon as the table is done
 
+    def _rebuild_reshaped(
+        self, log, sink, sink_cfg: SinkConfig, ckpt: Checkpoint, wanted: list[str], by_name: dict
+    ) -> None:
+        """A table whose table_options (columns, masks, rename, mask_key) changed since it was applied
+        holds values shaped the old way: it is cleared and rebuilt from the log's base in this cut.
+        The new shapes are recorded with the cut (saved with its pending checkpoint)."""
+        shapes = {name: shape_record(sink_cfg, by_name[name]) for name in wanted if name in by_name}
+        if ckpt.shapes is not None:
+            for name, shape in shapes.items():
+                before = ckpt.shapes.get(name, "")
+                if name not in ckpt.tables or before == shape:
+                    continue
+                # new options with a typo stop here (exit 2), before the follower is cleared
+                shape_of(sink_cfg, by_name[name], log.schema(by_name[name]))
+                self.say(
+                    f"sink {sink_cfg.name}: {name}: its table_options changed since it was applied"
+                    f" ({before or 'none'} -> {shape or 'none'}): rebuilding it from the log's base"
+                )
+                if _renamed(before, shape):
+                    self.say(
+                        f"sink {sink_cfg.name}: {name}: the follower under its old name is left as it was;"
+                        " remove it if it holds values the new options leave out or mask"
+                    )
+                sink.clear_table(by_name[name])
+                del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
+        ckpt.shapes = shapes
+
     def _check_markers(
         self,
         sink: Sink,
@@ -423,6 +451,16 @@ class ApplyJob:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def _renamed(before: str, after: str) -> bool:
+    """Whether two shape records (sinks/shaping.py shape_record) name the follower differently."""
+    import json
+
+    def rename(text: str) -> str | None:
+        return json.loads(text).get("rename") if text else None
+
+    return rename(before) != rename(after)
 
 
 def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedSchema:

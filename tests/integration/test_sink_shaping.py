@@ -223,3 +223,63 @@ def test_bad_table_options_exit_2_without_printing_the_key(
         "sink search: table_options public.users: column 'emial' is not a column of public.users" in run.out
     ), run.out
     assert KEY not in run.err + run.out
+
+
+def test_changed_table_options_rebuild_the_follower(
+    pg_db: str, redis_db: str, tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mask added to a running sink masks every row at the next cut, not only the rows changed
+    since (the follower is rebuilt from the log's base); a rename builds the follower under its new
+    name and says the old one is left."""
+    monkeypatch.setenv("CDC_MASK_KEY", KEY)
+    sql(
+        pg_db,
+        "CREATE TABLE members (id int PRIMARY KEY, email text, age int)",
+        "INSERT INTO members SELECT i, 'm' || i || '@example.com', i FROM generate_series(1, 20) i",
+    )
+
+    def file(options: dict | None) -> Path:
+        cache = {"url": redis_db, "tables": ["public.members"], "mask_key": "${CDC_MASK_KEY}"}
+        if options:
+            cache["table_options"] = {"public.members": options}
+        return write_pipeline(tmp_path, pg_db, ["public.members"], sinks=[{"name": "cache", "redis": cache}])
+
+    def applied(f: Path) -> list[str]:
+        lines: list[str] = []
+        runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+        assert all(r.error is None for r in runs), runs
+        return lines
+
+    def emails(prefix: str) -> dict[str, str]:
+        client = redis.Redis.from_url(redis_db)
+        try:
+            return {k.split(":", 1)[1]: v["email"] for k, v in redis_rows(client, prefix).items()}
+        finally:
+            client.close()
+
+    f = file(None)
+    run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)
+    applied(f)
+    source = {k[0]: v["email"] for k, v in source_rows(pg_db, "public.members", ["id"]).items()}
+    assert emails("public.members:") == source
+
+    f = file({"mask": {"email": "hash"}})
+    sql(pg_db, "UPDATE members SET age = 99 WHERE id = 1")
+    stream_changes(f, pg_db)
+    lines = applied(f)
+    assert any(
+        "public.members: its table_options changed" in line and "rebuilding" in line for line in lines
+    ), lines
+    assert emails("public.members:") == {k: hashed(v) for k, v in source.items()}  # all 20, not only id 1
+    code, report = verify(f, spark)
+    assert code == 0, report
+
+    f = file({"mask": {"email": "hash"}, "rename": "members_v2"})
+    sql(pg_db, "UPDATE members SET age = 98 WHERE id = 2")
+    stream_changes(f, pg_db)
+    lines = applied(f)
+    assert any("the follower under its old name is left as it was" in line for line in lines), lines
+    assert emails("members_v2:") == {k: hashed(v) for k, v in source.items()}
+    code, report = verify(f, spark)
+    assert code == 0, report
+    assert KEY not in "\n".join(lines) + report
