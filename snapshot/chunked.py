@@ -167,15 +167,18 @@ def watermark_right(conn) -> tuple[str, str] | None:
     """(problem, fix) when the connected role may not write watermarks (EXECUTE on
     pg_logical_emit_message, which PostgreSQL grants to PUBLIC unless an administrator revoked it)."""
     with conn.cursor() as cur:
+        # the text variant by its arguments, not a fixed signature: PostgreSQL 17 added a 4th (flush)
         cur.execute(
-            "SELECT current_user, has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')"
+            "SELECT current_user, p.oid::regprocedure::text, has_function_privilege(p.oid, 'EXECUTE')"
+            " FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message'"
+            " AND p.pronamespace = 'pg_catalog'::regnamespace AND p.proargtypes[2] = 'text'::regtype"
         )
-        user, allowed = cur.fetchone()
+        user, signature, allowed = cur.fetchone()
     if allowed:
         return None
     return (
         f"role {user} may not execute pg_logical_emit_message, which chunked snapshots write their WAL watermarks with",
-        f"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {user}; (or snapshot.mode: exported)",
+        f"GRANT EXECUTE ON FUNCTION {signature} TO {user}; (or snapshot.mode: exported)",
     )
 
 
