@@ -23,6 +23,8 @@ from tests.fixtures.readers import (
 )
 from tests.harness import source_rows
 
+EXAMPLES = 5  # mismatches printed per follower and table, at most
+
 
 @dataclass
 class Tally:
@@ -36,7 +38,7 @@ class Tally:
     def add(self, other: Tally) -> None:
         for name in ("compared", "lost", "extra", "doubled", "stale"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.examples += other.examples[: 5 - len(self.examples)] if len(self.examples) < 5 else []
+        self.examples += other.examples[: max(0, EXAMPLES - len(self.examples))]
 
     @property
     def clean(self) -> bool:
@@ -77,7 +79,7 @@ def compare(
 
 
 def _example(tally: Tally, text: str) -> None:
-    if len(tally.examples) < 5:
+    if len(tally.examples) < EXAMPLES:
         tally.examples.append(text)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures.lake import descendants  # the /proc walk the tests use
+
 
 class Supervisor(threading.Thread):
     """Keeps `cdc run PIPELINE` running in its own process group; records how each run ended."""
@@ -80,29 +82,9 @@ class Supervisor(threading.Thread):
         raise RuntimeError("cdc run did not start again within 60 s")
 
 
-def children(pid: int) -> list[int]:
-    """Direct children of a process, from /proc (no psutil)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                    out.append(int(entry.name))
-    return out
-
-
-def cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return (
-            (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    return ""
-
-
 def stream_child(run_pid: int) -> int | None:
     """The `cdc stream` child of a `cdc run`."""
-    return next((c for c in children(run_pid) if " stream " in cmdline(c)), None)
+    return next((p for p, cmd in descendants(run_pid).items() if "pipelines.cli stream" in cmd), None)
 
 
 @dataclass
@@ -136,7 +118,9 @@ def kill9_publisher(rig: Rig) -> None:
     """Kafka log: SIGKILL a process the stream spawned (the publisher child, a render worker)."""
     run = rig.sup.wait_running()
     stream = _wait_for(lambda: stream_child(run))
-    spawned = _wait_for(lambda: [c for c in children(stream) if "multiprocessing" in cmdline(c)] or None)
+    spawned = _wait_for(
+        lambda: [p for p, cmd in descendants(stream).items() if "multiprocessing" in cmd] or None
+    )
     os.kill(rig.rng.choice(spawned), signal.SIGKILL)
 
 

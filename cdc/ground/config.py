@@ -40,6 +40,15 @@ TableList = Annotated[list[str], Field(min_length=1)]
 
 
 # --- source ---------------------------------------------------------------------------------------
+def options_of(table_options: dict[str, Any], table: TableName) -> Any:
+    """The `table_options` entry naming `table`, source's or a sink's (keys are parsed, so quoting
+    and case follow SQL); None when the table has none."""
+    for key, options in table_options.items():
+        if TableName.parse(key) == table:
+            return options
+    return None
+
+
 class SourceTableOptions(_Strict):
     """What of one table leaves PostgreSQL (README "Choosing what is captured"): pushed down as the
     publication's column list and row filter (PostgreSQL 15 or later) and used by the snapshot's COPY."""
@@ -95,11 +104,7 @@ class PostgresSource(_Strict):
         return self
 
     def options_for(self, table: TableName) -> SourceTableOptions | None:
-        """The table_options entry naming `table` (keys are parsed, so quoting and case follow SQL)."""
-        for key, options in self.table_options.items():
-            if TableName.parse(key) == table:
-                return options
-        return None
+        return options_of(self.table_options, table)
 
 
 class Source(_Strict):
@@ -263,10 +268,7 @@ class _ShapedSink(_Strict):
         return self
 
     def options_for(self, table: TableName) -> SinkTableOptions | None:
-        for name, options in self.table_options.items():
-            if TableName.parse(name) == table:
-                return options
-        return None
+        return options_of(self.table_options, table)
 
 
 class DeltaSink(_ShapedSink):
