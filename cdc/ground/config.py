@@ -271,10 +271,31 @@ class _ShapedSink(_Strict):
         return options_of(self.table_options, table)
 
 
+def _view_names(values: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"view {value!r} is named twice")
+        seen.add(value)
+    return values
+
+
+# Every sink kind may follow derived views (README "Derived views"): named here, declared in `views:`.
+def _view_list() -> Any:
+    return Field(
+        default_factory=list,
+        description="derived views (names from the top-level `views:`) this sink follows, as tables views.<name>; "
+        "a sink naming views and no `tables` follows only its views",
+    )
+
+
 class DeltaSink(_ShapedSink):
     path: str
     mode: Literal["scd1", "scd2"] = "scd1"
-    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
+    tables: list[str] | None = Field(
+        default=None, description="subset of the source tables (default: all, or none when `views` is given)"
+    )
+    views: list[str] = _view_list()
     # Table features (README "Reading the lake"): every feature a table takes on costs readers.
     column_mapping: Literal["auto", "name"] = Field(
         default="auto",
@@ -290,6 +311,7 @@ class DeltaSink(_ShapedSink):
     )
 
     _tables = field_validator("tables")(_check_tables)
+    _views = field_validator("views")(_view_names)
 
 
 SearchFieldType = Literal[
@@ -306,7 +328,8 @@ class AwsSigV4(_Strict):
 
 class SearchSink(_ShapedSink):
     engine: Literal["tantivy", "opensearch"] = "tantivy"
-    tables: TableList
+    tables: TableList | None = Field(default=None, description="required unless `views` is given")
+    views: list[str] = _view_list()
     path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
     hosts: list[str] | None = Field(default=None, description="opensearch: node URLs")
     index_prefix: str | None = Field(default=None, description="opensearch: index name prefix (default: pipeline name)")
@@ -348,9 +371,11 @@ class SearchSink(_ShapedSink):
     )
 
     _tables = field_validator("tables")(_check_tables)
+    _views = field_validator("views")(_view_names)
 
     @model_validator(mode="after")
     def _engine_options(self) -> SearchSink:
+        _tables_or_views(self)
         if self.engine == "opensearch" and not self.hosts:
             raise ValueError("engine opensearch needs `hosts`")
         security = ("username", "password", "ca_file", "client_cert", "client_key", "aws_sigv4")
@@ -363,7 +388,7 @@ class SearchSink(_ShapedSink):
             raise ValueError("client_cert and client_key go together (a client certificate and its key)")
         if self.aws_sigv4 is not None and self.username is not None:
             raise ValueError("aws_sigv4 and username/password exclude each other (one way to sign in)")
-        selectors = [TableSelector.parse(t) for t in self.tables]
+        selectors = [TableSelector.parse(t) for t in self.tables or []]
         for table, columns in self.fields.items():
             name = TableName.parse(table)  # raises ValueError with a readable message
             if not any(s.matches(name) for s in selectors):
@@ -375,7 +400,8 @@ class SearchSink(_ShapedSink):
 
 class RedisSink(_ShapedSink):
     url: str
-    tables: TableList
+    tables: TableList | None = Field(default=None, description="required unless `views` is given")
+    views: list[str] = _view_list()
     key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
     ttl: int | None = Field(default=None, gt=0, description="seconds a cached row lives (default: forever)")
     allow_eviction: bool = Field(
@@ -384,6 +410,18 @@ class RedisSink(_ShapedSink):
     )
 
     _tables = field_validator("tables")(_check_tables)
+    _views = field_validator("views")(_view_names)
+
+    @model_validator(mode="after")
+    def _follows_something(self) -> RedisSink:
+        _tables_or_views(self)
+        return self
+
+
+def _tables_or_views(settings: SearchSink | RedisSink) -> None:
+    """Search and Redis sinks name what they follow: tables, views or both (no "every table" default)."""
+    if not settings.tables and not settings.views:
+        raise ValueError("give `tables` (source tables) or `views` (derived views), or both")
 
 
 class SinkConfig(_Strict):
@@ -495,12 +533,40 @@ class MetricsConfig(_Strict):
     host: str = Field(default="127.0.0.1", description="address the metrics endpoint binds (0.0.0.0: every interface)")
 
 
+# --- derived views -------------------------------------------------------------------------------
+VIEW_SCHEMA = "views"  # a view is followed as the table views.<name>
+
+
+class ViewConfig(_Strict):
+    """A derived view (README "Derived views"): Spark SQL over the captured tables, kept up to date
+    cut by cut (pipelines/views) and followed by sinks that name it in their `views`."""
+
+    name: str = Field(pattern=NAME_RE, description="followed as the table views.<name>")
+    sql: str = Field(min_length=1, description="one Spark SQL query over the captured tables, named schema.table")
+    key: list[str] = Field(min_length=1, description="output columns that identify a view row (unique per row)")
+
+    @field_validator("key")
+    @classmethod
+    def _key_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            if not column.strip():
+                raise ValueError("empty column name")
+        if len(set(value)) != len(value):
+            raise ValueError(f"a column is named twice in {value}")
+        return value
+
+    @property
+    def table(self) -> TableName:
+        return TableName(VIEW_SCHEMA, self.name)
+
+
 class Pipeline(_Strict):
     name: str = Field(pattern=NAME_RE)
     source: Source
     log: LogConfig | None = None
     state_dir: str | None = None
     sinks: list[SinkConfig] = Field(default_factory=list)
+    views: list[ViewConfig] = Field(default_factory=list, description="derived views over the captured tables")
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
@@ -539,12 +605,36 @@ class Pipeline(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _views_named(self) -> Pipeline:
+        """View names are unique, sinks name declared views, and no captured schema is called
+        `views` (a view is followed as the table views.<name>: the two would share names)."""
+        declared: list[str] = []
+        for i, view in enumerate(self.views):
+            if view.name in declared:
+                raise ValueError(f"views.{i}.name: two views are named {view.name!r}")
+            declared.append(view.name)
+        for sink in self.sinks:
+            for name in sink_views(sink):
+                if name not in declared:
+                    close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    known = ", ".join(declared) or "none are declared under the top-level `views:`"
+                    raise ValueError(f"sinks.{sink.name}.{sink.kind}.views: unknown view {name!r}{hint} (views: {known})")
+        clash = [t for t in self.source.postgres.tables if TableSelector.parse(t).schema == VIEW_SCHEMA]
+        if self.views and clash:
+            raise ValueError(
+                f"source.postgres.tables: {', '.join(clash)} is in a schema named {VIEW_SCHEMA!r}, the name under which "
+                "derived views are followed (views.<name>); capture it through a view of another name or drop `views:`"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sink_table_options(self) -> Pipeline:
         """table_options name tables of their sink (a typo would leave a column unmasked), and a
         rename never takes a schema's directory (Delta and tantivy keep <path>/<schema>/<table>)."""
         for sink in self.sinks:
             settings = sink.settings
-            chosen = getattr(settings, "tables", None) or self.source.postgres.tables
+            chosen = settings.tables or ([] if settings.views else self.source.postgres.tables)
             selectors = [TableSelector.parse(t) for t in chosen]
             where = f"sinks.{sink.name}.{sink.kind}.table_options"
             for table, options in settings.table_options.items():
@@ -554,7 +644,7 @@ class Pipeline(_Strict):
                     raise ValueError(
                         f"{where}: table {table} is not among this sink's tables ({', '.join(chosen)}){hint}"
                     )
-                schemas = {s.schema for s in selectors}
+                schemas = {s.schema for s in selectors} | ({VIEW_SCHEMA} if settings.views else set())
                 if options.rename in schemas:
                     raise ValueError(
                         f"{where}: {table}: rename {options.rename!r} is the name of a schema whose tables this sink "
@@ -624,6 +714,13 @@ class Pipeline(_Strict):
         if problems:
             raise PipelineFileError("; ".join(p for p, _ in problems), problems[0][1])
 
+    def view(self, name: str) -> ViewConfig:
+        for view in self.views:
+            if view.name == name:
+                return view
+        known = ", ".join(v.name for v in self.views) or "none"
+        raise PipelineFileError(f"no view named {name!r} in pipeline {self.name!r} (views: {known})")
+
     def sink(self, name: str) -> SinkConfig:
         for sink in self.sinks:
             if sink.name == name:
@@ -671,12 +768,18 @@ def directory_problem(path: Path) -> str | None:
 
 
 def sink_tables(sink: SinkConfig, all_tables: list[TableName]) -> list[TableName]:
-    """The source tables a sink follows: its own `tables` selection, or all of them."""
-    chosen = getattr(sink.settings, "tables", None)
+    """The source tables a sink follows: its own `tables` selection, or all of them (none for a
+    sink that names views and no tables)."""
+    chosen = sink.settings.tables
     if not chosen:
-        return list(all_tables)
+        return [] if sink.settings.views else list(all_tables)
     selectors = [TableSelector.parse(t) for t in chosen]
     return [t for t in all_tables if any(s.matches(t) for s in selectors)]
+
+
+def sink_views(sink: SinkConfig) -> list[str]:
+    """The names of the derived views a sink follows (as tables views.<name>), in file order."""
+    return list(sink.settings.views)
 
 
 # --- loading --------------------------------------------------------------------------------------

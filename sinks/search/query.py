@@ -34,7 +34,7 @@ def _table(cfg: SinkConfig, text: str) -> TableName:
         ) from None
     if not sink_tables(cfg, [table]):
         raise UsageError(
-            f"sink {cfg.name} does not follow {table} (its tables: {', '.join(cfg.settings.tables)})",
+            f"sink {cfg.name} does not follow {table} (its tables: {', '.join(cfg.settings.tables or []) or 'none'})",
             "name one of the sink's tables",
         )
     return table
