@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from harness.bench import BIN, Bench
+from harness.inproc import MASTER, apply_job
 from harness.main import main
 from harness.report import Report
 from harness.services import say
@@ -60,7 +61,7 @@ UPDATE = """
 UPDATE bench SET ver = %(ver)s, qty = qty + 1, price = price + 0.01, updated_at = clock_timestamp()
 WHERE id IN (SELECT 1 + floor(random() * %(keys)s)::bigint FROM generate_series(1, %(n)s))
 """
-SPARK = {"master": "local[2]"}
+SPARK = {"master": MASTER}
 
 
 def write_changes(dsn: str, keys: int, changes: int, per_txn: int = 1000) -> int:
@@ -75,18 +76,6 @@ def write_changes(dsn: str, keys: int, changes: int, per_txn: int = 1000) -> int
             conn.commit()
     conn.close()
     return done
-
-
-def apply_job(pipe: Path, confs: dict[str, str] | None = None):
-    """An ApplyJob of the pipeline on this process's SparkSession (runtime SQL confs set first)."""
-    from cdc.ground.config import load_pipeline
-    from pipelines.apply.job import ApplyJob
-    from pipelines.spark import spark_session
-
-    spark = spark_session(master=SPARK["master"])
-    for key, value in (confs or {}).items():  # e.g. spark.sql.shuffle.partitions=2
-        spark.conf.set(key, value)
-    return spark, ApplyJob(load_pipeline(pipe), spark, say=lambda _m: None)
 
 
 def throughput(b: Bench) -> dict:

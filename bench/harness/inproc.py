@@ -1,0 +1,22 @@
+"""`cdc apply` in the bench process: an ApplyJob on this process's SparkSession (JVM start-up is
+paid once, before anything is timed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MASTER = "local[2]"
+
+
+def apply_job(pipe: Path, confs: dict[str, str] | None = None, say=lambda _m: None) -> tuple[Any, Any]:
+    """(spark, ApplyJob) of the pipeline file; runtime SQL confs (e.g. spark.sql.shuffle.partitions)
+    set first; `say` gets the job's output lines."""
+    from cdc.ground.config import load_pipeline
+    from pipelines.apply.job import ApplyJob
+    from pipelines.spark import spark_session
+
+    spark = spark_session(master=MASTER)
+    for key, value in (confs or {}).items():
+        spark.conf.set(key, value)
+    return spark, ApplyJob(load_pipeline(pipe), spark, say=say)

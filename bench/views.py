@@ -1,0 +1,338 @@
+"""Derived views benchmark: incremental maintenance of a cut vs a full recomputation of the view.
+
+Run from the repo root:  .venv/bin/python bench/views.py [--orders 100000,1000000] [--customers 100000]
+                                                         [--changes 10000] [--repeat 1] [--json out.json]
+
+Per size (one run covers every size, side by side):
+1. customers(id, name, email, city) with `--customers` rows and orders(id, customer_id, status,
+   total numeric, note, created_at) with N rows are loaded, snapshotted into the local log and
+   applied once (the bootstrap, not timed) by `cdc apply` with the issue's two views:
+   order_docs (orders JOIN customers) and customer_revenue (count/sum per customer over orders),
+   followed by a Delta sink.
+2. A cut of `--changes` row changes (30% order inserts, 30% order updates of status/total, 10%
+   order deletes, 10% orders moved to another customer, 10% customers renamed, 5% customers
+   inserted, 5% deleted; rows picked at random, disjoint, so the cut's net changes are exactly
+   that many) is written and streamed into the log.
+3. Timed: one `cdc apply --once` of that cut, in this process: the view stage (the internal base
+   follower applies the cut, then each view's affected keys are recomputed and merged into its out
+   table) and the Delta sink taking the views' changes. The stage's own time per view is read from
+   the apply output when it prints one.
+4. Timed, side by side: what a user's rebuild job does without incremental maintenance: the view's
+   SQL over the base tables (Delta, at the same cut) written to a Delta table (overwrite). Then,
+   not timed, the rebuilt table is compared with the incrementally maintained out table (they must
+   hold the same rows).
+
+Reported per size: seconds of each, the incremental cut as a share of the full recomputation, and
+the growth of each from the smallest to the largest size. The issue's target: at 1M orders the
+incremental cut costs at most 1/5 of a full recomputation, and grows by less than 2x from 100k to
+1M while the recomputation grows with the rows.
+
+Everything runs in this process on one SparkSession (local[2]; JVM start-up not counted) against
+its own PostgreSQL (bench/harness), removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.bench import Bench
+from harness.inproc import MASTER, apply_job
+from harness.main import main
+from harness.report import Report
+from harness.services import say
+
+TABLES = """
+DROP TABLE IF EXISTS orders, customers;
+CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, city text);
+CREATE TABLE orders (
+    id bigint PRIMARY KEY, customer_id bigint NOT NULL, status text NOT NULL, total numeric(12,2),
+    note text, created_at timestamptz NOT NULL)
+"""
+CUSTOMERS = """
+INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com', 'city ' || mod(g, 500)
+FROM generate_series(1, {customers}) g
+"""
+ORDERS = """
+INSERT INTO orders SELECT g, 1 + mod(g * 7919, {customers}), (ARRAY['new','paid','shipped','cancelled'])[1 + mod(g, 4)],
+    (mod(g * 31, 100000) / 100.0)::numeric(12,2), left(md5(g::text), 20),
+    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 minute'
+FROM generate_series(1, {orders}) g
+"""
+
+# The issue's two views; {orders}/{customers} are the table names (the pipeline file names the
+# captured tables, the rebuild job its temp views over the Delta base tables).
+VIEWS = {
+    "order_docs": (
+        "SELECT o.id, o.status, o.total, c.name AS customer, c.email "
+        "FROM {orders} o JOIN {customers} c ON c.id = o.customer_id",
+        ["id"],
+    ),
+    "customer_revenue": (
+        "SELECT customer_id, count(*) AS orders, sum(total) AS revenue FROM {orders} GROUP BY customer_id",
+        ["customer_id"],
+    ),
+}
+CAPTURED = {"orders": "public.orders", "customers": "public.customers"}
+
+# The cut: shares of --changes per kind of change (disjoint rows: exactly that many net changes).
+MIX = {
+    "order_insert": 0.30,
+    "order_update": 0.30,
+    "order_delete": 0.10,
+    "order_move": 0.10,
+    "customer_rename": 0.10,
+    "customer_insert": 0.05,
+    "customer_delete": 0.05,
+}
+
+
+def load(b: Bench, customers: int, orders: int) -> float:
+    t0 = time.monotonic()
+    b.sql(TABLES, CUSTOMERS.format(customers=customers), ORDERS.format(customers=customers, orders=orders))
+    b.sql("VACUUM ANALYZE customers", "VACUUM ANALYZE orders")
+    return time.monotonic() - t0
+
+
+def write_cut(b: Bench, customers: int, orders: int, changes: int) -> dict[str, int]:
+    """One cut of `changes` row changes (MIX), rows picked at random with a fixed seed; returns the
+    rows each statement changed."""
+    n = {kind: int(changes * share) for kind, share in MIX.items()}
+    picked_orders = n["order_update"] + n["order_delete"] + n["order_move"]
+    picked_customers = n["customer_rename"] + n["customer_delete"]
+    counts: dict[str, int] = {}
+    statements = {
+        "order_insert": f"""
+            INSERT INTO orders SELECT {orders} + g, 1 + mod(g * 104729, {customers}), 'new',
+                (mod(g * 17, 50000) / 100.0)::numeric(12,2), 'added', now()
+            FROM generate_series(1, {n["order_insert"]}) g""",
+        "order_update": f"""
+            UPDATE orders o SET status = 'paid', total = o.total + 1 FROM pick_o p
+            WHERE p.id = o.id AND p.r <= {n["order_update"]}""",
+        "order_delete": f"""
+            DELETE FROM orders o USING pick_o p
+            WHERE p.id = o.id AND p.r > {n["order_update"]} AND p.r <= {n["order_update"] + n["order_delete"]}""",
+        "order_move": f"""
+            UPDATE orders o SET customer_id = 1 + mod(o.customer_id + 1000, {customers}) FROM pick_o p
+            WHERE p.id = o.id AND p.r > {n["order_update"] + n["order_delete"]}""",
+        "customer_rename": f"""
+            UPDATE customers c SET name = c.name || ' (renamed)' FROM pick_c p
+            WHERE p.id = c.id AND p.r <= {n["customer_rename"]}""",
+        "customer_delete": f"""
+            DELETE FROM customers c USING pick_c p WHERE p.id = c.id AND p.r > {n["customer_rename"]}""",
+        "customer_insert": f"""
+            INSERT INTO customers SELECT {customers} + g, 'new customer ' || g, 'n' || g || '@example.com', 'city 1'
+            FROM generate_series(1, {n["customer_insert"]}) g""",
+    }
+    import psycopg2
+
+    from cdc.session import libpq_options
+
+    conn = psycopg2.connect(b.dsn, options=libpq_options())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT setseed(0.42)")
+            cur.execute(
+                "CREATE TEMP TABLE pick_o AS SELECT id, row_number() OVER () AS r "
+                f"FROM (SELECT id FROM orders ORDER BY random() LIMIT {picked_orders}) s"
+            )
+            cur.execute(
+                "CREATE TEMP TABLE pick_c AS SELECT id, row_number() OVER () AS r "
+                f"FROM (SELECT id FROM customers ORDER BY random() LIMIT {picked_customers}) s"
+            )
+            for kind, stmt in statements.items():
+                cur.execute(stmt)
+                counts[kind] = cur.rowcount
+    finally:
+        conn.close()
+    return counts
+
+
+def view_sql(name: str, tables: dict[str, str]) -> str:
+    return VIEWS[name][0].format(**tables)
+
+
+def pipeline(b: Bench, name: str) -> Path:
+    views = [{"name": v, "sql": view_sql(v, CAPTURED), "key": key} for v, (_sql, key) in VIEWS.items()]
+    return b.pipeline(
+        name,
+        list(CAPTURED.values()),
+        views=views,
+        sinks=[{"name": "lake", "delta": {"path": f"{name}-lake", "views": list(VIEWS)}}],
+        spark={"master": MASTER},
+    )
+
+
+def base_paths(state_dir: Path) -> dict[str, Path]:
+    """The view stage's internal Delta copy of each base table (pipelines/views: <state_dir>/views/base)."""
+    return {t: state_dir / "views" / "base" / "public" / t for t in CAPTURED}
+
+
+def out_path(state_dir: Path, view: str) -> Path:
+    return state_dir / "views" / "out" / view
+
+
+def full_recompute(spark: Any, bases: dict[str, Path], view: str, target: Path) -> float:
+    """A user's rebuild job: the view SQL over the base tables (Delta) written to a Delta table."""
+    t0 = time.monotonic()
+    names = {}
+    for table, path in bases.items():
+        names[table] = f"bench_base_{table}"
+        spark.read.format("delta").load(str(path)).createOrReplaceTempView(names[table])
+    df = spark.sql(view_sql(view, names))
+    df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(target))
+    return time.monotonic() - t0
+
+
+def same_rows(spark: Any, left: Path, right: Path, columns: list[str]) -> int:
+    """Rows in one Delta table and not the other (both ways, with multiplicity): 0 when equal."""
+    a = spark.read.format("delta").load(str(left)).select(*columns)
+    b = spark.read.format("delta").load(str(right)).select(*columns)
+    return a.exceptAll(b).count() + b.exceptAll(a).count()
+
+
+# The stage's per-view line in the apply output, e.g. "view order_docs: 9,812 keys ... in 3.2s".
+STAGE_LINE = re.compile(r"view (?P<view>[a-z][a-z0-9_]*)\b.*?(?P<s>\d+(?:\.\d+)?)\s?s\b")
+
+
+def size_run(b: Bench, orders: int) -> dict[str, Any]:
+    customers, changes = b.args.customers, b.args.changes
+    name = f"views{orders}"
+    say(f"{orders:,} orders, {customers:,} customers")
+    load_s = load(b, customers, orders)
+    pipe = pipeline(b, name)
+    b.cdc(f"{name}_snapshot", "snapshot", pipe, "--no-progress")
+    lines: list[str] = []
+    spark, job = apply_job(pipe, say=lines.append)
+    t0 = time.monotonic()
+    runs = job.run_once()
+    bootstrap_s = time.monotonic() - t0
+    assert not any(r.error for r in runs), [r.error for r in runs]
+    say(f"  loaded in {load_s:.1f}s, bootstrap apply (not timed) {bootstrap_s:.1f}s")
+
+    counts = write_cut(b, customers, orders, changes)
+    b.cdc(f"{name}_stream", "stream", pipe, "--until", "current")
+    written = sum(counts.values())
+    say(f"  cut: {written:,} row changes ({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
+
+    lines.clear()
+    t0 = time.monotonic()
+    runs = job.run_once()
+    cut_s = time.monotonic() - t0
+    assert not any(r.error for r in runs), [r.error for r in runs]
+    job.report(runs)
+    stage = {m["view"]: float(m["s"]) for m in map(STAGE_LINE.search, lines) if m}
+
+    state_dir = b.state(name)
+    bases = base_paths(state_dir)
+    row: dict[str, Any] = {
+        "orders": orders,
+        "customers": customers,
+        "changes": written,
+        "cut": counts,
+        "incremental_cut_s": round(cut_s, 2),
+        "stage_view_s": stage,
+        "apply_output": lines[:40],
+        "views": {},
+    }
+    for view in VIEWS:
+        target = b.work / f"{name}-rebuild-{view}"
+        times = [full_recompute(spark, bases, view, target) for _ in range(b.args.repeat)]
+        columns = spark.read.format("delta").load(str(target)).columns
+        diff = same_rows(spark, out_path(state_dir, view), target, columns)
+        rows = spark.read.format("delta").load(str(target)).count()
+        row["views"][view] = {
+            "full_s": round(statistics.median(times), 2),
+            "rows": rows,
+            "differing_rows": diff,
+        }
+        say(
+            f"  {view}: full recomputation {statistics.median(times):.2f}s ({rows:,} rows); "
+            f"incremental out table {'equals it' if diff == 0 else f'DIFFERS in {diff:,} rows'}"
+        )
+    say(f"  incremental cut (both views, one cdc apply --once): {cut_s:.2f}s")
+    b.sql("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+    return row
+
+
+def body(b: Bench) -> Report:
+    args = b.args
+    b.results["config"].update(orders=args.orders, customers=args.customers, changes=args.changes)
+    b.start_postgres(durable=False)
+    rep = Report("Derived views: incremental cut vs full recomputation (bench/views.py)", ("seconds",))
+    rep.subtitle = (
+        f"{args.customers:,} customers, orders {', '.join(f'{n:,}' for n in args.orders)}; "
+        f"a cut of {args.changes:,} changes"
+    )
+    sizes = b.results["sizes"] = {}
+    for orders in args.orders:
+        r = sizes[str(orders)] = size_run(b, orders)
+        full_total = sum(v["full_s"] for v in r["views"].values())
+        part = f"{orders:,} orders"
+        rep.add(
+            part,
+            "incremental: one cut, both views",
+            r["incremental_cut_s"],
+            "s",
+            ratio=r["incremental_cut_s"] / full_total,
+            less_is_better=True,
+            seconds=f"{r['incremental_cut_s']:.2f}",
+            notes=f"{r['changes']:,} changes; base follower + both views + the Delta sink; ratio: x the rebuilds",
+        )
+        for view, v in r["views"].items():
+            rep.add(
+                part,
+                f"full recomputation: {view}",
+                v["full_s"],
+                "s",
+                role="peer",
+                less_is_better=True,
+                seconds=f"{v['full_s']:.2f}",
+                notes=f"{v['rows']:,} rows; out table {'equal' if v['differing_rows'] == 0 else 'DIFFERS'}",
+            )
+        rep.add(
+            part,
+            "full recomputation: both views",
+            full_total,
+            "s",
+            role="peer",
+            ratio=1.0,
+            less_is_better=True,
+            seconds=f"{full_total:.2f}",
+            notes="what a rebuild job costs for the same cut",
+        )
+    if len(args.orders) > 1:
+        first, last = sizes[str(args.orders[0])], sizes[str(args.orders[-1])]
+        grow_inc = last["incremental_cut_s"] / first["incremental_cut_s"]
+        full = [sum(v["full_s"] for v in s["views"].values()) for s in (first, last)]
+        rep.summary.append(
+            f"growth {args.orders[0]:,} -> {args.orders[-1]:,} orders: incremental cut x{grow_inc:.2f}, "
+            f"full recomputation x{full[1] / full[0]:.2f} (target: incremental < 2x; at the largest size "
+            f"incremental / full = {last['incremental_cut_s'] / full[1]:.2f}, target <= 0.20)"
+        )
+        b.results["growth"] = {"incremental": grow_inc, "full": full[1] / full[0]}
+    return rep
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--orders",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[100_000, 1_000_000],
+        help="order counts, one size each (default 100000,1000000)",
+    )
+    ap.add_argument("--customers", type=int, default=100_000)
+    ap.add_argument("--changes", type=int, default=10_000, help="row changes in the measured cut")
+    ap.add_argument("--repeat", type=int, default=1, help="full recomputations per view (median reported)")
+    return ap
+
+
+if __name__ == "__main__":
+    sys.exit(main(parser(), body, prefix="views"))
