@@ -3,7 +3,8 @@
 `CDC_FAULT=<point>` in the environment makes the process SIGKILL itself when it reaches that
 point, as a power cut or the OOM killer would. Points: apply:after-merge (every table of a
 batch merged, checkpoint not yet written), apply:between-tables, stream:after-append (rows in
-the open batch, not committed). Unset in normal use: then this is a dictionary lookup.
+the open batch, not committed), views:after-merge (a view's out table written for a cut, its
+state file not yet). Unset in normal use: then this is a dictionary lookup.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc import metrics
-from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
+from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
@@ -111,6 +111,7 @@ class ApplyJob:
         self.say = say
         self.lock_wait_s = lock_wait_s  # how long to wait for another apply of a sink (pipelines/locks.py)
         self._stop = False
+        self.view_runs: list = []  # the view stage's runs of the last run_once (pipelines/views/maintain.py)
 
     def request_stop(self, *_args) -> None:
         self._stop = True
@@ -131,6 +132,8 @@ class ApplyJob:
             cut = log.latest_cut()
             if cut is None:
                 raise LogError("the log is empty", f"run `{self.pipeline.command('snapshot')}` first")
+            # derived views first: their followers then apply the cut's view changes
+            self._run_views(log, cut, sinks)
             if len(sinks) > 1 and self.pipeline.spark.apply_parallelism != 1:
                 # the sinks side by side: each has its own checkpoint, lock, log view and session
                 alone = lambda slot: self._run_sink_alone(cut, slot.item)  # noqa: E731
@@ -142,6 +145,21 @@ class ApplyJob:
                 reader.close()
         finally:
             log.close()
+
+    def _run_views(self, log, cut: Cut, sinks: list[SinkConfig]) -> None:
+        """The view stage (pipelines/views/maintain.py) for the views the selected sinks follow:
+        its base follower and each view's out table brought to the latest cut, one line per view."""
+        followed = {v for s in sinks for v in sink_views(s)}
+        wanted = [v.name for v in self.pipeline.views if v.name in followed]
+        if not wanted:
+            return
+        from pipelines.views.maintain import run_view_stage  # Spark/Delta work only for pipelines with views
+
+        reader = change_reader(log)
+        try:
+            self.view_runs = run_view_stage(self, log, reader, cut, wanted)
+        finally:
+            reader.close()
 
     def _run_sink_alone(self, cut: Cut, sink_cfg: SinkConfig) -> SinkRun:
         """One sink in a thread of its own: its own session (Delta's idempotence confs are session

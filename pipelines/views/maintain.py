@@ -1,0 +1,490 @@
+"""The view stage: each derived view kept up to date cut by cut in its own Delta table
+(`<state_dir>/views/out/<view>`, Change Data Feed on), which the sinks following the view then apply
+like a table (README "Derived views").
+
+Per cut, before the sinks:
+  1. the internal base follower `_views` (pipelines/views/base.py) is applied to the latest cut, so
+     every table the views read is a Delta table whose version at each cut `_cdc_cuts` records;
+  2. per view, from the cut it was maintained to (c0) to the base's cut (c1):
+     * changed keys per base table Ti: its change data feed between its versions at c0 and c1;
+       old rows = Ti@c0 and new rows = Ti@c1 restricted to those keys;
+     * affected view keys A: the view's `keys_sql` (its FROM/JOIN/WHERE, no grouping) with Ti := its
+       old rows and the other tables @c0, and with Ti := its new rows and the others @c1;
+     * new rows: the view's SQL with its anchor table (where the key columns come from) restricted
+       to A, the other tables @c1; deletes: A minus the new keys;
+     * one MERGE into the out table (only rows whose values changed are rewritten), committed as
+       Delta txn (`cdc-view:<pipeline>:<view>`, cut id): a cut maintained again after a crash is
+       skipped by Delta itself;
+  3. the view's state file (pipelines/views/state.py) records the cut and the out table's version.
+Nothing but Delta commit metrics comes back to the driver.
+
+Full recomputation instead: SQL the analysis cannot maintain incrementally (its reason), a base
+table with a new base offset (re-snapshotted) or rebuilt (a new Delta table), a range without
+change data. The first build, a changed SQL fingerprint or changed output columns start a new
+epoch: the out table is replaced and the view's followers start it over.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc.ground.config import ViewConfig, pipeline_tables
+from cdc.ground.errors import CdcError, SinkError
+from cdc.ground.tables import TableName
+from pipelines.checkpoints import load_checkpoint
+from pipelines.faults import crash_point
+from pipelines.locks import sink_lock
+from pipelines.views.base import CDF_PROPERTY, base_sink_config, change_data_feed
+from pipelines.views.state import (
+    BASE_SINK,
+    ViewState,
+    base_path,
+    load_view_state,
+    out_path,
+    save_view_state,
+)
+from sinks.delta.cuts import cut_record, table_version
+from sinks.delta.features import COLUMN_MAPPING, unsafe_names
+from sinks.delta.idempotent import follower_write
+from sinks.delta.paths import table_path
+
+if TYPE_CHECKING:
+    from cdc.log.base import Cut
+    from pipelines.apply.job import ApplyJob
+    from pipelines.apply.readers import ChangeReader
+    from pipelines.views.sql import ViewPlan
+
+OUT_LOCK = "_views_out"  # one maintainer of the out tables at a time (pipelines/locks.py)
+OP = "_cdc_view_op"  # the MERGE source's own column: 'u' a view row, 'd' a key to delete
+
+
+def q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass
+class ViewRun:
+    """One view's maintenance in this apply run (one line of the apply output)."""
+
+    view: str
+    cut_id: int | None = None
+    mode: str = ""  # incremental | full
+    reason: str = ""
+    epoch: int = 0
+    new_epoch: bool = False
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    skipped: bool = False  # Delta had committed this cut already (a replay after a crash)
+    up_to_date: bool = False
+    error: CdcError | None = None
+
+    def line(self) -> str:
+        if self.error is not None:
+            fix = f"\n  fix: {self.error.fix}" if self.error.fix else ""
+            return f"view {self.view}: FAILED: {self.error.problem}{fix}"
+        counts = (
+            "already applied" if self.skipped else f"+{self.inserted:,} ~{self.updated:,} -{self.deleted:,}"
+        )
+        if self.mode == "incremental":
+            how = "incremental"
+        else:
+            how = f"full recomputation: {self.reason}"
+            if self.new_epoch:
+                how += f"; new epoch {self.epoch}: its followers start it over"
+        return f"view {self.view}: cut {self.cut_id}: {counts} ({how})"
+
+
+@dataclass(frozen=True)
+class BaseAt:
+    """The base tables at the base follower's cut: per table [base offset, Delta version, table id]."""
+
+    cut_id: int
+    lsn: int
+    tables: dict[str, list[Any]]
+
+
+# ---- the stage -----------------------------------------------------------------------------------
+def run_view_stage(job: ApplyJob, log, reader: ChangeReader, cut: Cut, names: list[str]) -> list[ViewRun]:
+    """Maintain the named views to the latest cut; their lines go to job.say. A view that fails is
+    recorded in its state (its followers fail naming it); the other views go on."""
+    from pipelines.views.sql import analyse
+
+    pipeline, spark = job.pipeline, job.spark
+    captured = pipeline_tables(pipeline, list(cut.tables))
+    runs: dict[str, ViewRun] = {}
+    plans: dict[str, ViewPlan] = {}
+    for name in names:
+        try:
+            plans[name] = analyse(pipeline.view(name), captured)
+        except CdcError as exc:
+            runs[name] = _failed(pipeline.state_path, name, None, exc)
+    tables = sorted({t for plan in plans.values() for t in plan.tables}, key=str)
+    if plans:
+        with change_data_feed(spark):
+            base_run = job._run_sink(log, reader, cut, base_sink_config(pipeline, tables))
+        if base_run.error is not None:
+            for name in plans:
+                problem = f"view {name}: its base tables could not be applied: {base_run.error.problem}"
+                runs[name] = _failed(pipeline.state_path, name, None, SinkError(problem, base_run.error.fix))
+        else:
+            with sink_lock(pipeline.state_path, OUT_LOCK, job.lock_wait_s, job.say):
+                base = _base_at(spark, pipeline.state_path, base_run.cut_id or 0, base_run.lsn or 0, tables)
+                for name, plan in plans.items():
+                    maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log, job.say)
+                    runs[name] = maintainer.run(pipeline.view(name), plan, base)
+    ordered = [runs[n] for n in names]
+    for run in ordered:
+        if not run.up_to_date:
+            job.say(run.line())
+    return ordered
+
+
+def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: list[TableName]) -> BaseAt:
+    """Each base table's offset base, Delta version and table id at the base follower's cut; a
+    table without Change Data Feed (made before the feed was on) gets it from now on."""
+    record = cut_record(spark, base_path(state), cut_id)
+    offsets = load_checkpoint(state, BASE_SINK).tables
+    out: dict[str, list[Any]] = {}
+    for table in tables:
+        name = str(table)
+        if name not in record.versions or name not in offsets:
+            continue  # not in the log at this cut: the views reading it fail naming it
+        path = str(table_path(base_path(state), table))
+        detail = DeltaTable.forPath(spark, path).detail().first()
+        if detail["properties"].get(CDF_PROPERTY) != "true":
+            spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{CDF_PROPERTY}' = 'true')")
+        out[name] = [offsets[name][0], record.versions[name], detail["id"]]
+    return BaseAt(cut_id, lsn, out)
+
+
+def _failed(state: Path, name: str, cut_id: int | None, exc: CdcError) -> ViewRun:
+    """Record the view's error in its state (the rest of the state stays: the view resumes there)."""
+    current = load_view_state(state, name) or ViewState(name)
+    current.error = {"problem": exc.problem, "fix": exc.fix, "cut_id": cut_id}
+    save_view_state(state, current)
+    return ViewRun(name, cut_id, error=exc)
+
+
+# ---- one view ------------------------------------------------------------------------------------
+class ViewMaintainer:
+    def __init__(self, spark: SparkSession, pipeline: str, state: Path, log, say: Callable[[str], None]):
+        self.spark = spark
+        self.state = state
+        self.log = log
+        self.say = say
+        self.app_prefix = f"cdc-view:{pipeline}"
+        self._temp: list[str] = []
+
+    def run(self, view: ViewConfig, plan: ViewPlan, base: BaseAt) -> ViewRun:
+        from pipelines.apply.job import spark_error_line
+
+        current = load_view_state(self.state, view.name) or ViewState(view.name)
+        try:
+            if current.pending and current.pending.get("fingerprint") == plan.fingerprint:
+                pending = current.pending  # the cut a crashed run started: exactly that cut again
+                run = self._cut(current, plan, BaseAt(pending["cut_id"], pending["lsn"], pending["base"]))
+                if run.cut_id == base.cut_id:
+                    return run
+                current = load_view_state(self.state, view.name) or current
+            missing = [str(t) for t in plan.tables if str(t) not in base.tables]
+            if missing:
+                raise SinkError(
+                    f"view {view.name}: table(s) {', '.join(missing)} it reads are not in the log at cut {base.cut_id}",
+                    "snapshot them (`cdc snapshot PIPELINE --tables ...`) or change the view's SQL",
+                )
+            if (
+                current.cut_id == base.cut_id
+                and current.fingerprint == plan.fingerprint
+                and not current.error
+            ):
+                return ViewRun(view.name, base.cut_id, up_to_date=True, epoch=current.epoch)
+            return self._cut(current, plan, base)
+        except CdcError as exc:
+            return _failed(self.state, view.name, base.cut_id, exc)
+        except Exception as exc:  # Spark's analysis of the SQL (a dropped column), a duplicate key...
+            return _failed(self.state, view.name, base.cut_id, _explain(view, exc, spark_error_line(exc)))
+        finally:
+            for name in self._temp:
+                self.spark.catalog.dropTempView(name)
+            self._temp.clear()
+
+    # -- one cut -----------------------------------------------------------------------------------
+    def _cut(self, current: ViewState, plan: ViewPlan, base: BaseAt) -> ViewRun:
+        name = plan.name
+        pending = current.pending
+        if (
+            not pending
+            or pending.get("cut_id") != base.cut_id
+            or pending.get("fingerprint") != plan.fingerprint
+        ):
+            pending = None
+        base_tables = {str(t): base.tables[str(t)] for t in plan.tables}
+        mode, reason, new_epoch = self._decide(current, plan, base_tables)
+        if pending is not None:  # the crashed run's decision, so the redo writes what it wrote
+            mode, reason, new_epoch = pending["mode"], pending["reason"], pending["epoch"] != current.epoch
+        full_rows = self._render(plan, {t: v[1] for t, v in base_tables.items()}, "n")
+        columns = [[f.name, f.dataType.json()] for f in full_rows.schema.fields]
+        if not new_epoch and current.columns and columns != current.columns:
+            mode, reason, new_epoch = "full", "its output columns changed", True
+        epoch = current.epoch + 1 if new_epoch else current.epoch
+        current.pending = {
+            "cut_id": base.cut_id,
+            "lsn": base.lsn,
+            "epoch": epoch,
+            "mode": mode,
+            "reason": reason,
+            "fingerprint": plan.fingerprint,
+            "base": base_tables,
+        }
+        save_view_state(self.state, current)
+        run = ViewRun(name, base.cut_id, mode, reason, epoch, new_epoch)
+        out = str(out_path(self.state, name))
+        app_id = f"{self.app_prefix}:{name}"
+        if new_epoch:
+            metrics = self._replace(out, full_rows, app_id, base.cut_id)
+            self._check_unique(out, plan)
+        elif mode == "full":
+            metrics = self._merge(out, full_rows, None, plan, app_id, base.cut_id)
+        else:
+            try:
+                source = self._incremental(plan, current.base, base_tables)
+            except _NoChangeData as exc:
+                run.mode, run.reason = "full", str(exc)
+                current.pending |= {"mode": "full", "reason": str(exc)}
+                save_view_state(self.state, current)
+                source = None
+            if source is None:
+                metrics = self._merge(out, full_rows, None, plan, app_id, base.cut_id)
+            elif source is False:
+                metrics = {}  # no base table changed: nothing to write
+            else:
+                metrics = self._merge(out, source, "incremental", plan, app_id, base.cut_id)
+        if metrics is None:
+            run.skipped = True
+        else:
+            run.inserted = int(metrics.get("num_inserted_rows", 0))
+            run.updated = int(metrics.get("num_updated_rows", 0))
+            run.deleted = int(metrics.get("num_deleted_rows", 0))
+        crash_point("views:after-merge")
+        version = table_version(self.spark, out)
+        done = ViewState(
+            view=name,
+            cut_id=base.cut_id,
+            lsn=base.lsn,
+            epoch=epoch,
+            version=-1 if version is None else version,
+            fingerprint=plan.fingerprint,
+            columns=columns,
+            key=list(plan.key),
+            base=base_tables,
+            mode=run.mode,
+            reason=run.reason,
+            ts_ms=int(time.time() * 1000),
+        )
+        save_view_state(self.state, done)
+        return run
+
+    def _decide(
+        self, current: ViewState, plan: ViewPlan, tables: dict[str, list[Any]]
+    ) -> tuple[str, str, bool]:
+        """(mode, reason, new epoch) for this cut."""
+        if current.epoch == 0 or not current.fingerprint:
+            return "full", "first build", True
+        if current.fingerprint != plan.fingerprint:
+            return "full", "its SQL or key changed in the pipeline file: rebuilt from scratch", True
+        if plan.mode != "incremental":
+            return "full", plan.reason, False
+        for table, (offset, version, table_id) in tables.items():
+            before = current.base.get(table)
+            if before is None:
+                return "full", f"it reads {table} for the first time", False
+            if before[0] != offset:
+                return "full", f"base table {table} has a new base in the log (re-snapshotted)", False
+            if before[2] != table_id or version < before[1]:
+                return "full", f"base table {table} was rebuilt", False
+        return "incremental", "", False
+
+    # -- reading the base tables ---------------------------------------------------------------
+    def _table(self, table: TableName, version: int) -> DataFrame:
+        """The base table at a Delta version with the source's current columns (a column dropped at
+        the source is not there, so a view using it fails naming it; one added since is NULL)."""
+        path = str(table_path(base_path(self.state), table))
+        df = self.spark.read.format("delta").option("versionAsOf", version).load(path)
+        latest = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
+        have = set(df.columns)
+        cols = [
+            F.col(q(c)) if c in have else F.lit(None).cast(latest.get(c, T.StringType())).alias(c)
+            for c in self.log.schema(table).column_names
+        ]
+        return df.select(*cols)
+
+    def _register(self, df: DataFrame, plan: ViewPlan, tag: str) -> str:
+        name = f"_cdcv_{plan.name}_{len(self._temp)}_{tag}"
+        df.createOrReplaceTempView(name)
+        self._temp.append(name)
+        return name
+
+    def _sources(self, plan: ViewPlan, versions: dict[str, int], tag: str) -> dict[TableName, str]:
+        return {t: self._register(self._table(t, versions[str(t)]), plan, tag) for t in plan.tables}
+
+    def _render(self, plan: ViewPlan, versions: dict[str, int], tag: str) -> DataFrame:
+        return self.spark.sql(plan.render(self._sources(plan, versions, tag)))
+
+    # -- incremental -----------------------------------------------------------------------------
+    def _incremental(
+        self, plan: ViewPlan, before: dict[str, list[Any]], after: dict[str, list[Any]]
+    ) -> DataFrame | bool:
+        """The MERGE source of an incremental cut (view rows 'u' and keys to delete 'd'), or False
+        when no base table changed."""
+        old_v = {t: v[1] for t, v in before.items()}
+        new_v = {t: v[1] for t, v in after.items()}
+        changed = [t for t in plan.tables if new_v[str(t)] != old_v[str(t)]]
+        if not changed:
+            return False
+        old_src = self._sources(plan, old_v, "o")
+        new_src = self._sources(plan, new_v, "n")
+        parts = []
+        for table in changed:
+            keys = self._changed_keys(table, old_v[str(table)], new_v[str(table)])
+            for src, versions, tag in ((old_src, old_v, "co"), (new_src, new_v, "cn")):
+                rows = self._table(table, versions[str(table)]).join(keys, list(keys.columns), "left_semi")
+                sources = dict(src) | {table: self._register(rows, plan, tag)}
+                parts.append(self.spark.sql(plan.keys_sql(sources)))
+        affected = parts[0]
+        for part in parts[1:]:
+            affected = affected.unionByName(part)
+        affected = affected.distinct()
+        assert plan.anchor is not None  # an incremental plan always has one
+        renamed = affected.select(*[F.col(q(k)).alias(f"_a_{i}") for i, k in enumerate(plan.key)])
+        anchor = self._table(plan.anchor, new_v[str(plan.anchor)])
+        on = [anchor[q(c)].eqNullSafe(renamed[f"_a_{i}"]) for i, c in enumerate(plan.anchor_columns)]
+        restricted = anchor.join(renamed, on, "left_semi")
+        sources = dict(new_src) | {plan.anchor: self._register(restricted, plan, "a")}
+        rows = self.spark.sql(plan.render(sources))
+        gone = affected.join(
+            rows.select(*[F.col(q(k)).alias(f"_r_{i}") for i, k in enumerate(plan.key)]),
+            [affected[q(k)].eqNullSafe(F.col(f"_r_{i}")) for i, k in enumerate(plan.key)],
+            "left_anti",
+        )
+        return rows.withColumn(OP, F.lit("u")).unionByName(
+            gone.withColumn(OP, F.lit("d")), allowMissingColumns=True
+        )
+
+    def _changed_keys(self, table: TableName, v0: int, v1: int) -> DataFrame:
+        """The primary keys of the table's rows its change data feed shows between two versions."""
+        path = str(table_path(base_path(self.state), table))
+        key = list(self.log.schema(table).key)
+        try:
+            feed = (
+                self.spark.read.format("delta")
+                .option("readChangeFeed", "true")
+                .option("startingVersion", v0 + 1)
+                .option("endingVersion", v1)
+                .load(path)
+            )
+            feed.schema  # noqa: B018 - analysed here: a range without change data fails now
+        except Exception as exc:
+            raise _NoChangeData(
+                f"base table {table} has no change data feed across versions {v0 + 1}..{v1}"
+            ) from exc
+        return feed.select(*[q(k) for k in key]).distinct()
+
+    # -- writing the out table -------------------------------------------------------------------
+    def _merge(
+        self, out: str, source: DataFrame, kind: str | None, plan: ViewPlan, app_id: str, cut_id: int
+    ) -> dict[str, Any] | None:
+        """MERGE by view key; a full source ('u' rows only) also deletes the rows it lacks. None:
+        Delta had committed this cut already."""
+        if kind is None:
+            source = source.withColumn(OP, F.lit("u"))
+        columns = [c for c in source.columns if c != OP]
+        on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in plan.key)
+        differs = " OR ".join(f"NOT (t.{q(c)} <=> s.{q(c)})" for c in columns if c not in plan.key) or "false"
+        values = {q(c): F.col(f"s.{q(c)}") for c in columns}
+        merge = (
+            DeltaTable.forPath(self.spark, out)
+            .alias("t")
+            .merge(source.alias("s"), on)
+            .whenMatchedDelete(f"s.{OP} = 'd'")
+            .whenMatchedUpdate(f"s.{OP} = 'u' AND ({differs})", set=values)
+            .whenNotMatchedInsert(f"s.{OP} = 'u'", values=values)
+        )
+        if kind is None:
+            merge = merge.whenNotMatchedBySourceDelete()
+        with follower_write(self.spark, app_id, cut_id):
+            row = merge.execute().first()
+        return None if row is None else row.asDict()
+
+    def _replace(self, out: str, rows: DataFrame, app_id: str, cut_id: int) -> dict[str, Any]:
+        """A new epoch: the out table made anew (no txn of an older epoch's cut survives) with every row."""
+        shutil.rmtree(out, ignore_errors=True)
+        builder = DeltaTable.create(self.spark).location(out).property(CDF_PROPERTY, "true")
+        if unsafe_names(rows.columns):
+            for key, value in COLUMN_MAPPING.items():
+                builder = builder.property(key, value)
+        for f in rows.schema.fields:
+            builder = builder.addColumn(f.name, f.dataType, nullable=True)
+        builder.execute()
+        with follower_write(self.spark, app_id, cut_id):
+            rows.write.format("delta").mode("append").save(out)
+        history = DeltaTable.forPath(self.spark, out).history(1).first()
+        return {"num_inserted_rows": int((history["operationMetrics"] or {}).get("numOutputRows", 0))}
+
+    def _check_unique(self, out: str, plan: ViewPlan) -> None:
+        """A rebuilt view's key must be unique (incremental MERGEs fail on a duplicate by themselves)."""
+        dup = (
+            self.spark.read.format("delta")
+            .load(out)
+            .groupBy(*[q(k) for k in plan.key])
+            .count()
+            .where("count > 1")
+            .limit(1)
+            .collect()
+        )
+        if dup:
+            shown = ", ".join(f"{k}={dup[0][k]!r}" for k in plan.key)
+            raise SinkError(
+                f"view {plan.name}: its key ({', '.join(plan.key)}) is not unique: {dup[0]['count']} rows have {shown}",
+                "choose key columns that identify one row of the view (key: in the pipeline file)",
+            )
+
+
+class _NoChangeData(Exception):
+    """A base table's versions between two cuts lack change data: the cut is recomputed in full."""
+
+
+_UNRESOLVED = re.compile(r"name `([^`]+)`(?:\.`([^`]+)`)? cannot be resolved")
+
+
+def _explain(view: ViewConfig, exc: Exception, line: str) -> SinkError:
+    """A Spark failure of the view as an error naming the view (and the column, for a column the
+    source no longer has)."""
+    match = _UNRESOLVED.search(str(exc))
+    if match:
+        column = match.group(2) or match.group(1)
+        return SinkError(
+            f"view {view.name}: column {column} it uses is not in the captured tables any more "
+            f"(dropped at the source?): {line}",
+            "change the view's SQL in the pipeline file (the view is then rebuilt) or restore the column",
+        )
+    if "multiple source rows matched" in str(exc).lower() or "MERGE_CARDINALITY" in str(exc):
+        return SinkError(
+            f"view {view.name}: its key ({', '.join(view.key)}) is not unique: {line}",
+            "choose key columns that identify one row of the view (key: in the pipeline file)",
+        )
+    return SinkError(
+        f"view {view.name}: {line}",
+        "the view keeps its last good cut and is maintained again on the next run; CDC_DEBUG=1 shows a traceback",
+    )
