@@ -33,9 +33,10 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import psycopg2
 from psycopg2 import sql
@@ -43,7 +44,7 @@ from psycopg2 import sql
 from cdc import metrics
 from cdc.copytext import copy_text_unescape
 from cdc.filters import select_query
-from cdc.ground.errors import SourceError
+from cdc.ground.errors import CdcError, SourceError
 from cdc.ground.lsn import format_lsn, parse_lsn
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
@@ -301,6 +302,24 @@ def stream_covers(log: LocalLog, lsn: int) -> bool:
 
 # ---- one table ------------------------------------------------------------------------------------------
 @dataclass
+class _Copied:
+    """A chunk read into its segment's .part file whose fsync (`synced`) may still be running."""
+
+    mark: ChunkMark
+    tmp: Path
+    path: Path
+    nbytes: int
+    synced: Future[None]
+
+
+def _sync_and_close(sink: BinaryIO) -> None:
+    try:
+        os.fsync(sink.fileno())
+    finally:
+        sink.close()
+
+
+@dataclass
 class ChunkedTable:
     """What the runner knows about a table to copy in chunks (from its plan)."""
 
@@ -362,16 +381,8 @@ class ChunkedSnapshot:
             bar.advance(cp.rows)
             metrics.SNAP_ESTIMATED.labels(self.pipeline.name, str(t.table)).set(max(t.estimated_rows, 0))
             metrics.SNAP_DONE.labels(self.pipeline.name, str(t.table)).set(0)
-            started, copied = time.monotonic(), 0
             try:
-                while not cp.complete:
-                    mark = self._copy_chunk(control, reader, cp, types)
-                    copied += mark.rows
-                    bar.detail = self._detail(cp)
-                    bar.advance(mark.rows)
-                    metrics.SNAP_ROWS.labels(self.pipeline.name, str(t.table)).inc(mark.rows)
-                    self._reconcile_ready(cp, result)
-                    self._throttle(started, copied)
+                self._copy_chunks(control, reader, cp, types, bar, result)
             finally:
                 bar.close()
             if cp.chunks and not stream_covers(self.log, cp.chunks[-1].high):
@@ -391,10 +402,43 @@ class ChunkedSnapshot:
             control.close()
             reader.close()
 
-    def _detail(self, cp: Checkpoint) -> str:
+    def _copy_chunks(
+        self, control, reader, cp: Checkpoint, types: list[str], bar: RowProgress, result: ChunkedResult
+    ) -> None:
+        """Every chunk left, in key order. A chunk is read while the one before it becomes durable:
+        that one's segment is fsynced on `syncer` meanwhile, and joins the log and the checkpoint
+        (_commit) once the read is over."""
+        name = (self.pipeline.name, str(self.t.table))
+        started, copied = time.monotonic(), 0
+        pending: _Copied | None = None
+        last, complete = cp.last_key, cp.complete
+        with ThreadPoolExecutor(1, thread_name_prefix="cdc-chunk-fsync") as syncer:
+            try:
+                while not complete:
+                    number = len(cp.chunks) + (pending is not None)
+                    read = self._copy_chunk(control, reader, cp.snapshot_id, number, last, types, syncer)
+                    if pending is not None:
+                        self._commit(cp, pending)
+                    pending, mark = read, read.mark
+                    last = mark.last if mark.last is not None else last
+                    complete = mark.rows < self.options.chunk_rows
+                    copied += mark.rows
+                    bar.detail = self._detail(number + 1)
+                    bar.advance(mark.rows)
+                    metrics.SNAP_ROWS.labels(*name).inc(mark.rows)
+                    self._reconcile_ready(cp, result)
+                    self._throttle(started, copied)
+            except CdcError:  # the chunk read before a failed one still counts as done
+                if pending is not None and pending.synced.exception() is None:
+                    self._commit(cp, pending)
+                raise
+            if pending is not None:
+                self._commit(cp, pending)
+
+    def _detail(self, chunks: int) -> str:
         per_chunk = self.options.chunk_rows
-        expected = max(len(cp.chunks), -(-max(self.t.estimated_rows, 1) // per_chunk))
-        return f"chunk {len(cp.chunks)}/~{expected}"
+        expected = max(chunks, -(-max(self.t.estimated_rows, 1) // per_chunk))
+        return f"chunk {chunks}/~{expected}"
 
     def _checkpoint(self, control, result: ChunkedResult) -> Checkpoint:
         t = self.t
@@ -421,50 +465,70 @@ class ChunkedSnapshot:
         )
         return cp
 
-    def _copy_chunk(self, control, reader, cp: Checkpoint, types: list[str]) -> ChunkMark:
+    def _copy_chunk(
+        self,
+        control,
+        reader,
+        snapshot_id: int,
+        number: int,
+        last: list[str | None] | None,
+        types: list[str],
+        syncer: ThreadPoolExecutor,
+    ) -> _Copied:
+        """Read chunk `number` (the rows after key `last`) between its watermarks into its segment's
+        .part file; its fsync starts on `syncer`."""
         t, log = self.t, self.log
-        number = len(cp.chunks)
         first = getattr(self, "_first", None)
         if number == 0 and first is not None:
             low, after = first  # the snapshot's first watermark opens the first chunk
         else:
             after = log.end_offset_by_id(t.table_id)
             low = emit_watermark(control, t.table, number, "low")
-        path = log.segment_path(t.table_id, cp.snapshot_id, number)
+        path = log.segment_path(t.table_id, snapshot_id, number)
         private_dir(path.parent)
         tmp = path.with_suffix(".part")
-        statement = chunk_statement(
-            t.table, t.columns, t.key, types, t.where, cp.last_key, self.options.chunk_rows
-        )
+        statement = chunk_statement(t.table, t.columns, t.key, types, t.where, last, self.options.chunk_rows)
+        sink = private_open(tmp, "wb", buffering=4 << 20)
         try:
-            with private_open(tmp, "wb", buffering=4 << 20) as sink:
-                with reader.cursor() as cur:
-                    cur.copy_expert(statement.as_string(reader), sink, size=1 << 20)
-                reader.rollback()  # the chunk's transaction ends here: nothing is held between chunks
-                sink.flush()
-                os.fsync(sink.fileno())
-                nbytes = sink.tell()
+            with reader.cursor() as cur:
+                cur.copy_expert(statement.as_string(reader), sink, size=1 << 20)
+                rows = cur.rowcount  # COPY's own count ("COPY n"): no second pass over the file
+            reader.rollback()  # the chunk's transaction ends here: nothing is held between chunks
+            sink.flush()  # into the page cache: last_line reads it back, the fsync comes later
+            nbytes = sink.tell()
         except psycopg2.Error as exc:
+            sink.close()
             reader.rollback()
             message = (exc.pgerror or str(exc)).strip()
             fix = (
                 "GRANT SELECT on the table to the pipeline's role" if "permission denied" in message else None
             )
             raise SourceError(f"chunked snapshot of {t.table}: {message}", fix) from None
+        except BaseException:
+            sink.close()
+            raise
+        synced = syncer.submit(_sync_and_close, sink)  # runs while the next chunk is read
         high = emit_watermark(control, t.table, number, "high")
-        rows = count_lines(tmp)
+        if rows < 0:
+            rows = count_lines(tmp)
         line = last_line(tmp)
-        last = None
+        key = None
         if line is not None:
             fields = line.split(b"\t")
-            last = [copy_text_unescape(fields[i].decode()) for i in self.key_idx]
-        os.replace(tmp, path)
-        log.add_segment(cp.snapshot_id, number, path, rows, nbytes)
-        mark = ChunkMark(number, low, high, after, rows, last)
+            key = [copy_text_unescape(fields[i].decode()) for i in self.key_idx]
+        mark = ChunkMark(number, low, high, after, rows, key)
+        return _Copied(mark, tmp, path, nbytes, synced)
+
+    def _commit(self, cp: Checkpoint, copied: _Copied) -> None:
+        """A read chunk, once its segment is durable, joins the log and then the checkpoint: a restart
+        goes on with the next chunk."""
+        copied.synced.result()
+        os.replace(copied.tmp, copied.path)
+        mark = copied.mark
+        self.log.add_segment(cp.snapshot_id, mark.number, copied.path, mark.rows, copied.nbytes)
         cp.chunks.append(mark)
-        cp.complete = rows < self.options.chunk_rows
-        cp.save()  # the checkpoint: a restart goes on with the next chunk
-        return mark
+        cp.complete = mark.rows < self.options.chunk_rows
+        cp.save()
 
     def _reconcile_ready(self, cp: Checkpoint, result: ChunkedResult) -> None:
         changed = False
