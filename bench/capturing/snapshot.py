@@ -1,6 +1,7 @@
 """Part 2: a `--rows`-row table read by `COPY t TO STDOUT` in psql to /dev/null (the ceiling) and by
-`cdc snapshot` into a fresh log (default workers, then --parallel 1, 2, 4, then a chunked snapshot:
-`snapshot.mode: chunked`, watermark chunks of CHUNK_ROWS rows), interleaved per run."""
+`cdc snapshot` into a fresh log (`snapshot.mode: exported` with the default workers, then --parallel 1,
+2, 4; then a chunked snapshot: `snapshot.mode: chunked` with the default chunk_rows), interleaved per run.
+The exported rows name their mode: under `auto` (the default) a table of 1M rows or more is chunked."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from pipelines.devservices.postgres import pg_bin_dir
 
 TABLE = "public.bench_snap"
 PUBLICATION = "bench_snap_pub"
-CHUNK_ROWS = 50_000  # the default snapshot.chunk_rows
 CONFIGS: tuple[tuple[str, int | None], ...] = (
     ("default", None),
     ("parallel 1", 1),
@@ -58,8 +58,7 @@ def snapshot(b: Bench) -> None:
             if label == "chunked":
                 name = f"bench_snap_chunked_{rep}"
             sections: dict[str, Any] = {"log": b.local_log(name)}
-            if label == "chunked":
-                sections["snapshot"] = {"mode": "chunked", "chunk_rows": CHUNK_ROWS}
+            sections["snapshot"] = {"mode": "chunked" if label == "chunked" else "exported"}
             pipe = b.pipeline(name, [TABLE], slot=name, publication=PUBLICATION, **sections)
             extra = [] if parallel is None else ["--parallel", str(parallel)]
             run = b.cdc(f"snapshot_{name}", "snapshot", pipe, "--no-progress", *extra)

@@ -501,7 +501,7 @@ class SnapshotConfig(_Strict):
     tables: dict[str, SnapshotMode] = Field(
         default_factory=dict, description="per table (schema-qualified name): its mode, overriding `mode`"
     )
-    chunk_rows: int = Field(default=50_000, gt=0, description="rows per chunk (one short transaction each)")
+    chunk_rows: int = Field(default=100_000, gt=0, description="rows per chunk (one short transaction each)")
     max_rows_per_s: float | None = Field(
         default=None, gt=0, description="chunked: copy at most this many rows per second (default: unthrottled)"
     )
