@@ -10,7 +10,7 @@ import psycopg2
 
 from cdc.filters import publication_drift, refused
 from cdc.ground.config import Pipeline
-from cdc.ground.errors import ExitCode, PipelineFileError
+from cdc.ground.errors import ExitCode, PipelineFileError, UsageError
 from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
 from cdc.schema import generated_columns
@@ -83,6 +83,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
             except psycopg2.Error as exc:
                 error = refused(exc, pipeline.publication)
                 report.problems.append(Problem(error.problem, error.fix or ""))
+        schemas = captured_schemas(conn, report) if pipeline.views else {}
     finally:
         conn.close()
     info = report.server
@@ -112,6 +113,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                 "follower leave them out and `cdc verify` names them as not compared; compute them in a view (`views:`) "
                 "if a follower needs them"
             )
+    view_problems = check_views(pipeline, schemas, say)
     for note in report.notes:
         say(f"note: {note}")
     for p in report.problems:
@@ -120,13 +122,61 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     for p in shape_problems:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
     engine_problems = check_engines(pipeline, say)
-    if report.problems or dir_problems or engine_problems or shape_problems:
-        count = len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems)
+    if report.problems or dir_problems or engine_problems or shape_problems or view_problems:
+        count = len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems) + view_problems
         say(f"{count} problem(s) found; nothing was changed")
         # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")
     return int(ExitCode.OK)
+
+
+def captured_schemas(conn, report) -> dict:
+    """Each captured table's schema as the log will hold it (captured columns, resolved types)."""
+    from cdc.schema import TypeCache, build_schema, column_extras
+
+    types = TypeCache()
+    schemas = {}
+    for t in report.tables:
+        captured = report.filters.get(t.table)
+        cols = [(c.name, c.type_oid, c.typmod) for c in t.columns if captured is None or captured.keeps(c.name)]
+        schemas[t.table] = build_schema(conn, cols, t.key_columns, types, column_extras(conn, t.table))
+    return schemas
+
+
+def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None]) -> int:
+    """Each derived view analysed (pipelines/views/sql.py) and run by Spark on empty tables of the
+    captured schemas (no source row is read): a line per view saying whether it is maintained
+    incrementally or recomputed each cut and why; FAIL lines (the count returned) for views that
+    cannot work. Spark is started only for a pipeline with views."""
+    if not pipeline.views:
+        return 0
+    from pipelines.views.sql import analyse
+
+    columns = {t: s.column_names for t, s in schemas.items()}
+    plans, problems = [], 0
+    for view in pipeline.views:
+        try:
+            plans.append(analyse(view, list(schemas), columns))
+        except UsageError as exc:
+            problems += 1
+            say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
+    if plans:
+        from pipelines.spark import spark_session
+        from pipelines.views.check import struct_of, view_schema
+
+        spark = spark_session(None, master="local[1]")  # not the pipeline's cluster: nothing runs
+        structs = {t: struct_of(s) for t, s in schemas.items()}
+        for plan in plans:
+            try:
+                out = view_schema(spark, plan, structs)
+            except UsageError as exc:
+                problems += 1
+                say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
+                continue
+            followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or ["no sink follows it"]
+            say(f"{OK} {plan.describe()} ({len(out.fields)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
+    return problems
 
 
 def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
