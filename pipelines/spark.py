@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdc.ground.errors import CdcError, EngineSettingError
+from cdc.ground.executor_secrets import executor_secrets
 from cdc.ground.private import private_dir
 from cdc.ground.secrets import redact_with
 from pipelines.stages import attach_spark, stage
+from sinks.executor_env import keep_out_of_tasks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -126,6 +128,16 @@ def security_conf(pipeline: Pipeline | None) -> dict[str, str]:
     return conf
 
 
+def executor_env_conf(pipeline: Pipeline | None, master: str) -> dict[str, str]:
+    """The sinks' secrets as spark.executorEnv.CDC_SECRET_<SINK>_<FIELD> on a cluster with
+    `spark.executor_secrets: conf` (README "Secrets on the executors"): each executor gets them in
+    its environment at launch; task functions carry only the names. Local masters need none (the
+    sinks hand them to this machine's Python workers), nor does `workers` (their own environment)."""
+    if pipeline is None or master.startswith("local") or pipeline.spark.executor_secrets != "conf":
+        return {}
+    return {f"spark.executorEnv.{var}": value for var, value in executor_secrets(pipeline).items()}
+
+
 # Confs never put on the JVM's command line (`ps` shows it to every local user): set over py4j.
 SECRET_CONF = re.compile(r"secret|password|token", re.I)
 
@@ -163,6 +175,7 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     if submitted:
         conf = _not_submitted(conf)
     master_url = conf.get("spark.master") or _submitted_master()
+    conf |= executor_env_conf(pipeline, master_url)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -184,6 +197,8 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
     if not master_url.startswith("local"):
+        # executors got the sinks' secrets at launch: pyspark's copy must not ride with every task
+        keep_out_of_tasks(spark.sparkContext, executor_secrets(pipeline) if pipeline else {})
         ship_code(spark, pipeline)
     _register_sources(spark)
     attach_spark(spark)

@@ -472,6 +472,13 @@ class SparkConfig(_Strict):
     encrypt: bool = Field(
         default=True, description="with `secret`: encrypt RPC (spark.network.crypto) and local shuffle/spill files"
     )
+    # README "Secrets on the executors": the sinks' passwords reach executors by environment, not in tasks
+    executor_secrets: Literal["conf", "workers"] = Field(
+        default="conf",
+        description="how executors on a cluster get the sinks' passwords (variables CDC_SECRET_<SINK>_<FIELD>): "
+        "conf: the driver sets spark.executorEnv.<VAR> (values redacted in Spark's UI); workers: the workers' "
+        "own environment (conf/spark-env.sh) has them, the driver sends nothing. Local masters: from the driver",
+    )
 
 
 class StreamConfig(_Strict):

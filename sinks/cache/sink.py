@@ -79,6 +79,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.ground.errors import CdcError, EngineSettingError, SinkError
+from cdc.ground.executor_secrets import SecretRef, env_name, split_password
 from cdc.ground.secrets import redact
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
@@ -90,6 +91,7 @@ from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape, q
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 from sinks.changes import META_COLUMNS, NetChanges, TableBatch
+from sinks.executor_env import missing_error, provide
 from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
 
@@ -140,6 +142,10 @@ class RedisSink(Sink):
     def __init__(self, config, pipeline, spark):
         super().__init__(config, pipeline, spark)
         self.url: str = self.settings.url
+        # executors get the URL without its password and the password by reference (README
+        # "Secrets on the executors"): the pickled task names CDC_SECRET_<SINK>_PASSWORD only
+        self.task_url, password = split_password(self.url)
+        self.password = SecretRef(env_name(self.name, "password"), password) if password else None
         self.ttl: int = self.settings.ttl or 0
         renames = {TableName.parse(t): o.rename for t, o in self.settings.table_options.items() if o.rename}
         self.template = KeyTemplate(self.settings.key, self.name, renames)
@@ -149,7 +155,10 @@ class RedisSink(Sink):
         return f"{self.name} (redis {redact(self.url)})"
 
     # ---- connection and errors -------------------------------------------------------------------
-    def _error(self, detail: str, doing: str) -> SinkError:
+    def _error(self, detail: str, doing: str) -> SinkError | EngineSettingError:
+        missing = missing_error(detail, self.name)
+        if missing is not None:
+            return missing
         resume = "this follower keeps its checkpoint and the next `cdc apply` resumes it from there"
         if detail.startswith("OutOfMemoryError"):  # noeviction at maxmemory: nothing was evicted, writes refused
             fix = f"give Redis more memory (`CONFIG SET maxmemory <bytes>`, 0 for no limit, and in redis.conf) or free some; {resume}"
@@ -306,13 +315,15 @@ class RedisSink(Sink):
         sha = self._redis("writing to", self._client().script_load, script)
         writer = functools.partial(
             write_partition,
-            url=self.url,
+            url=self.task_url,
+            password=self.password,
             script=script,
             sha=sha,
             truncate_key=keys.truncate_key,
             ttl=self.ttl,
             tomb_ttl=TOMBSTONE_TTL_S,
         )
+        provide(self.spark, [self.password] if self.password else [])
         names_out = ("inserted", "updated", "deleted", "ignored")
         totals = self._spark(
             "writing to", lambda: rows.rdd.mapPartitions(writer).fold((0, 0, 0, 0), add_counts)

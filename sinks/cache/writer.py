@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from cdc.ground.executor_secrets import ExecutorSecretMissing, SecretRef, with_password
+
 ROWS_PER_CALL = 200  # rows per script call
 CALLS_PER_TRIP = 10  # script calls per network round trip
 _TAG = "cdc-redis-error"
@@ -36,13 +38,15 @@ def add_counts(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-def connect(url: str) -> Any:
+def connect(url: str, password: SecretRef | None = None) -> Any:
+    """A client for `url`; `password` (by reference, README "Secrets on the executors") goes back
+    into a URL the sink stripped of it."""
     import redis
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
     return redis.Redis.from_url(
-        url,
+        with_password(url, password.get()) if password is not None else url,
         socket_connect_timeout=5,
         socket_timeout=120,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 2),
@@ -118,13 +122,25 @@ def _bulk(value: bytes) -> bytes:
 
 
 def write_partition(
-    rows: Iterator[Any], *, url: str, script: str, sha: str, truncate_key: str, ttl: int, tomb_ttl: int
+    rows: Iterator[Any],
+    *,
+    url: str,
+    script: str,
+    sha: str,
+    truncate_key: str,
+    ttl: int,
+    tomb_ttl: int,
+    password: SecretRef | None = None,
 ) -> Iterator[tuple[int, int, int, int]]:
-    """Write one partition's rows (k, t, op, lsn, seq, v, u); yield (inserted, updated, deleted, ignored)."""
+    """Write one partition's rows (k, t, op, lsn, seq, v, u); yield (inserted, updated, deleted, ignored).
+    `url` has no password: it is `password`, read from this executor's environment."""
     from redis.exceptions import RedisError
 
     totals = [0, 0, 0, 0]
-    client = connect(url)
+    try:
+        client = connect(url, password)
+    except ExecutorSecretMissing as exc:
+        raise RuntimeError(tag(str(exc))) from None
     sender = _Sender(client, script, sha)
     first_key = _bulk(truncate_key.encode())
     first_args = _bulk(b"%d" % ttl) + _bulk(b"%d" % tomb_ttl)

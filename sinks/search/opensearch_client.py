@@ -4,7 +4,8 @@ on the driver from the sink's settings, turned into an opensearch-py client wher
 writes and scroll reads), so every client signs in and checks TLS the same way.
 
 * HTTP basic auth: `username`/`password` (the password comes from `${ENV}` in the pipeline file
-  and is never printed; credentials inside a host URL keep working too).
+  and is never printed; credentials inside a host URL keep working too). Passwords are held as
+  SecretRef: a task pickled for the executors carries the variable's name, not the value.
 * TLS: `https://` hosts; `ca_file` (else the system's CAs), `client_cert`/`client_key` for mTLS,
   `verify_certs: false` to skip the certificate and host name checks (test clusters only).
 * `aws_sigv4`: every request signed with opensearch-py's Urllib3AWSV4SignerAuth; credentials
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import EngineSettingError
+from cdc.ground.executor_secrets import SecretRef, env_name, split_host_password, with_password
 
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # without passwords (README "Secrets on the executors")
     timeout: float
     username: str | None = None
-    password: str | None = field(default=None, repr=False)
+    # By reference: pickled into executor tasks as the variable's name only (cdc/ground/executor_secrets.py)
+    password: SecretRef | None = field(default=None, repr=False)
+    host_passwords: tuple[SecretRef | None, ...] = field(default=(), repr=False)  # of a host URL, per host
     ca_file: str | None = None
     client_cert: str | None = None
     client_key: str | None = None
@@ -43,11 +47,19 @@ class ClientSettings:
     @classmethod
     def of(cls, settings: SearchSettings, sink_name: str) -> ClientSettings:
         sigv4 = settings.aws_sigv4
+        hosts, host_passwords = [], []
+        for i, host in enumerate(settings.hosts or []):
+            bare, secret = split_host_password(host)
+            hosts.append(bare)
+            var = env_name(sink_name, f"host{i}_password")
+            host_passwords.append(SecretRef(var, secret) if secret else None)
+        password = settings.password
         return cls(
-            hosts=tuple(settings.hosts or []),
+            hosts=tuple(hosts),
             timeout=settings.timeout_s,
             username=settings.username,
-            password=settings.password,
+            password=SecretRef(env_name(sink_name, "password"), password) if password is not None else None,
+            host_passwords=tuple(host_passwords),
             ca_file=settings.ca_file,
             client_cert=settings.client_cert,
             client_key=settings.client_key,
@@ -59,7 +71,20 @@ class ClientSettings:
 
     @property
     def secrets(self) -> list[str]:
-        return [s for s in (self.password,) if s]
+        """The values known here, to mask in messages (never raises on an executor)."""
+        refs = [self.password, *self.host_passwords]
+        return [v for v in (r.peek() for r in refs if r is not None) if v]
+
+    @property
+    def refs(self) -> list[SecretRef]:
+        return [r for r in (self.password, *self.host_passwords) if r is not None]
+
+    def host_urls(self) -> list[str]:
+        """The hosts with their passwords back in (read from the environment on an executor)."""
+        return [
+            with_password(host, ref.get()) if ref is not None else host
+            for host, ref in zip(self.hosts, self.host_passwords or (None,) * len(self.hosts), strict=True)
+        ]
 
 
 def _sigv4_auth(cs: ClientSettings) -> Any:
@@ -85,7 +110,7 @@ def make_client(cs: ClientSettings) -> OpenSearch:
     from opensearchpy import OpenSearch
 
     kwargs: dict[str, Any] = {
-        "hosts": list(cs.hosts),
+        "hosts": cs.host_urls(),
         "timeout": cs.timeout,
         "max_retries": 2,
         "retry_on_timeout": False,
@@ -98,7 +123,7 @@ def make_client(cs: ClientSettings) -> OpenSearch:
     if cs.client_cert:
         kwargs |= {"client_cert": cs.client_cert, "client_key": cs.client_key}
     if cs.username is not None:
-        kwargs["http_auth"] = (cs.username, cs.password or "")
+        kwargs["http_auth"] = (cs.username, cs.password.get() if cs.password is not None else "")
     elif cs.sigv4_region:
         kwargs["http_auth"] = _sigv4_auth(cs)
     return OpenSearch(**kwargs)

@@ -62,10 +62,12 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from cdc.ground.errors import EngineSettingError, SinkError
+from cdc.ground.executor_secrets import ExecutorSecretMissing
 from cdc.ground.secrets import redact_with
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
+from sinks.executor_env import missing_error, provide
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
 from sinks.search.opensearch_client import ClientSettings, make_client
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
@@ -280,6 +282,8 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
             problem = _send(client, plan, chunk, counts)
             if problem:
                 return iter([error_result(*problem, tuple(counts))])
+    except ExecutorSecretMissing as exc:  # the driver makes it exit 3 naming the variable
+        return iter([error_result(str(exc), None, tuple(counts))])
     except OsConnectionError as exc:
         return iter(
             [
@@ -641,11 +645,15 @@ class OpenSearchSink(SearchSink):
             self.settings.bulk_actions,
             job.rejected_fix,
         )
-        stats = self.collect(
-            str(batch.table),
-            job.frame.rdd.mapPartitions(partial(bulk_partition, plan)),
-            f"OpenSearch index {index}",
-        )
+        provide(self.spark, plan.client.refs)  # the tasks carry the passwords' variable names only
+        try:
+            stats = self.collect(
+                str(batch.table),
+                job.frame.rdd.mapPartitions(partial(bulk_partition, plan)),
+                f"OpenSearch index {index}",
+            )
+        except SinkError as exc:
+            raise missing_error(exc.problem, self.name) or exc from None
         with self.calls(f"the refresh of {index}"):
             client.indices.refresh(index=index)
         return stats
@@ -663,7 +671,9 @@ class OpenSearchSink(SearchSink):
         with self.calls("a refresh"):
             self.client().indices.refresh(index=index)
         slices = max(2, self.spark.sparkContext.defaultParallelism)
-        read = partial(read_slice, self.client_settings, index, slices)
+        cs = self.client_settings
+        provide(self.spark, cs.refs)
+        read = partial(read_slice, cs, index, slices)
         return self.spark.sparkContext.parallelize(range(slices), slices).flatMap(read)
 
     def search(

@@ -9,6 +9,8 @@
   rows are not resurrected, newer values not regressed);
 * Redis killed mid-apply, restarted: the next run re-applies the pending cut and the cache
   equals the source;
+* a password-protected Redis: the password reaches the executors by environment, in no
+  pickled task function (issue 24 item 4);
 * Redis unreachable: a clear SinkError naming the URL (password masked), checkpoint kept;
   with a Delta sink next to it only the cache fails, and it catches up after Redis is back.
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -31,6 +34,7 @@ from pipelines.devservices.base import free_port
 from pipelines.devservices.redis import LocalRedis
 from sinks.cache.keys import KeyTemplate
 from tests.fixtures.readers import delta_rows, redis_rows
+from tests.fixtures.spark_tasks import shipped_tasks
 from tests.fixtures.workload import BIG_TEXT
 from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_changes as stream
@@ -463,6 +467,43 @@ def test_unreachable_redis_is_a_clear_error(pg_db: str, tmp_path: Path, spark) -
     ckpt = load_checkpoint(load_pipeline(file).state_path, "cache")
     # Redis is checked (eviction policy, markers) before a cut is started: nothing pending
     assert ckpt.cut_id == 0 and ckpt.pending is None
+
+
+def test_password_reaches_executors_by_environment_not_in_tasks(
+    pg_db: str, tmp_path: Path, spark, own_redis: LocalRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 4: a Redis with `requirepass`; the sink's URL takes the password from ${ENV}.
+    No task function the driver pickles for the executors holds it (they carry the variable
+    CDC_SECRET_CACHE_PASSWORD, which the local Python workers get in their environment); the
+    apply still ends identical (redis-py, verify 0)."""
+    password = "rp-" + secrets.token_hex(12)
+    redis.Redis.from_url(own_redis.url).config_set("requirepass", password)
+    authed = own_redis.url.replace("redis://", f"redis://:{password}@")
+    monkeypatch.setenv("CDC_TEST_REDIS_PASSWORD", password)
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 40) g",
+    )
+    url = own_redis.url.replace("redis://", "redis://:${CDC_TEST_REDIS_PASSWORD}@")
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[{"name": "cache", "redis": {"url": url, "tables": ["public.t"]}}],
+    )
+    snapshot(file)
+    with shipped_tasks(monkeypatch) as shipped:
+        apply_once(file, spark)
+        sql(pg_db, "UPDATE t SET v = 'changed' WHERE id <= 10", "DELETE FROM t WHERE id > 35")
+        stream(file, pg_db)
+        runs = apply_once(file, spark)
+    assert stats_of(runs, "cache") == {"public.t": (0, 10, 5)}
+    assert shipped.containing("CDC_SECRET_CACHE_PASSWORD"), "the Redis writer was not among the shipped tasks"
+    assert not shipped.containing(password), "the password is inside a pickled task function"
+    assert any(e.get("CDC_SECRET_CACHE_PASSWORD") == password for e in shipped.environments)  # local master
+    assert_verified(file, spark, "cache")
+    assert_cache_is_source(authed, pg_db)
 
 
 def test_bad_key_template_is_refused(pg_db: str, tmp_path: Path, spark, redis_db: str) -> None:

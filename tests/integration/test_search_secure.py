@@ -2,7 +2,8 @@
 README Security): https with a CA made at test time, HTTP basic auth with the password from
 ${ENV}, and client-certificate sign-in. The settings reach the driver's index management, the
 executors' bulk writes (apply) and scroll reads (verify), and `cdc search`; an independent
-opensearch-py reader sees the source's rows. A wrong password or an untrusted CA is exit 3
+opensearch-py reader sees the source's rows; no task function shipped to the executors holds
+the password (they read it from their environment, issue 24 item 4). A wrong password or an untrusted CA is exit 3
 naming the setting, with no secret printed. `aws_sigv4`: every request checked by a proxy that
 recomputes its SigV4 signature (not Amazon: no network here)."""
 
@@ -25,6 +26,7 @@ from tests.fixtures.certs import make_certs
 from tests.fixtures.opensearch_secure import PASSWORD, USER, SecureOpenSearch, secure_opensearch  # noqa: F401
 from tests.fixtures.readers import opensearch_docs
 from tests.fixtures.sigv4_proxy import SigV4Proxy, sigv4_proxy
+from tests.fixtures.spark_tasks import shipped_tasks
 from tests.harness import apply_once, cdc, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = [pytest.mark.integration]
@@ -94,15 +96,19 @@ def test_tls_basic_auth_and_client_certificate(
         spark={"conf": {"spark.sql.shuffle.partitions": 2}},
     )
     run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)
-    apply_once(f, spark)
-    sql(pg_db, "UPDATE items SET title = 'changed' WHERE id <= 5", "DELETE FROM items WHERE id > 25")
-    stream_changes(f, pg_db)
-    apply_once(f, spark)
-
-    expected = {str(k[0]): v["title"] for k, v in source_rows(pg_db, "public.items", ["id"]).items()}
-    pipeline = load_pipeline(f)
-    code, report = verify(f, spark, "s")  # executors read over TLS with the sink's basic auth
-    assert code == 0 and "identical" in report, report
+    with shipped_tasks(monkeypatch) as shipped:
+        apply_once(f, spark)
+        sql(pg_db, "UPDATE items SET title = 'changed' WHERE id <= 5", "DELETE FROM items WHERE id > 25")
+        stream_changes(f, pg_db)
+        apply_once(f, spark)
+        expected = {str(k[0]): v["title"] for k, v in source_rows(pg_db, "public.items", ["id"]).items()}
+        pipeline = load_pipeline(f)
+        code, report = verify(f, spark, "s")  # executors read over TLS with the sink's basic auth
+        assert code == 0 and "identical" in report, report
+    # issue 24 item 4: the bulk writes and scroll reads the executors ran carried the password's
+    # variable (README "Secrets on the executors"), never the password itself
+    assert len(shipped.containing("CDC_SECRET_S_PASSWORD")) >= 2, "no bulk write or scroll read was shipped"
+    assert not shipped.containing(PASSWORD), "the password is inside a pickled task function"
     for name in ("s", "m"):  # both written over TLS, each with its own sign-in
         index = make_sink(pipeline.sink(name), pipeline, None).index_of(TableName.parse("public.items"))
         docs = independent_docs(node, index)
