@@ -52,6 +52,18 @@ def cdc(*args: str | os.PathLike[str], env: dict[str, str] | None = None, timeou
     return CdcRun(done.returncode, done.stdout, done.stderr)
 
 
+def cdc_here(*args: str | os.PathLike[str]) -> CdcRun:
+    """`cdc ARGS` in this process (click's runner): exit code and output as `cdc` prints them, with
+    Spark verbs on the test session's SparkSession instead of a JVM started per call. What only a
+    process of its own shows (signals, what the JVM prints to stderr) needs `cdc`."""
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return CdcRun(result.exit_code, result.stdout, result.stderr)
+
+
 def cdc_popen(*args: str | os.PathLike[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", *map(str, args)],
@@ -156,6 +168,28 @@ def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
         if run.error is not None:
             raise run.error
     return runs
+
+
+def apply_crashing(pipeline_file: Path, spark, point: str, sink: str | None = None) -> None:
+    """`cdc apply --once` in-process, stopped at crash point `point` (pipelines/faults.py with
+    CDC_FAULT_RAISE): what is on disk then is what a SIGKILL at that point leaves, without a JVM
+    start per crash. Exact for points the job reaches on one thread (apply:after-merge; and
+    apply:between-tables with apply_parallelism 1); tests of the kill itself run `cdc apply`."""
+    from pipelines.faults import CrashPointReached
+
+    saved = {k: os.environ.get(k) for k in ("CDC_FAULT", "CDC_FAULT_RAISE")}
+    os.environ.update(CDC_FAULT=point, CDC_FAULT_RAISE="1")
+    try:
+        apply_once(pipeline_file, spark, sink)
+    except CrashPointReached:
+        return
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    raise AssertionError(f"the apply finished without reaching crash point {point}")
 
 
 def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, str]:

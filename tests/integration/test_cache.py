@@ -36,7 +36,7 @@ from sinks.cache.keys import KeyTemplate
 from tests.fixtures.readers import delta_rows, redis_rows
 from tests.fixtures.spark_tasks import shipped_tasks
 from tests.fixtures.workload import BIG_TEXT
-from tests.harness import apply_once, cdc, source_rows, sql, verify, write_pipeline
+from tests.harness import apply_once, cdc_here, source_rows, sql, verify, write_pipeline
 from tests.harness import stream_changes as stream
 
 pytestmark = pytest.mark.integration
@@ -549,7 +549,7 @@ def test_redis_down_fails_only_the_cache_sink(
     lake_before, cache_before = load_checkpoint(state, "lake").cut_id, load_checkpoint(state, "cache").cut_id
 
     own_redis.stop()
-    run = cdc("apply", file, "--once")
+    run = cdc_here("apply", file, "--once")  # in-process: exit code and output as printed
     assert run.code == 4, run.out + run.err
     assert "sink cache: FAILED" in run.out and own_redis.url in run.out and "fix:" in run.out, run.out
     assert "Traceback" not in run.out + run.err and "Py4J" not in run.out + run.err

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import re
 import shlex
-import signal
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from cdc.ground.config import load_pipeline
+from pipelines.checkpoints import load_checkpoint
 from pipelines.cli import cli
 from snapshot.runner import run_snapshot
 from tests.fixtures.capture import Pipe, start_stream, stop_stream
 from tests.fixtures.readers import delta_rows
 from tests.harness import (
+    apply_crashing,
     apply_once,
     cdc,
     flush_wal,
@@ -413,9 +414,8 @@ def test_re_base_with_type_change_delta_cannot_widen(pg_db: str, tmp_path: Path,
     search = {"name": "search", "search": {"engine": "tantivy", "path": "idx", "tables": ["public.acc"]}}
     cache = {"name": "cache", "redis": {"url": cache_url, "tables": ["public.acc"]}}
     lake = {"name": "lake", "delta": {"path": "lake"}}
-    fast_jvm = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2}
     sinks = [lake, hist, search, cache]
-    file = write_pipeline(tmp_path, pg_db, ["public.acc"], name="ddl", sinks=sinks, spark={"conf": fast_jvm})
+    file = write_pipeline(tmp_path, pg_db, ["public.acc"], name="ddl", sinks=sinks)
     _snapshot(file)
     apply_once(file, spark)
     sql(pg_db, "UPDATE acc SET n = 20 WHERE id = 2")
@@ -431,17 +431,16 @@ def test_re_base_with_type_change_delta_cannot_widen(pg_db: str, tmp_path: Path,
     )
     stream_cli(file, "public.acc: its storage was rewritten", "re-base public.acc: done")
 
-    # Each Delta follower killed right after its writes, before its checkpoint (`cdc apply` exits by
-    # SIGKILL): the next apply applies the same cut again and changes nothing in either table.
+    # Each Delta follower stopped right after its writes, before its checkpoint (the crash point of
+    # a SIGKILL, in-process: tests/harness.py apply_crashing): the next apply applies the same cut
+    # again and changes nothing in either table.
     def held() -> dict:
         keys = {"lake": ("id",), "hist": ("id", "_cdc_start_lsn")}  # SCD2: one row per version
         return {s: delta_rows(spark, tmp_path / s / "public" / "acc", keys[s]) for s in keys}
 
     for sink in ("lake", "hist"):
-        crashed = cdc(
-            "apply", file, "--once", "--sink", sink, env={"CDC_FAULT": "apply:after-merge"}, timeout=900
-        )
-        assert crashed.code == -signal.SIGKILL, crashed.out + crashed.err
+        apply_crashing(file, spark, "apply:after-merge", sink)
+        assert load_checkpoint(load_pipeline(file).state_path, sink).pending, sink
     written = held()
     apply_once(file, spark)
     assert held() == written

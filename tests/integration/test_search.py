@@ -34,7 +34,7 @@ from sinks.registry import make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
-from tests.harness import apply_once, cdc, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import apply_once, cdc, cdc_here, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -394,7 +394,7 @@ def test_opensearch_down_fails_only_that_follower(
         pg_db, "UPDATE items SET title = 'while down ' || id WHERE id <= 5", "DELETE FROM items WHERE id = 10"
     )
     stream(pg_db, f)
-    run = cdc("apply", f, "--once", timeout=600)
+    run = cdc_here("apply", f, "--once")  # in-process: exit code and output as printed
     assert run.code == 4, (run.out, run.err)
     assert "Traceback" not in run.out + run.err and "Py4J" not in run.out + run.err
     assert "sink local: applied cut" in run.out, run.out
