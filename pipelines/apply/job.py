@@ -31,6 +31,7 @@ from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
 from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
+from pipelines.apply.viewfollow import view_batches, view_states, view_targets, views_cut, views_moved
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
@@ -40,6 +41,7 @@ from sinks.changes import TableBatch
 from sinks.marker import Marker, lost_reason
 from sinks.registry import make_sink
 from sinks.shaping import shape_batch, shape_of, shape_record
+from sinks.viewbatch import ViewBatch, view_table
 
 
 @dataclass
@@ -220,6 +222,20 @@ class ApplyJob:
         names = {t.table: t for t in log.tables()}
         by_name = {str(t): t for t in names}
         run.used_pending = bool(ckpt.pending)
+        # derived views the sink follows (pipelines/apply/viewfollow.py): a failed view stops it here
+        views = view_states(self.pipeline, sink_cfg)
+        at = views_cut(self.pipeline, sink_cfg, views)
+        if at is not None and not ckpt.pending and at != latest.id:
+            if at < ckpt.cut_id:  # the views stand behind this follower: never go back
+                run.cut_id, run.lsn, run.up_to_date = ckpt.cut_id, ckpt.lsn, True
+                return
+            # the tables are applied at the cut the views stand at, so both describe the same cut
+            latest = log.cut(at) if hasattr(log, "cut") else None
+            if latest is None:
+                raise SinkError(
+                    f"sink {sink_cfg.name}: its views stand at cut {at}, which the log no longer has",
+                    f"run `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}` again",
+                )
         if ckpt.pending:
             cut_id, cut_lsn, tables = _cut_from_pending(ckpt.pending)
             cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
@@ -227,7 +243,7 @@ class ApplyJob:
             cut_id, cut_lsn = latest.id, latest.lsn
             cut_tables = {str(t): r for t, r in latest.tables.items()}
         run.cut_id, run.lsn = cut_id, cut_lsn
-        if cut_id == ckpt.cut_id and not ckpt.pending:
+        if cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(views, ckpt):
             run.up_to_date = True
             return
         # followers follow the tables the file names now, not every table the log still holds
@@ -246,11 +262,13 @@ class ApplyJob:
             for name in wanted:
                 if name in by_name:
                     sink.clear_table(by_name[name])
+            for view in views:
+                sink.clear_table(view_table(view))
             ckpt.tables, ckpt.clear = {}, False
         self._rebuild_reshaped(log, sink, sink_cfg, ckpt, wanted, by_name)
-        self._check_markers(
-            sink, sink_cfg, ckpt, [n for n in wanted if n in ckpt.tables and n in by_name], by_name
-        )
+        followed = by_name | {str(view_table(v)): view_table(v) for v in views}
+        held = [n for n in wanted if n in by_name] + [str(view_table(v)) for v in views]
+        self._check_markers(sink, sink_cfg, ckpt, [n for n in held if n in ckpt.tables], followed)
         # remedies name this pipeline file and sink, so they run as printed
         hint = getattr(log, "rebuild_hint", None) or (
             f"run `{self.pipeline.command('snapshot')} --tables {{table}}` to give the table a new base; "
@@ -278,11 +296,15 @@ class ApplyJob:
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
             batches.append(shape_batch(batch, sink_cfg))  # the sink's columns, masks (sinks/shaping.py)
+        targets = view_targets(views, ckpt)
+        batches += view_batches(self.spark, self.pipeline, sink, targets, ckpt)  # applied like tables
         ckpt.pending = {
             "cut_id": cut_id,
             "lsn": cut_lsn,
             "tables": {k: [r.base, r.end] for k, r in cut_tables.items()},
         }
+        if targets:  # the views' versions of this cut: a crashed cut applies exactly these rows again
+            ckpt.pending["views"] = {n: t.record() for n, t in targets.items()}
         save_checkpoint(state, ckpt)
         if batches:
             name = sink_cfg.name
@@ -313,7 +335,12 @@ class ApplyJob:
             redo = (
                 [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in wanted]
             )  # older followers
-            ends = {b.table: (cut_tables[str(b.table)].base, b.last_offset) for b in batches}
+            ends = {
+                b.table: (b.epoch, b.last_offset)
+                if isinstance(b, ViewBatch)
+                else (cut_tables[str(b.table)].base, b.last_offset)
+                for b in batches
+            }
             ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
             markers = [
                 (table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json())
@@ -327,11 +354,14 @@ class ApplyJob:
                 sink_cfg.name,
             )
             ckpt.markers = True
-        sink.cut_applied(cut_id, cut_lsn, [by_name[n] for n in wanted if n in by_name])  # e.g. Delta's _cdc_cuts
+        applied = [by_name[n] for n in wanted if n in by_name] + [view_table(v) for v in targets]
+        sink.cut_applied(cut_id, cut_lsn, applied)  # e.g. Delta's _cdc_cuts
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
             if name in cut_tables:
                 ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
+        for view, target in targets.items():
+            ckpt.tables[str(view_table(view))] = [target.epoch, target.version]
         ckpt.pending = None
         save_checkpoint(state, ckpt)
 
