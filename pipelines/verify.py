@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.filters import CaptureFilter, select_query
-from cdc.ground.config import Pipeline, pipeline_tables, sink_tables
+from cdc.ground.config import Pipeline, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
 from cdc.ground.private import private_dir, private_open
@@ -48,6 +48,7 @@ from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.stages import stage
+from pipelines.verify_views import ViewCheck, view_columns, view_plans, view_schema
 from sinks.changes import typed_columns
 from sinks.registry import make_sink
 from sinks.shaping import Shape, shape_of, shape_rows
@@ -325,6 +326,9 @@ def run_verify(
         report.raise_if_problems()
         all_tables = [t for t in followed if t not in gone]
         wanted = {t for s in sinks for t in sink_tables(s, all_tables)}
+        # derived views: their base tables are read from the source too (pipelines/verify_views.py)
+        plans = view_plans(pipeline, sinks, all_tables, log)
+        wanted |= {t for plan in plans.values() for t in plan.tables}
         schemas = {t: log.schema(t) for t in wanted}
         for s in sinks:  # a sink's table_options naming a column the table lacks: exit 2 before reading
             for t in sink_tables(s, all_tables):
@@ -332,7 +336,8 @@ def run_verify(
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
             source = copy_source(pipeline, report.server.version, schemas, workdir, report.filters)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
-        verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s) for s in sinks]
+        views = ViewCheck(pipeline, spark, reader, plans)
+        verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s, views) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):
             ckpt = load_checkpoint(pipeline.state_path, sink_cfg.name, pipeline.file)
             for t in sink_tables(sink_cfg, list(gone)):
@@ -379,7 +384,15 @@ def _ensure(path: Path) -> Path:
 
 
 def _verify_sink(
-    pipeline, spark, conn, log, reader: ChangeReader, sink_cfg, source: SourceCopy, wait_s: float
+    pipeline,
+    spark,
+    conn,
+    log,
+    reader: ChangeReader,
+    sink_cfg,
+    source: SourceCopy,
+    wait_s: float,
+    views: ViewCheck | None = None,
 ) -> SinkVerdict:
     verdict = SinkVerdict(sink_cfg.name)
     tables = [t for t in sink_tables(sink_cfg, list(source.files)) if t in source.files]
@@ -402,6 +415,20 @@ def _verify_sink(
                 f"{pending} change(s) committed before the verification point are not applied yet"
             )
             return verdict
+    view_lsn = None
+    if views is not None and sink_views(sink_cfg):
+        view_lsn, verdict.behind, verdict.error = views.position(sink_cfg, ckpt)
+        if verdict.behind or verdict.error:
+            return verdict
+        base = views.base_checkpoint()
+        assert view_lsn is not None
+        if view_lsn < source.point:  # the view's base tables must not have changed since its cut
+            pending = _pending(
+                conn, pipeline, spark, log, reader, base, views.base_tables(sink_cfg), source.point
+            )
+            if pending:
+                verdict.behind = f"{pending} change(s) of its views' base tables committed before the verification point are not in the views yet"
+                return verdict
     try:
         sink = make_sink(sink_cfg, pipeline, spark)
         for table in tables:
@@ -425,9 +452,42 @@ def _verify_sink(
                     )
                 )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
+        for name in sink_views(sink_cfg) if views is not None else []:
+            _verify_view(views, sink, name, source, view_lsn or 0, verdict)
+            if verdict.behind:
+                return verdict
     except CdcError as exc:
         verdict.error = str(exc)
     return verdict
+
+
+def _verify_view(
+    views: ViewCheck, sink, name: str, source: SourceCopy, view_lsn: int, verdict: SinkVerdict
+) -> None:
+    """One view of the sink: its SQL over the source copy against the follower's `views.<name>`."""
+    plan = views.plans[name]
+    columns, key = view_columns(views.pipeline, name)
+    sources = {t: _typed_source(views.spark, source.schemas[t], source.files[t]) for t in plan.tables}
+    excused = None
+    if view_lsn >= source.point:
+        excused, told = views.excused(plan, sources, source.schemas, source.point)
+        if not told:
+            verdict.behind = (
+                f"view {name} is maintained by full recomputation and its base tables changed after the "
+                "verification point, so changed rows cannot be told apart: run `cdc verify` again when the source is quiet"
+            )
+            return
+    with stage(f"sink {verdict.sink}: views.{name}: comparing with the view's SQL over the source"):
+        verdict.tables.append(
+            compare(
+                views.spark,
+                view_schema(columns, key),
+                views.rows(plan, sources, columns),
+                views.follower(sink, name, columns, key),
+                excused,
+                f"views.{name}",
+            )
+        )
 
 
 def _pending(
