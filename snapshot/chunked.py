@@ -10,11 +10,13 @@ snapshot instead copies a table in key order, `chunk_rows` rows at a time:
      everything committed before L is visible to the chunk's read;
   2. the chunk: one short REPEATABLE READ transaction runs `COPY (SELECT ... WHERE key > <last key>
      ORDER BY key LIMIT chunk_rows) TO STDOUT` into a segment file, and ends;
-  3. high watermark H, the same way. The running stream (`cdc stream`, or `cdc run`) receives both
-     messages (pgoutput `messages 'true'`) as transactions, so its durable position passing H says
-     the log holds every change committed inside the window (L, H);
+  3. high watermark H, the same way (it is also the next chunk's low watermark). The running
+     stream (`cdc stream`, or `cdc run`) receives both messages (pgoutput `messages 'true'`) as
+     transactions, so its durable position passing H says the log holds every change committed
+     inside the window (L, H);
   4. checkpoint: the segment goes into the log (not yet visible to readers) and the chunk (L, H,
      last key) into <state_dir>/chunked/<table>.json, so a killed snapshot resumes at the next chunk.
+     The segment's fsync runs while the next chunk is read; the checkpoint follows it.
 
 Once the stream has passed a chunk's H, the chunk is reconciled (snapshot/reconcile.py): rows whose
 key has a whole-row stream event inside (L, H) are dropped, those events win. When every chunk is
@@ -310,6 +312,7 @@ class _Copied:
     path: Path
     nbytes: int
     synced: Future[None]
+    opens: tuple[int, int]  # (low, after) of the next chunk: this chunk's high watermark opens it
 
 
 def _sync_and_close(sink: BinaryIO) -> None:
@@ -364,6 +367,7 @@ class ChunkedSnapshot:
         self.cp_path = checkpoint_path(pipeline.state_path, target.table)
         self.resume = resume
         self.key_idx = tuple(target.columns.index(k) for k in target.key)
+        self._first: tuple[int, int] | None = None  # (low, after) of a new snapshot's first watermark
 
     def run(self) -> ChunkedResult:
         dsn = self.pipeline.source.postgres.dsn
@@ -412,14 +416,17 @@ class ChunkedSnapshot:
         started, copied = time.monotonic(), 0
         pending: _Copied | None = None
         last, complete = cp.last_key, cp.complete
+        opening = self._first  # a resumed snapshot's next chunk writes its own low watermark
         with ThreadPoolExecutor(1, thread_name_prefix="cdc-chunk-fsync") as syncer:
             try:
                 while not complete:
                     number = len(cp.chunks) + (pending is not None)
-                    read = self._copy_chunk(control, reader, cp.snapshot_id, number, last, types, syncer)
+                    read = self._copy_chunk(
+                        control, reader, cp.snapshot_id, number, last, opening, types, syncer
+                    )
                     if pending is not None:
                         self._commit(cp, pending)
-                    pending, mark = read, read.mark
+                    pending, mark, opening = read, read.mark, read.opens
                     last = mark.last if mark.last is not None else last
                     complete = mark.rows < self.options.chunk_rows
                     copied += mark.rows
@@ -472,15 +479,17 @@ class ChunkedSnapshot:
         snapshot_id: int,
         number: int,
         last: list[str | None] | None,
+        opening: tuple[int, int] | None,
         types: list[str],
         syncer: ThreadPoolExecutor,
     ) -> _Copied:
         """Read chunk `number` (the rows after key `last`) between its watermarks into its segment's
-        .part file; its fsync starts on `syncer`."""
+        .part file; its fsync starts on `syncer`. `opening`: (low, after) of a watermark already
+        written before this chunk (the snapshot's first one, or the chunk before's high watermark),
+        else it writes its own."""
         t, log = self.t, self.log
-        first = getattr(self, "_first", None)
-        if number == 0 and first is not None:
-            low, after = first  # the snapshot's first watermark opens the first chunk
+        if opening is not None:
+            low, after = opening
         else:
             after = log.end_offset_by_id(t.table_id)
             low = emit_watermark(control, t.table, number, "low")
@@ -508,6 +517,11 @@ class ChunkedSnapshot:
             sink.close()
             raise
         synced = syncer.submit(_sync_and_close, sink)  # runs while the next chunk is read
+        # The high watermark is also the next chunk's low one (one WAL message and commit less per
+        # chunk): the windows (low, high) then follow each other with no gap. A window that starts
+        # earlier is as safe: the chunks become the base at the first low watermark and every stream
+        # event after it follows them, so a whole-row event there supersedes the chunk row anyway.
+        next_after = log.end_offset_by_id(t.table_id)
         high = emit_watermark(control, t.table, number, "high")
         if rows < 0:
             rows = count_lines(tmp)
@@ -517,7 +531,7 @@ class ChunkedSnapshot:
             fields = line.split(b"\t")
             key = [copy_text_unescape(fields[i].decode()) for i in self.key_idx]
         mark = ChunkMark(number, low, high, after, rows, key)
-        return _Copied(mark, tmp, path, nbytes, synced)
+        return _Copied(mark, tmp, path, nbytes, synced, (high, next_after))
 
     def _commit(self, cp: Checkpoint, copied: _Copied) -> None:
         """A read chunk, once its segment is durable, joins the log and then the checkpoint: a restart

@@ -139,13 +139,17 @@ def fold(follower: dict[int, tuple[str, str]], event: Event) -> None:
         follower[event.key] = (value, toast)
 
 
-def chunked_snapshot(rng: random.Random, source: Source, chunk_rows: int, drop_all: bool = False):
-    """Returns (first low watermark, reconciled chunk rows in log order)."""
+def chunked_snapshot(
+    rng: random.Random, source: Source, chunk_rows: int, drop_all: bool = False, shared: bool = False
+):
+    """Returns (first low watermark, reconciled chunk rows in log order). `shared`: a chunk's high
+    watermark is the next chunk's low one (snapshot/chunked.py), so writes between two chunks fall
+    inside the next chunk's window."""
     first_low = source.tick()  # the first chunk's low watermark
     rows_out: list[tuple[int, tuple[str, str]]] = []
-    last = 0
+    last, high = 0, first_low
     while True:
-        low = source.tick() if rows_out or last else first_low
+        low = source.tick() if not shared and (rows_out or last) else high  # high: first_low at first
         for _ in range(rng.randint(0, 4)):
             source.write()
         # the chunk: keys above the last one, in key order, as of this moment
@@ -164,13 +168,14 @@ def chunked_snapshot(rng: random.Random, source: Source, chunk_rows: int, drop_a
         last = chunk[-1][0]
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-low-watermarks", "high-opens-next"])
 @pytest.mark.parametrize("seed", range(200))
-def test_randomized_writes_during_a_chunked_snapshot_end_exactly_as_the_source(seed):
+def test_randomized_writes_during_a_chunked_snapshot_end_exactly_as_the_source(seed, shared):
     rng = random.Random(seed)
     source = Source(rng, rows=rng.randint(0, 40))
     for _ in range(rng.randint(0, 10)):
         source.write()  # history before the snapshot (the log drops it: the chunks cover it)
-    first_low, chunk_rows = chunked_snapshot(rng, source, chunk_rows=rng.randint(1, 8))
+    first_low, chunk_rows = chunked_snapshot(rng, source, chunk_rows=rng.randint(1, 8), shared=shared)
     for _ in range(rng.randint(0, 10)):
         source.write()  # the stream goes on after the snapshot
     follower: dict[int, tuple[str, str]] = {}
