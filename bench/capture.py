@@ -45,6 +45,7 @@ def body(b: Bench) -> Report:
         rows=args.rows, repeat=args.repeat, txn_size=TXN_SIZE, insert_share=INSERT_SHARE
     )
     b.start_postgres(durable=True)
+    b.warm_bytecode("pipelines.cli", "pipelines.metrics", "snapshot.runner", "cdc.reader")
     r = b.cdc("cdc_version", "--version")
     b.results["config"]["cdc_version_s"] = r.wall_s
     say(f"bare `cdc --version` process: {r.wall_s:.2f}s")
