@@ -125,9 +125,10 @@ def run_view_stage(job: ApplyJob, log, reader: ChangeReader, cut: Cut, names: li
     captured = pipeline_tables(pipeline, list(cut.tables))
     runs: dict[str, ViewRun] = {}
     plans: dict[str, ViewPlan] = {}
+    columns = {t: log.schema(t).column_names for t in captured}  # resolves unqualified columns and `*`
     for name in names:
         try:
-            plans[name] = analyse(pipeline.view(name), captured)
+            plans[name] = analyse(pipeline.view(name), captured, columns)
         except CdcError as exc:
             runs[name] = _failed(pipeline.state_path, name, None, exc)
     tables = sorted({t for plan in plans.values() for t in plan.tables}, key=str)
@@ -360,8 +361,9 @@ class ViewMaintainer:
             keys = self._changed_keys(table, old_v[str(table)], new_v[str(table)])
             for src, versions, tag in ((old_src, old_v, "co"), (new_src, new_v, "cn")):
                 rows = self._table(table, versions[str(table)]).join(keys, list(keys.columns), "left_semi")
-                sources = dict(src) | {table: self._register(rows, plan, tag)}
-                parts.append(self.spark.sql(plan.keys_sql(sources)))
+                # only the join path from the table to the anchor, as inner joins (sql.py keys_sql)
+                keys_sql = plan.keys_sql(src, changed=table, changed_rows=self._register(rows, plan, tag))
+                parts.append(self.spark.sql(keys_sql))
         affected = parts[0]
         for part in parts[1:]:
             affected = affected.unionByName(part)
