@@ -66,29 +66,26 @@ def test_validate_views(pg_db: str, tmp_path: Path, spark) -> None:
     assert "ok   view customer_revenue: incremental (3 columns, key customer_id; sinks: lake)" in out, out
     assert "ok   view latest: full recomputation each cut: LIMIT/OFFSET" in out, out
 
-    # a table the pipeline does not capture (it exists in the source)
+    # views that cannot work, each a FAIL line with its fix, next to one that can (still checked):
+    # a table the pipeline does not capture (it exists in the source), a key column the view does not
+    # output, a column the table does not have (found by Spark on the captured schema)
     uncaptured = dict(ORDER_DOCS, name="audit_docs", sql="SELECT a.id, a.what FROM public.audit a")
-    code, lines = validate(tmp_path, pg_db, [uncaptured, REVENUE], "uncaptured")
-    out = "\n".join(lines)
-    assert code == 2, out
-    assert "FAIL view audit_docs: it reads public.audit, which the pipeline does not capture" in out, out
-    assert "fix: add public.audit to source.postgres.tables" in out, out
-    assert "ok   view customer_revenue: incremental" in out, out  # the other view is still checked
-
-    # a key column the view does not output, and a column the table does not have (found by Spark)
     no_key = dict(ORDER_DOCS, key=["order_id"])
     no_column = dict(
         REVENUE,
         name="amounts",
         sql="SELECT customer_id, sum(amount) AS n FROM public.orders GROUP BY customer_id",
     )
-    code, lines = validate(tmp_path, pg_db, [no_key, no_column], "missing")
+    code, lines = validate(tmp_path, pg_db, [uncaptured, no_key, no_column, REVENUE], "bad")
     out = "\n".join(lines)
     assert code == 2, out
+    assert "FAIL view audit_docs: it reads public.audit, which the pipeline does not capture" in out, out
+    assert "fix: add public.audit to source.postgres.tables" in out, out
     assert (
         "FAIL view order_docs: key column 'order_id' is not a column of the view (it outputs id, status, customer)"
         in out
     ), out
     assert "FAIL view amounts: Spark cannot run its SQL:" in out and "`amount`" in out, out
     assert "_cdc_check_" not in out, out  # Spark's message names the table, not our temp view
-    assert "2 problem(s) found; nothing was changed" in out, out
+    assert "ok   view customer_revenue: incremental" in out, out
+    assert "3 problem(s) found; nothing was changed" in out, out

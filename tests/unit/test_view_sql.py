@@ -331,3 +331,24 @@ def test_columns_that_cannot_be_traced() -> None:
     assert "no table of its FROM/JOIN is called x" in str(refused("SELECT x.id FROM public.orders o", ["id"]))
     error = refused("SELECT o.idd AS id FROM public.orders o", ["id"], COLUMNS)
     assert "o.idd: public.orders has no column idd" in str(error)
+
+
+def test_output_columns_spark_reports_are_checked() -> None:
+    """pipelines/views/check.py on the schema Spark gives the view (no JVM needed for the check)."""
+    from pyspark.sql import types as T
+
+    from pipelines.views.check import check_columns
+
+    p = plan("SELECT o.customer_id, count(1) FROM public.orders o GROUP BY o.customer_id", ["customer_id"])
+
+    def schema(*names: str) -> T.StructType:
+        return T.StructType([T.StructField(n, T.LongType()) for n in names])
+
+    check_columns(p, schema("customer_id", "n"))
+    with pytest.raises(UsageError, match=r"its output column 'count\(1\)' has no plain name") as info:
+        check_columns(p, schema("customer_id", "count(1)"))
+    assert info.value.fix == "name it with AS, e.g. count(1) AS count_1"
+    with pytest.raises(UsageError, match="it outputs the column N twice"):
+        check_columns(p, schema("customer_id", "n", "N"))
+    with pytest.raises(UsageError, match="key column 'customer_id' is not a column of the view"):
+        check_columns(p, schema("id", "n"))
