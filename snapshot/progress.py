@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 class RowProgress:
@@ -26,6 +27,10 @@ class RowProgress:
         self._last_line = self.started
         self._bar: Progress | None = None
         if self._tty:
+            # imported here: rich costs ~0.1 CPU-s at start, paid only when a bar is drawn
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
