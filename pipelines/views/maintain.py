@@ -425,8 +425,13 @@ class ViewMaintainer:
         )
         if kind is None:
             merge = merge.whenNotMatchedBySourceDelete()
-        with follower_write(self.spark, app_id, cut_id):
-            row = merge.execute().first()
+        # the source computed once (Delta would evaluate it twice: to find the files, then to write)
+        source.persist()
+        try:
+            with follower_write(self.spark, app_id, cut_id):
+                row = merge.execute().first()
+        finally:
+            source.unpersist()
         return None if row is None else row.asDict()
 
     def _replace(self, out: str, rows: DataFrame, app_id: str, cut_id: int) -> dict[str, Any]:
