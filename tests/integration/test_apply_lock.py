@@ -1,9 +1,15 @@
 """Overlapping `cdc apply` runs on one follower (pipelines/locks.py), with real processes.
 
-A first `cdc apply --once` is held right after taking the sink's lock (CDC_PAUSE); a second one
-leaves the sink to it (exit 4, naming the holder's pid), a third with --lock-wait waits and then
-finds the follower up to date; a holder killed with SIGKILL releases the lock (the kernel drops an
-flock with its process) and the next run applies. The follower then equals the source.
+A `cdc apply --once` is held right after taking the sink's lock (CDC_PAUSE); a second run leaves
+the sink to it (exit 4, naming the holder's pid); a third, `cdc apply --lock-wait`, says it waits
+for that pid; the holder killed with SIGKILL releases the lock (the kernel drops an flock with its
+process), so the waiting run takes the sink and applies. A run waiting behind it in turn finds
+the follower up to date once it is done (the cut re-read after the wait: never applied twice).
+The follower then equals the source.
+
+Two `cdc apply` processes (two JVMs): the holder that is killed and the waiting CLI run; the
+other runs are the apply job in the test's process (the same flock, taken on a file description
+of its own, so it conflicts with the subprocesses' as another process's would).
 """
 
 from __future__ import annotations
@@ -11,14 +17,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from cdc.ground.config import load_pipeline
+from pipelines.apply.job import ApplyJob
 from pipelines.checkpoints import checkpoint_dir
-from tests.harness import cdc, cdc_popen, flush_wal, sql, stream_until_current, verify, write_pipeline
+from pipelines.locks import LockBusy
+from tests.fixtures.lake import FAST_JVM, apply, make_pipe, snapshot, stream
+from tests.harness import cdc_popen, sql, verify
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,67 +70,70 @@ def test_overlapping_applies(pg_db: str, tmp_path: Path, spark) -> None:
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g",
     )
-    file = write_pipeline(
-        tmp_path, pg_db, ["public.t"], sinks=[{"name": "lake", "delta": {"path": str(tmp_path / "lake")}}]
-    )
-    state = load_pipeline(file).state_path
-    assert cdc("snapshot", file).code == 0
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], spark={"conf": FAST_JVM})
+    state = load_pipeline(pipe.file).state_path
+    snapshot(pipe)
+    sql(pg_db, "INSERT INTO t VALUES (21, 'new')", "UPDATE t SET v = 'changed' WHERE id = 1")
+    stream(pipe)
 
-    marker = tmp_path / "paused"
-    first = cdc_popen(
-        "apply",
-        file,
-        "--once",
-        env={"CDC_PAUSE": "apply:locked", "CDC_PAUSE_FILE": str(marker), **UNBUFFERED},
+    held, resumed = tmp_path / "held", tmp_path / "resumed"
+    holder = cdc_popen(
+        "apply", pipe.file, "--once", env={"CDC_PAUSE": "apply:locked", "CDC_PAUSE_FILE": str(held)}
     )
+    waiting: subprocess.Popen | None = None
     try:
-        wait_for_file(marker, first)
-        # a second run while the first holds the sink: it leaves the sink alone and says who has it
-        second = cdc("apply", file, "--once")
-        assert second.code == 4, second
-        text = second.out + second.err
-        assert "another cdc apply is applying this follower" in text and f"pid {first.pid}" in text, text
+        wait_for_file(held, holder)
+        # a second run while the holder has the sink: it leaves the sink alone and says who has it
+        (run,), lines = apply(pipe, spark)
+        assert isinstance(run.error, LockBusy) and int(run.error.exit_code) == 4, lines  # `cdc apply` exits 4
+        text = "\n".join(lines)
+        assert "another cdc apply is applying this follower" in text and f"pid {holder.pid}" in text, text
         assert "--lock-wait" in text and "Traceback" not in text
         assert cut_of(state, "lake") == 0  # nothing written by either yet
 
-        # a third run that waits: it says so, and gets the sink once the first is done
-        third = cdc_popen("apply", file, "--once", "--lock-wait", "600", env=UNBUFFERED)
-        try:
-            waiting = read_until(third, "waiting up to 600s for another cdc apply")
-            assert f"pid {first.pid}" in waiting[-1]
-            marker.unlink()  # let the first run go on
-            out, err = first.communicate(timeout=600)
-            assert first.returncode == 0, (out, err)
-            assert "sink lake: applied cut" in out
-            applied = cut_of(state, "lake")
-            assert applied > 0
-            out, err = third.communicate(timeout=600)
-            assert third.returncode == 0, (out, err)
-            assert "sink lake: up to date" in out  # the cut the first run applied, not applied twice
-            assert cut_of(state, "lake") == applied
-        finally:
-            if third.poll() is None:
-                third.kill()
-    finally:
-        marker.unlink(missing_ok=True)
-        if first.poll() is None:
-            first.kill()
+        # a third run that waits says so; the holder killed with SIGKILL lets it have the sink
+        waiting = cdc_popen(
+            "apply",
+            pipe.file,
+            "--once",
+            "--lock-wait",
+            "600",
+            env={"CDC_PAUSE": "apply:locked", "CDC_PAUSE_FILE": str(resumed), **UNBUFFERED},
+        )
+        said = read_until(waiting, "waiting up to 600s for another cdc apply")
+        assert f"pid {holder.pid}" in said[-1]
+        os.kill(holder.pid, 9)
+        holder.wait(timeout=60)
+        wait_for_file(resumed, waiting)  # it holds the lock now (paused before writing anything)
 
-    # a holder that dies (kill -9) releases the lock: the next run applies
-    sql(pg_db, "INSERT INTO t VALUES (21, 'new')", "UPDATE t SET v = 'changed' WHERE id = 1")
-    flush_wal(pg_db)
-    stream_until_current(file)
-    crashed = cdc_popen(
-        "apply", file, "--once", env={"CDC_PAUSE": "apply:locked", "CDC_PAUSE_FILE": str(marker)}
-    )
-    try:
-        wait_for_file(marker, crashed)
-        os.kill(crashed.pid, 9)
-        crashed.wait(timeout=60)
+        # a run waiting behind it finds the follower up to date once it is done (not applied twice)
+        behind: list[str] = []
+        job = ApplyJob(load_pipeline(pipe.file), spark, say=behind.append, lock_wait_s=600)
+        result: list = []
+        thread = threading.Thread(target=lambda: result.extend(job.run_once()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while not any("waiting up to 600s for another cdc apply" in line for line in behind):
+            assert thread.is_alive() and time.monotonic() < deadline, ("it did not wait", behind, result)
+            time.sleep(0.1)
+        assert any(f"pid {waiting.pid}" in line for line in behind), behind
+        resumed.unlink()  # let the waiting CLI run go on
+        out, err = waiting.communicate(timeout=600)
+        assert waiting.returncode == 0, (out, err)
+        assert "sink lake: applied cut" in out
+        applied = cut_of(state, "lake")
+        assert applied > 0
+        thread.join(timeout=600)
+        (run,) = result
+        job.report(result)
+        assert run.error is None and run.up_to_date, behind
+        assert any(line.startswith("sink lake: up to date") for line in behind), behind
+        assert cut_of(state, "lake") == applied
     finally:
-        marker.unlink(missing_ok=True)
-    after = cdc("apply", file, "--once")
-    assert after.code == 0, after
-    assert "sink lake: applied cut" in after.out
-    code, report = verify(file, spark, "lake")
+        held.unlink(missing_ok=True)
+        resumed.unlink(missing_ok=True)
+        for proc in (holder, waiting):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    code, report = verify(pipe.file, spark, "lake")
     assert code == 0, report
