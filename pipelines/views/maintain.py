@@ -198,6 +198,7 @@ class ViewMaintainer:
                 run = self._cut(current, plan, BaseAt(pending["cut_id"], pending["lsn"], pending["base"]))
                 if run.cut_id == base.cut_id:
                     return run
+                self.say(run.line())  # then on to the latest cut, like a sink's pending cut
                 current = load_view_state(self.state, view.name) or current
             missing = [str(t) for t in plan.tables if str(t) not in base.tables]
             if missing:
