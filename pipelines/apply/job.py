@@ -35,6 +35,7 @@ from pipelines.apply.viewfollow import view_batches, view_states, view_targets, 
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, pause_point
 from pipelines.locks import sink_lock
+from pipelines.sparkerrors import spark_error_line
 from pipelines.stages import stage
 from sinks.base import ApplyStats, Sink
 from sinks.changes import TableBatch
@@ -54,18 +55,6 @@ class SinkRun:
     up_to_date: bool = False
     seconds: float = 0.0
     used_pending: bool = False  # this run finished a cut an earlier run had started
-
-
-def spark_error_line(exc: BaseException) -> str:
-    """The first meaningful line of an exception, Java/Py4J stack traces left out."""
-    text = str(exc).strip()
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(
-            ("at ", "Traceback", "File ", "py4j.", "Caused by: java.lang.reflect")
-        ):
-            return line[:500]
-    return type(exc).__name__
 
 
 def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:

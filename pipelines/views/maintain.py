@@ -32,19 +32,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc.ground.config import ViewConfig, pipeline_tables
+from cdc.ground.config import Pipeline, SinkConfig, ViewConfig, pipeline_tables
 from cdc.ground.errors import CdcError, SinkError
 from cdc.ground.tables import TableName
 from pipelines.checkpoints import load_checkpoint
 from pipelines.faults import crash_point
 from pipelines.locks import sink_lock
+from pipelines.sparkerrors import spark_error_line
 from pipelines.views.base import CDF_PROPERTY, base_sink_config, change_data_feed
 from pipelines.views.state import (
     BASE_SINK,
@@ -61,9 +62,20 @@ from sinks.delta.paths import table_path
 
 if TYPE_CHECKING:
     from cdc.log.base import Cut
-    from pipelines.apply.job import ApplyJob
     from pipelines.apply.readers import ChangeReader
     from pipelines.views.sql import ViewPlan
+
+class StageHost(Protocol):
+    """What the view stage needs of the apply job running it (pipelines/apply/job.py ApplyJob):
+    named here, not imported, so the job and the stage do not import each other."""
+
+    pipeline: Pipeline
+    spark: SparkSession
+    say: Callable[[str], None]
+    lock_wait_s: float
+
+    def _run_sink(self, log: Any, reader: ChangeReader, cut: Cut, sink_cfg: SinkConfig) -> Any: ...
+
 
 OUT_LOCK = "_views_out"  # one maintainer of the out tables at a time (pipelines/locks.py)
 OP = "_cdc_view_op"  # the MERGE source's own column: 'u' a view row, 'd' a key to delete
@@ -116,7 +128,7 @@ class BaseAt:
 
 
 # ---- the stage -----------------------------------------------------------------------------------
-def run_view_stage(job: ApplyJob, log, reader: ChangeReader, cut: Cut, names: list[str]) -> list[ViewRun]:
+def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: list[str]) -> list[ViewRun]:
     """Maintain the named views to the latest cut; their lines go to job.say. A view that fails is
     recorded in its state (its followers fail naming it); the other views go on."""
     from pipelines.views.sql import analyse
@@ -189,8 +201,6 @@ class ViewMaintainer:
         self._temp: list[str] = []
 
     def run(self, view: ViewConfig, plan: ViewPlan, base: BaseAt) -> ViewRun:
-        from pipelines.apply.job import spark_error_line
-
         current = load_view_state(self.state, view.name) or ViewState(view.name)
         try:
             if current.pending and current.pending.get("fingerprint") == plan.fingerprint:
