@@ -1,9 +1,14 @@
 """The apply job on a real Spark standalone cluster (README "Running on a cluster"): a master and
 two workers from the pyspark wheel (the session fixture `spark_cluster`, secured with
 spark.authenticate and RPC encryption), `cdc apply --once` with `spark.master: spark://...` on the
-local log and on the Kafka log, and the same job as a spark-submit application built by
-`cdc package spark`. Followers are checked with `cdc verify` and delta-rs; executors get the code
-zip and the Delta/Kafka jars from the driver; the secret is never printed nor on a command line.
+Kafka log, and the job on the local log as a spark-submit application built by `cdc package spark`.
+Followers are checked with `cdc verify` and delta-rs; executors get the code zip and the
+Delta/Kafka jars from the driver; the secret is never printed nor on a command line.
+
+Two applications in all (each a driver and two executor JVMs: minutes on a loaded 2-core machine):
+`cdc apply` on the cluster and a spark-submit of the package; what both launchers must do
+(executors that ran, the code zip and the Delta jar shipped, no secret on a command line) is
+checked on each, the log-specific parts once (the Kafka source's jars with `cdc apply`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +40,7 @@ from tests.fixtures.lake import (
 )
 from tests.fixtures.spark_cluster import EXECUTOR_CONF, SECRET
 from tests.fixtures.workload import make_table
-from tests.harness import cdc, cdc_popen, sql, write_pipeline
+from tests.harness import REPO, cdc, cdc_popen, sql, write_pipeline
 
 # Each application starts a driver and two executor JVMs: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -47,39 +53,70 @@ def cluster_spark(cluster: LocalSparkCluster, secret: bool = True) -> dict:
     return spark | {"secret": "${SPARK_SECRET}"} if secret else spark
 
 
-def apply_on_cluster(pipe_file: Path, cluster: LocalSparkCluster) -> tuple[str, str, set[str]]:
-    """`cdc apply --once` in a subprocess: (stdout, stderr, the command lines of every process it and
-    the workers ran meanwhile: driver JVM, Python workers, executor JVMs)."""
+def apps(cluster: LocalSparkCluster) -> set[Path]:
+    """The applications' work dirs on the workers (work/<app>/<executor>/)."""
+    return set((cluster.base_dir / "work").glob("app-*"))
+
+
+def run_on_cluster(
+    args: list[str], cluster: LocalSparkCluster, out_dir: Path, cwd: Path = REPO
+) -> tuple[str, str, set[str]]:
+    """Run an application's driver process (`cdc apply` or spark-submit) to success: (stdout,
+    stderr, the command lines of every process it and the workers ran meanwhile: driver JVM,
+    Python workers, executor JVMs). Its output goes to files (a pipe nobody reads while the
+    processes are polled could fill up and stall it)."""
     workers = [w.pid() for w in cluster.workers]
-    proc = cdc_popen("apply", pipe_file, "--once", env=WITH_SECRET)
     cmdlines: set[str] = set()
-    try:
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            for root in (proc.pid, *(p for p in workers if p)):
-                cmdlines |= set(descendants(root).values())
-            time.sleep(0.3)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
+    out_file, err_file = out_dir / "driver.out", out_dir / "driver.err"
+    with out_file.open("w") as out_f, err_file.open("w") as err_f:
+        proc = subprocess.Popen(
+            args, stdout=out_f, stderr=err_f, text=True, env={**os.environ, **WITH_SECRET}, cwd=cwd
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                for root in (proc.pid, *(p for p in workers if p)):
+                    cmdlines |= set(descendants(root).values())
+                time.sleep(0.3)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out, err = out_file.read_text(), err_file.read_text()
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-4000:]}"
     no_traceback((out, err))
     return out, err, cmdlines
 
 
-def shipped(cluster: LocalSparkCluster, name: str) -> list[Path]:
-    """Files the executors fetched into their work dirs (work/<app>/<executor>/)."""
-    return list((cluster.base_dir / "work").glob(f"app-*/*/{name}"))
+def assert_ran_on_executors(
+    cluster: LocalSparkCluster, before: set[Path], out: str, err: str, cmdlines: set[str]
+) -> list[Path]:
+    """What every launcher must do: the job ran in executor JVMs on the workers, which got the code
+    zip and the Delta jar from the driver; the secret is in no output and on no command line.
+    Returns the new application's work dir(s)."""
+    assert "sink lake: applied cut" in out, out
+    assert any("CoarseGrainedExecutorBackend" in c for c in cmdlines), "no executor JVM ran on the workers"
+    assert not [c for c in cmdlines if SECRET in c], "the secret is on a command line"
+    assert SECRET not in out + err
+    new = sorted(apps(cluster) - before)
+    assert new, "no application ran on the cluster"
+    assert shipped(new, "pgcdc.zip"), "the executors did not get the code zip"
+    assert shipped(new, "delta-spark_*.jar"), "the executors did not get the Delta jar"
+    return new
+
+
+def shipped(app_dirs: list[Path], name: str) -> list[Path]:
+    """Files the executors of these applications fetched into their work dirs."""
+    return [f for app in app_dirs for f in app.glob(f"*/{name}")]
 
 
 def test_apply_on_standalone_cluster_then_spark_submit(
     pg_db: str, tmp_path: Path, spark, spark_cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Local log: `cdc apply --once` on the secured standalone cluster applies and verifies, the
-    executors got pgcdc.zip and the Delta jar from the driver, and the secret is in no output and no
-    command line; a wrong or missing secret is exit 3 at once. Then the next changes are applied
-    by spark-submit running the package `cdc package spark` built, with the command it printed."""
+    """Local log: a wrong or missing secret is exit 3 at once; `cdc status` does not print the
+    secret; the changes are applied on the secured standalone cluster by spark-submit running the
+    package `cdc package spark` built, with the command it printed (executors got pgcdc.zip and the
+    Delta jar, no secret on a command line), and the follower verifies."""
     monkeypatch.setenv("SPARK_SECRET", SECRET)  # the in-process snapshot/stream/verify load the file too
     make_table(pg_db, "sc", 300)
     pipe = make_pipe(tmp_path, pg_db, ["public.sc"], spark=cluster_spark(spark_cluster))
@@ -91,40 +128,34 @@ def test_apply_on_standalone_cluster_then_spark_submit(
         "INSERT INTO sc SELECT g, 'new' FROM generate_series(1000, 1050) g",
     )
     stream(pipe)
-    out, err, cmdlines = apply_on_cluster(pipe.file, spark_cluster)
-    assert "sink lake: applied cut" in out, out
-    assert any("CoarseGrainedExecutorBackend" in c for c in cmdlines), "no executor JVM ran on the workers"
-    assert not [c for c in cmdlines if SECRET in c], "the secret is on a command line"
-    assert SECRET not in out + err
-    assert shipped(spark_cluster, "pgcdc.zip"), "the executors did not get the code zip"
-    assert shipped(spark_cluster, "delta-spark_*.jar"), "the executors did not get the Delta jar"
-    verified(pipe, spark)
-    assert_delta_is_source(spark, pipe, pg_db, "public.sc")
 
     status = cdc("status", pipe.file, env=WITH_SECRET)
     assert SECRET not in status.out + status.err
 
-    # A wrong secret, then none: refused by the master at once, exit 3, no secret printed.
+    # A wrong secret, and none: refused by the master at once, exit 3, no secret printed. Both
+    # drivers side by side (they stop before the apply job, so before any lock or state).
     wrong = "wrong-" + SECRET[::-1]
-    run = cdc("apply", pipe.file, "--once", env={"SPARK_SECRET": wrong})
-    assert run.code == 3, f"exit {run.code}\n{run.out}\n{run.err}"
-    assert "refused this driver: spark.secret is not the cluster's" in run.err and "  fix: " in run.err, (
-        run.err
+    bare = tmp_path / "nosecret"
+    bare.mkdir()
+    no_secret = write_pipeline(
+        bare, pg_db, ["public.sc"], sinks=[LAKE], spark=cluster_spark(spark_cluster, secret=False)
     )
-    assert wrong not in run.out + run.err and SECRET not in run.out + run.err
-    no_traceback(run)
-    write_pipeline(
-        tmp_path, pg_db, ["public.sc"], sinks=[LAKE], spark=cluster_spark(spark_cluster, secret=False)
+    refused = [
+        cdc_popen("apply", pipe.file, "--once", env={"SPARK_SECRET": wrong}),
+        cdc_popen("apply", no_secret, "--once"),
+    ]
+    (wrong_out, wrong_err), (bare_out, bare_err) = [p.communicate(timeout=600) for p in refused]
+    assert refused[0].returncode == 3, f"exit {refused[0].returncode}\n{wrong_out}\n{wrong_err}"
+    assert "refused this driver: spark.secret is not the cluster's" in wrong_err and "  fix: " in wrong_err, (
+        wrong_err
     )
-    run = cdc("apply", pipe.file, "--once")
-    assert run.code == 3, f"exit {run.code}\n{run.out}\n{run.err}"
-    assert "the master requires authentication and spark.secret is not set" in run.err, run.err
-    no_traceback(run)
+    assert wrong not in wrong_out + wrong_err and SECRET not in wrong_out + wrong_err
+    no_traceback((wrong_out, wrong_err))
+    assert refused[1].returncode == 3, f"exit {refused[1].returncode}\n{bare_out}\n{bare_err}"
+    assert "the master requires authentication and spark.secret is not set" in bare_err, bare_err
+    no_traceback((bare_out, bare_err))
 
     # spark-submit: the package and the command `cdc package spark` prints, run as printed.
-    write_pipeline(tmp_path, pg_db, ["public.sc"], sinks=[LAKE], spark=cluster_spark(spark_cluster))
-    sql(pg_db, "UPDATE sc SET v = 'submitted' WHERE id % 5 = 0", "DELETE FROM sc WHERE id % 13 = 0")
-    stream(pipe)
     built = cdc(
         "package", "spark", "--out", tmp_path / "pkg", "--master", spark_cluster.url, "--pipeline", pipe.file
     )
@@ -132,20 +163,9 @@ def test_apply_on_standalone_cluster_then_spark_submit(
     command = built.out.strip()
     assert "bin/spark-submit --master " in command and "--py-files" in command, command
     assert SECRET not in command
-    submitted = subprocess.run(
-        shlex.split(command),
-        capture_output=True,
-        text=True,
-        env={**os.environ, **WITH_SECRET},
-        cwd=tmp_path,
-        timeout=600,
-        check=False,
-    )
-    assert submitted.returncode == 0, (
-        f"spark-submit exited {submitted.returncode}\n{submitted.stdout}\n{submitted.stderr[-4000:]}"
-    )
-    assert "sink lake: applied cut" in submitted.stdout, submitted.stdout
-    assert SECRET not in submitted.stdout + submitted.stderr
+    before = apps(spark_cluster)
+    out, err, cmdlines = run_on_cluster(shlex.split(command), spark_cluster, tmp_path, cwd=tmp_path)
+    assert_ran_on_executors(spark_cluster, before, out, err, cmdlines)
     verified(pipe, spark)
     assert_delta_is_source(spark, pipe, pg_db, "public.sc")
 
@@ -153,8 +173,9 @@ def test_apply_on_standalone_cluster_then_spark_submit(
 def test_apply_kafka_log_on_standalone_cluster(
     pg_db: str, tmp_path: Path, spark, kafka, spark_cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kafka log: the executors read the topics with Spark's Kafka source (its jars shipped by the
-    driver) and the follower verifies."""
+    """Kafka log: `cdc apply --once` on the secured standalone cluster applies and verifies; the
+    executors got pgcdc.zip, the Delta jar and Spark's Kafka source (they read the topics with it)
+    from the driver; the secret is in no output and no command line."""
     monkeypatch.setenv("SPARK_SECRET", SECRET)
     make_table(pg_db, "kc", 200)
     pipe = make_kpipe(tmp_path, pg_db, ["public.kc"], kafka.bootstrap)
@@ -171,8 +192,10 @@ def test_apply_kafka_log_on_standalone_cluster(
     kafka_snapshot(pipe)
     sql(pg_db, "UPDATE kc SET v = 'changed' WHERE id % 3 = 0", "DELETE FROM kc WHERE id % 10 = 0")
     kafka_stream(pipe)
-    out, _err, _cmdlines = apply_on_cluster(pipe.file, spark_cluster)
-    assert "sink lake: applied cut" in out, out
-    assert shipped(spark_cluster, "spark-sql-kafka-*.jar"), "the executors did not get Spark's Kafka source"
+    before = apps(spark_cluster)
+    driver = [sys.executable, "-m", "pipelines.cli", "apply", str(pipe.file), "--once"]
+    out, err, cmdlines = run_on_cluster(driver, spark_cluster, tmp_path)
+    new = assert_ran_on_executors(spark_cluster, before, out, err, cmdlines)
+    assert shipped(new, "spark-sql-kafka-*.jar"), "the executors did not get Spark's Kafka source"
     kafka_verified(pipe, spark)
     assert_delta_is_source(spark, pipe, pg_db, "public.kc")
