@@ -14,6 +14,7 @@ checked on each, the log-specific parts once (the Kafka source's jars with `cdc 
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -21,7 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
+from pipelines.devservices.redis import LocalRedis
 from pipelines.devservices.spark import LocalSparkCluster
 from tests.fixtures.capture import no_traceback
 from tests.fixtures.kafka_log import make_kpipe
@@ -38,9 +41,10 @@ from tests.fixtures.lake import (
     stream,
     verified,
 )
+from tests.fixtures.readers import redis_rows
 from tests.fixtures.spark_cluster import EXECUTOR_CONF, SECRET
 from tests.fixtures.workload import make_table
-from tests.harness import REPO, cdc, cdc_popen, sql, write_pipeline
+from tests.harness import REPO, cdc, cdc_popen, source_rows, sql, write_pipeline
 
 # Each application starts a driver and two executor JVMs: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -58,8 +62,21 @@ def apps(cluster: LocalSparkCluster) -> set[Path]:
     return set((cluster.base_dir / "work").glob("app-*"))
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment as it was launched with (/proc/<pid>/environ); {} once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw.split(b"\0") if e)
+
+
 def run_on_cluster(
-    args: list[str], cluster: LocalSparkCluster, out_dir: Path, cwd: Path = REPO
+    args: list[str],
+    cluster: LocalSparkCluster,
+    out_dir: Path,
+    cwd: Path = REPO,
+    executor_env: list[dict[str, str]] | None = None,
 ) -> tuple[str, str, set[str]]:
     """Run an application's driver process (`cdc apply` or spark-submit) to success: (stdout,
     stderr, the command lines of every process it and the workers ran meanwhile: driver JVM,
@@ -76,7 +93,10 @@ def run_on_cluster(
             deadline = time.monotonic() + 600
             while proc.poll() is None and time.monotonic() < deadline:
                 for root in (proc.pid, *(p for p in workers if p)):
-                    cmdlines |= set(descendants(root).values())
+                    for pid, cmd in descendants(root).items():
+                        cmdlines.add(cmd)
+                        if executor_env is not None and "CoarseGrainedExecutorBackend" in cmd:
+                            executor_env.append(environ(pid))
                 time.sleep(0.3)
             proc.wait(timeout=10)
         finally:
@@ -171,12 +191,30 @@ def test_apply_on_standalone_cluster_then_spark_submit(
 
 
 def test_apply_kafka_log_on_standalone_cluster(
-    pg_db: str, tmp_path: Path, spark, kafka, spark_cluster, monkeypatch: pytest.MonkeyPatch
+    pg_db: str,
+    tmp_path: Path,
+    spark,
+    kafka,
+    spark_cluster,
+    own_redis: LocalRedis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Kafka log: `cdc apply --once` on the secured standalone cluster applies and verifies; the
     executors got pgcdc.zip, the Delta jar and Spark's Kafka source (they read the topics with it)
-    from the driver; the secret is in no output and no command line."""
+    from the driver; the secret is in no output and no command line. A Redis follower behind a
+    password (README "Secrets on the executors"): the executors got it in their environment at
+    launch (spark.executorEnv), never on a command line or in output, and Redis ends as the source."""
     monkeypatch.setenv("SPARK_SECRET", SECRET)
+    password = "rp-" + secrets.token_hex(12)
+    redis.Redis.from_url(own_redis.url).config_set("requirepass", password)
+    monkeypatch.setenv("CDC_TEST_REDIS_PASSWORD", password)
+    cache = {
+        "name": "cache",
+        "redis": {
+            "url": own_redis.url.replace("redis://", "redis://:${CDC_TEST_REDIS_PASSWORD}@"),
+            "tables": ["public.kc"],
+        },
+    }
     make_table(pg_db, "kc", 200)
     pipe = make_kpipe(tmp_path, pg_db, ["public.kc"], kafka.bootstrap)
     log = {"kafka": {"bootstrap_servers": pipe.bootstrap, "topic_prefix": pipe.prefix}}
@@ -186,7 +224,7 @@ def test_apply_kafka_log_on_standalone_cluster(
         ["public.kc"],
         name=pipe.name,
         log=log,
-        sinks=[LAKE],
+        sinks=[LAKE, cache],
         spark=cluster_spark(spark_cluster),
     )
     kafka_snapshot(pipe)
@@ -194,8 +232,22 @@ def test_apply_kafka_log_on_standalone_cluster(
     kafka_stream(pipe)
     before = apps(spark_cluster)
     driver = [sys.executable, "-m", "pipelines.cli", "apply", str(pipe.file), "--once"]
-    out, err, cmdlines = run_on_cluster(driver, spark_cluster, tmp_path)
+    launched: list[dict[str, str]] = []
+    out, err, cmdlines = run_on_cluster(driver, spark_cluster, tmp_path, executor_env=launched)
     new = assert_ran_on_executors(spark_cluster, before, out, err, cmdlines)
     assert shipped(new, "spark-sql-kafka-*.jar"), "the executors did not get Spark's Kafka source"
+    assert "sink cache: applied cut" in out, out
+    assert any(e.get("CDC_SECRET_CACHE_PASSWORD") == password for e in launched), (
+        "no executor got it at launch"
+    )
+    assert not [c for c in cmdlines if password in c] and password not in out + err
     kafka_verified(pipe, spark)
     assert_delta_is_source(spark, pipe, pg_db, "public.kc")
+    client = redis.Redis.from_url(
+        own_redis.url.replace("redis://", f"redis://:{password}@"), decode_responses=True
+    )
+    cached = redis_rows(client, "public.kc:")
+    client.close()
+    expected = source_rows(pg_db, "public.kc", ("id",))
+    assert sorted(cached) == sorted(f"public.kc:{i}" for (i,) in expected)
+    assert all(cached[f"public.kc:{i}"]["v"] == row["v"] for (i,), row in expected.items())
