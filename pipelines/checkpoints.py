@@ -53,13 +53,9 @@ def checkpoint_path(state_path: Path, sink: str) -> Path:
 
 def load_checkpoint(state_path: Path, sink: str, pipeline_file: str = "PIPELINE") -> Checkpoint:
     path = checkpoint_path(state_path, sink)
-    if not path.exists():
-        return Checkpoint(sink)
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("sink") != sink:
-            raise ValueError("not a checkpoint of this sink")
-        return Checkpoint(**data)
+        data = read_record(path, "sink", sink)
+        return Checkpoint(sink) if data is None else Checkpoint(**data)
     except (OSError, ValueError, TypeError) as exc:
         # save_checkpoint never leaves half a file: this one was damaged outside the tool
         raise CheckpointError(
@@ -72,11 +68,27 @@ def load_checkpoint(state_path: Path, sink: str, pipeline_file: str = "PIPELINE"
 def save_checkpoint(state_path: Path, checkpoint: Checkpoint) -> None:
     """Atomic replace + fsync: a crash leaves the old or the new checkpoint, never half of one."""
     directory = checkpoint_dir(state_path)
+    write_record(directory, directory / checkpoint.path_name, asdict(checkpoint))
+
+
+def read_record(path: Path, field: str, owner: str) -> dict | None:
+    """A state file's JSON object (None: there is none); ValueError when it is not `owner`'s record
+    (its `field` says whose it is), OSError/ValueError when it cannot be read."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get(field) != owner:
+        raise ValueError(f"not the record of {owner}")
+    return data
+
+
+def write_record(directory: Path, final: Path, data: dict) -> None:
+    """Owner-only, atomic replace + fsync of file and directory: a crash leaves the old or the new
+    record, never half of one (checkpoints, the view stage's state files)."""
     private_dir(directory)
-    final = directory / checkpoint.path_name
     tmp = final.with_suffix(".tmp")
     with private_open(tmp, "w") as f:
-        json.dump(asdict(checkpoint), f, indent=1)
+        json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)

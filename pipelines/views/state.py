@@ -15,14 +15,12 @@ Layout under `<state_dir>/views/`: `<view>.json` (this file), `base/` (the inter
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import LogError, SinkError
-from cdc.ground.private import private_dir, private_open
+from pipelines.checkpoints import read_record, write_record
 
 if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
@@ -75,13 +73,9 @@ def state_path_of(state_path: Path, view: str) -> Path:
 
 def load_view_state(state_path: Path, view: str) -> ViewState | None:
     path = state_path_of(state_path, view)
-    if not path.exists():
-        return None
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("view") != view:
-            raise ValueError("not the state of this view")
-        return ViewState(**data)
+        data = read_record(path, "view", view)
+        return None if data is None else ViewState(**data)
     except (OSError, ValueError, TypeError) as exc:
         # save_view_state never leaves half a file: this one was damaged outside the tool
         raise LogError(
@@ -98,17 +92,4 @@ def view_state(pipeline: Pipeline, view: str) -> ViewState | None:
 
 def save_view_state(state_path: Path, state: ViewState) -> None:
     """Atomic replace + fsync: a crash leaves the old or the new state, never half of one."""
-    directory = views_dir(state_path)
-    private_dir(directory)
-    final = state_path_of(state_path, state.view)
-    tmp = final.with_suffix(".tmp")
-    with private_open(tmp, "w") as f:
-        json.dump(asdict(state), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fd = os.open(directory, os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_record(views_dir(state_path), state_path_of(state_path, state.view), asdict(state))
