@@ -27,12 +27,11 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.config import VIEW_SCHEMA  # a view is followed as the table `views.<name>`
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.log.base import Column, TableSchema
 from sinks.changes import NetChanges, cached_property
-
-VIEW_SCHEMA = "views"  # a view is followed as the table `views.<name>`
 
 # Spark type -> (PostgreSQL type oid, name, array type oid, array name)
 _PG: dict[type, tuple[int, str, int, str]] = {
