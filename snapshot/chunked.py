@@ -2,28 +2,41 @@
 
 An exported snapshot holds one transaction (and its xmin, which stops vacuum everywhere) open for
 as long as the biggest table takes to copy, and an interruption starts it over. A chunked
-snapshot instead copies a table in key order, `chunk_rows` rows at a time:
+snapshot instead copies a table in key ranges of `chunk_rows` keys, several at once (`readers`
+connections, `cdc snapshot --parallel`):
 
+  0. the range: a cheap query walks the key's btree to the key `chunk_rows` keys further
+     (snapshot/keyranges.py): the chunk is the closed range (lo, hi], the next one starts above
+     hi. The table's last chunk is open-ended;
   1. low watermark: `pg_logical_emit_message(true, 'cdc_watermark', ...)` writes a logical message
-     into the WAL (a small transaction of its own); its LSN is the chunk's low watermark L. Then
-     wait until every transaction that was still in progress when L was written has ended, so that
-     everything committed before L is visible to the chunk's read;
-  2. the chunk: one short REPEATABLE READ transaction runs `COPY (SELECT ... WHERE key > <last key>
-     ORDER BY key LIMIT chunk_rows) TO STDOUT` into a segment file, and ends;
-  3. high watermark H, the same way (it is also the next chunk's low watermark). The running
-     stream (`cdc stream`, or `cdc run`) receives both messages (pgoutput `messages 'true'`) as
-     transactions, so its durable position passing H says the log holds every change committed
-     inside the window (L, H);
-  4. checkpoint: the segment goes into the log (not yet visible to readers) and the chunk (L, H,
-     last key) into <state_dir>/chunked/<table>.json, so a killed snapshot resumes at the next chunk.
-     The segment's fsync runs while the next chunk is read; the checkpoint follows it.
+     into the WAL (a small transaction of its own); its LSN is the chunk's low watermark L: the
+     last watermark written before the chunk's read starts (the snapshot's first one, or the high
+     watermark of a chunk read before). The first one waits until every transaction that was
+     still in progress when it was written has ended, so that everything committed before it is
+     visible to every chunk's read;
+  2. the chunk: one short REPEATABLE READ transaction on a reader connection runs
+     `COPY (SELECT ... WHERE key > lo AND key <= hi) TO STDOUT` into a segment file, and ends;
+  3. high watermark H, written once the read is over. The running stream (`cdc stream`, or
+     `cdc run`) receives the watermarks (pgoutput `messages 'true'`) as transactions, so its
+     durable position passing H says the log holds every change committed inside (L, H);
+  4. checkpoint: reads finish in any order; in chunk order, each segment goes into the log (not yet
+     visible to readers) and the chunk (L, H, hi) into <state_dir>/chunked/<table>.json, so the
+     checkpoint always names a prefix of the table: a killed snapshot resumes at the first chunk
+     not committed (chunks read after it are read again; their files are overwritten, nothing is
+     doubled). The segment's fsync runs while other chunks are read; the checkpoint follows it.
 
 Once the stream has passed a chunk's H, the chunk is reconciled (snapshot/reconcile.py): rows whose
 key has a whole-row stream event inside (L, H) are dropped, those events win. When every chunk is
-in and the stream has passed the last H, the log makes the chunks the table's new base at the first
+in and the stream has passed every H, the log makes the chunks the table's new base at the first
 low watermark L0 (LocalLog.finish_snapshot): every stream event of the table after L0 follows
-them, so followers end exactly as the source (the proof is in snapshot/reconcile.py). Nothing but
-one chunk's transaction is ever held open, and no slot or exported snapshot is created for it.
+them, so followers end exactly as the source (the proof is in snapshot/reconcile.py). That is also
+why chunks read side by side are safe, though their windows overlap in time: each read sees
+everything committed before L0, a key's last event after L0 (or, without one, its chunk row) is
+its current row whichever chunk read it and when, a window only drops rows of its own chunk, and
+one wider than the read (its L written long before the read started) drops only rows whose key
+has a later whole-row event, which follows the base anyway. A row inserted into (or moved by a
+key change into) a range already read is an event after L0: the stream delivers it. Nothing but
+one transaction per reader is ever held open, and no slot or exported snapshot is created for it.
 
 With no stream running (`cdc snapshot` on its own, or `cdc run` before it streams), the snapshot
 streams itself up to the last high watermark (`cdc stream --until <H>`), as `cdc stream` would.
@@ -31,11 +44,13 @@ streams itself up to the last high watermark (`cdc stream --until <H>`), as `cdc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -44,9 +59,8 @@ import psycopg2
 from psycopg2 import sql
 
 from cdc import metrics
-from cdc.copytext import copy_text_unescape
 from cdc.filters import select_query
-from cdc.ground.errors import CdcError, SourceError
+from cdc.ground.errors import SourceError
 from cdc.ground.lsn import format_lsn, parse_lsn
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
@@ -55,6 +69,7 @@ from cdc.log.local import LocalLog, iter_segment_lines
 from cdc.pgoutput import UNCHANGED, decode_tuple
 from cdc.source import connect
 from snapshot.copier import count_lines
+from snapshot.keyranges import InOrder, Key, KeyRange, range_from, throttle_delay
 from snapshot.progress import RowProgress
 from snapshot.reconcile import Reconciled, WindowEvent, reconcile
 
@@ -73,8 +88,11 @@ class ChunkMark:
     high: int  # LSN of the high watermark message
     after: int  # the table's last log offset before the low watermark: window events come after it
     rows: int
-    last: list[str | None] | None  # key values (text) of the chunk's last row; None: empty chunk
+    # the chunk's upper key bound (key values as text; checkpoints written before chunks were key
+    # ranges hold the chunk's last row); None: the open-ended last chunk, or an empty one
+    last: list[str | None] | None
     reconciled: bool = False
+    final: bool = False  # the table's last chunk: every row has been read
 
 
 @dataclass
@@ -86,7 +104,7 @@ class Checkpoint:
     snapshot_id: int
     first_low: int
     chunks: list[ChunkMark] = field(default_factory=list)
-    complete: bool = False  # the last chunk was short: every row has been read
+    complete: bool = False  # the table's last chunk is in: every row has been read
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:
@@ -214,46 +232,61 @@ def orderable_key(conn, table: TableName, key: tuple[str, ...]) -> bool:
         return bool(cur.fetchone()[0])
 
 
+def _key_list(key: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(k) for k in key)
+
+
+def _key_bound(key: tuple[str, ...], types: list[str], op: str, bound: Key) -> sql.Composed:
+    """`(k1, k2) > (CAST('v1' AS t1), ...)`: a row comparison the key's btree index answers."""
+    values = sql.SQL(", ").join(
+        sql.SQL("CAST({} AS {})").format(sql.Literal(v), sql.SQL(t))
+        for v, t in zip(bound, types, strict=True)
+    )
+    return sql.SQL("({}) {} ({})").format(_key_list(key), sql.SQL(op), values)
+
+
+def boundary_statement(
+    table: TableName, key: tuple[str, ...], types: list[str], lo: Key | None, chunk_rows: int
+) -> sql.Composed:
+    """The keys at positions chunk_rows and chunk_rows + 1 above `lo`, in key order, as text
+    (snapshot/keyranges.range_from reads them): a walk over the key's index, no rows read. It
+    ignores the row filter, so every chunk spans the same share of the index."""
+    # aliased: ORDER BY "id" would otherwise sort by the output column "id", the text
+    cols = sql.SQL(", ").join(
+        sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"cdc_key_{i}"))
+        for i, k in enumerate(key)
+    )
+    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(table.schema, table.name))
+    if lo is not None:
+        query += sql.SQL(" WHERE {}").format(_key_bound(key, types, ">", lo))
+    return query + sql.SQL(" ORDER BY {} OFFSET {} LIMIT 2").format(
+        _key_list(key), sql.Literal(chunk_rows - 1)
+    )
+
+
 def chunk_statement(
     table: TableName,
     columns: tuple[str, ...],
     key: tuple[str, ...],
     types: list[str],
     where: str | None,
-    last: list[str | None] | None,
-    limit: int,
+    chunk: KeyRange,
 ) -> sql.Composed:
-    """COPY of the next chunk: the captured columns and rows (cdc.filters.select_query, as the
-    publication sends them) with a key above the last chunk's, in key order."""
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    extra: list[sql.Composable] = []
-    if last is not None:
-        bound = sql.SQL(", ").join(
-            sql.SQL("CAST({} AS {})").format(sql.Literal(v), sql.SQL(t))
-            for v, t in zip(last, types, strict=True)
-        )
-        extra.append(sql.SQL("({}) > ({})").format(keys, bound))
-    select = select_query(table, columns, where, extra)
-    return sql.SQL("COPY ({} ORDER BY {} LIMIT {}) TO STDOUT").format(select, keys, sql.Literal(limit))
+    """COPY of one chunk: the captured columns and rows (cdc.filters.select_query, as the
+    publication sends them) with a key in (lo, hi]. No ORDER BY: a bounded range needs none, and
+    the planner may pick any scan (the last, open-ended chunk of a small table: a plain seq scan)."""
+    bounds: list[sql.Composable] = []
+    if chunk.lo is not None:
+        bounds.append(_key_bound(key, types, ">", chunk.lo))
+    if chunk.hi is not None:
+        bounds.append(_key_bound(key, types, "<=", chunk.hi))
+    return sql.SQL("COPY ({}) TO STDOUT").format(select_query(table, columns, where, bounds))
 
 
-def last_line(path: Path) -> bytes | None:
-    """The file's last line (without its newline), reading only its tail."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return None
-        step = 1 << 16
-        start = size
-        tail = b""
-        while start > 0:
-            start = max(0, start - step)
-            f.seek(start)
-            tail = f.read(size - start)
-            if tail.rstrip(b"\n").rfind(b"\n") >= 0 or start == 0:
-                break
-        body = tail.rstrip(b"\n")
-        return body[body.rfind(b"\n") + 1 :]
+def _read_error(table: TableName, exc: psycopg2.Error) -> SourceError:
+    message = (exc.pgerror or str(exc)).strip()
+    fix = "GRANT SELECT on the table to the pipeline's role" if "permission denied" in message else None
+    return SourceError(f"chunked snapshot of {table}: {message}", fix)
 
 
 # ---- the log side -------------------------------------------------------------------------------------
@@ -304,15 +337,23 @@ def stream_covers(log: LocalLog, lsn: int) -> bool:
 
 # ---- one table ------------------------------------------------------------------------------------------
 @dataclass
-class _Copied:
+class _Read:
     """A chunk read into its segment's .part file whose fsync (`synced`) may still be running."""
 
-    mark: ChunkMark
+    chunk: KeyRange
     tmp: Path
     path: Path
+    rows: int
     nbytes: int
     synced: Future[None]
-    opens: tuple[int, int]  # (low, after) of the next chunk: this chunk's high watermark opens it
+
+
+@dataclass
+class _Copied:
+    """A read chunk between its watermarks, waiting for its turn to join the log."""
+
+    mark: ChunkMark
+    read: _Read
 
 
 def _sync_and_close(sink: BinaryIO) -> None:
@@ -343,9 +384,15 @@ class ChunkedResult:
     dropped: int = 0
     resumed_at: int | None = None  # the chunk a resumed snapshot went on with
     first_low: int = 0  # the first low watermark: the position of the table's new base
+    readers: int = 1  # reader connections that read chunks side by side
 
 
 class ChunkedSnapshot:
+    """One table's chunked snapshot. The coordinating thread plans ranges, writes the watermarks
+    (one control connection) and commits chunks in order; `readers` threads, each with its own
+    connection, only read chunks (COPY into segment files). The log is only touched by the
+    coordinating thread."""
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -356,6 +403,7 @@ class ChunkedSnapshot:
         progress: bool,
         say: Callable[[str], None],
         catch_up: Callable[[int], None],
+        readers: int = 1,
     ) -> None:
         self.pipeline = pipeline
         self.log = log
@@ -366,18 +414,20 @@ class ChunkedSnapshot:
         self.options = pipeline.snapshot
         self.cp_path = checkpoint_path(pipeline.state_path, target.table)
         self.resume = resume
+        self.readers = max(1, readers)
         self.key_idx = tuple(target.columns.index(k) for k in target.key)
-        self._first: tuple[int, int] | None = None  # (low, after) of a new snapshot's first watermark
+        self._latest: tuple[int, int] | None = None  # (lsn, log offset before it) of the last watermark
+        self._local = threading.local()  # a reader thread's own connection
+        self._conns: list = []  # every reader connection (cancelled on failure, closed at the end)
+        self._conns_lock = threading.Lock()
 
     def run(self) -> ChunkedResult:
         dsn = self.pipeline.source.postgres.dsn
         t = self.t
         control = connect(
             dsn, application_name="cdc snapshot watermarks"
-        )  # autocommit: one watermark, one transaction
-        reader = connect(dsn, autocommit=False, application_name="cdc snapshot chunk")
-        reader.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        result = ChunkedResult()
+        )  # autocommit: one watermark (or range bound), one transaction
+        result = ChunkedResult(readers=self.readers)
         try:
             types = key_types(control, t.table, t.key)
             cp = self._checkpoint(control, result)
@@ -386,14 +436,15 @@ class ChunkedSnapshot:
             metrics.SNAP_ESTIMATED.labels(self.pipeline.name, str(t.table)).set(max(t.estimated_rows, 0))
             metrics.SNAP_DONE.labels(self.pipeline.name, str(t.table)).set(0)
             try:
-                self._copy_chunks(control, reader, cp, types, bar, result)
+                self._copy_chunks(control, cp, types, bar, result)
             finally:
                 bar.close()
-            if cp.chunks and not stream_covers(self.log, cp.chunks[-1].high):
+            last_high = max((c.high for c in cp.chunks), default=None)
+            if last_high is not None and not stream_covers(self.log, last_high):
                 self.say(
-                    f"{t.table}: waiting for the stream to pass the last high watermark {format_lsn(cp.chunks[-1].high)}"
+                    f"{t.table}: waiting for the stream to pass the last high watermark {format_lsn(last_high)}"
                 )
-                self.catch_up(cp.chunks[-1].high)
+                self.catch_up(last_high)
             self._reconcile_ready(cp, result)
             self.log.finish_snapshot(cp.snapshot_id, t.relid)
             metrics.SNAP_DONE.labels(self.pipeline.name, str(t.table)).set(1)
@@ -404,43 +455,106 @@ class ChunkedSnapshot:
             return result
         finally:
             control.close()
-            reader.close()
+            for conn in self._conns:
+                conn.close()
 
     def _copy_chunks(
-        self, control, reader, cp: Checkpoint, types: list[str], bar: RowProgress, result: ChunkedResult
+        self, control, cp: Checkpoint, types: list[str], bar: RowProgress, result: ChunkedResult
     ) -> None:
-        """Every chunk left, in key order. A chunk is read while the one before it becomes durable:
-        that one's segment is fsynced on `syncer` meanwhile, and joins the log and the checkpoint
-        (_commit) once the read is over."""
+        """Every chunk left: up to `readers` chunks read at once, at most 2 x `readers` read and not
+        yet in the log (what a kill can cost), each joining the log and the checkpoint (_commit) in
+        chunk order once its read is over."""
         name = (self.pipeline.name, str(self.t.table))
-        started, copied = time.monotonic(), 0
-        pending: _Copied | None = None
-        last, complete = cp.last_key, cp.complete
-        opening = self._first  # a resumed snapshot's next chunk writes its own low watermark
-        with ThreadPoolExecutor(1, thread_name_prefix="cdc-chunk-fsync") as syncer:
+        started, planned = time.monotonic(), 0
+        number, lo, planned_all = len(cp.chunks), cp.last_key, cp.complete
+        order: InOrder[_Copied] = InOrder(number)
+        reading: dict[Future[_Read], tuple[int, int, int]] = {}  # a read: (chunk, low, after of its window)
+        window = 2 * self.readers
+        with (
+            ThreadPoolExecutor(self.readers, thread_name_prefix="cdc-chunk-read") as pool,
+            ThreadPoolExecutor(1, thread_name_prefix="cdc-chunk-fsync") as syncer,
+        ):
             try:
-                while not complete:
-                    number = len(cp.chunks) + (pending is not None)
-                    read = self._copy_chunk(
-                        control, reader, cp.snapshot_id, number, last, opening, types, syncer
-                    )
-                    if pending is not None:
-                        self._commit(cp, pending)
-                    pending, mark, opening = read, read.mark, read.opens
-                    last = mark.last if mark.last is not None else last
-                    complete = mark.rows < self.options.chunk_rows
-                    copied += mark.rows
-                    bar.detail = self._detail(number + 1)
-                    bar.advance(mark.rows)
-                    metrics.SNAP_ROWS.labels(*name).inc(mark.rows)
+                while True:
+                    pause = 0.0
+                    while (
+                        not planned_all
+                        and len(reading) < self.readers
+                        and len(reading) + order.waiting < window
+                    ):
+                        pause = throttle_delay(
+                            planned, self.options.max_rows_per_s, time.monotonic() - started
+                        )
+                        if pause > 0:
+                            break
+                        chunk = self._next_range(control, types, number, lo)
+                        low, after = self._latest or self._watermark(control, number, "low")
+                        reading[pool.submit(self._read, cp.snapshot_id, chunk, types, syncer)] = (
+                            number,
+                            low,
+                            after,
+                        )
+                        number, lo, planned_all = number + 1, chunk.hi, chunk.last
+                        planned += self.options.chunk_rows
+                    if not reading:
+                        if planned_all:
+                            break
+                        time.sleep(pause)
+                        continue
+                    finished, _ = wait(reading, timeout=pause or None, return_when=FIRST_COMPLETED)
+                    for future in sorted(finished, key=lambda f: reading[f]):
+                        _, low, after = reading.pop(future)
+                        read = future.result()
+                        high, _ = self._watermark(control, read.chunk.number, "high")
+                        chunk = read.chunk
+                        mark = ChunkMark(
+                            chunk.number, low, high, after, read.rows, chunk.hi, final=chunk.last
+                        )
+                        for ready in order.add(chunk.number, _Copied(mark, read)):
+                            self._commit(cp, ready)
+                            bar.detail = self._detail(len(cp.chunks))
+                            bar.advance(ready.mark.rows)
+                            metrics.SNAP_ROWS.labels(*name).inc(ready.mark.rows)
                     self._reconcile_ready(cp, result)
-                    self._throttle(started, copied)
-            except CdcError:  # the chunk read before a failed one still counts as done
-                if pending is not None and pending.synced.exception() is None:
-                    self._commit(cp, pending)
+            except BaseException:
+                self._cancel()  # the chunks in the log and the checkpoint stay: a restart goes on after them
                 raise
-            if pending is not None:
-                self._commit(cp, pending)
+
+    def _next_range(self, control, types: list[str], number: int, lo: Key | None) -> KeyRange:
+        t = self.t
+        statement = boundary_statement(t.table, t.key, types, lo, self.options.chunk_rows)
+        try:
+            with control.cursor() as cur:
+                cur.execute(statement)
+                found = [list(row) for row in cur.fetchall()]
+        except psycopg2.Error as exc:
+            raise _read_error(t.table, exc) from None
+        return range_from(number, lo, found)
+
+    def _watermark(self, control, number: int, mark: str) -> tuple[int, int]:
+        """Write a watermark; it opens the window of every chunk whose read starts after it."""
+        after = self.log.end_offset_by_id(self.t.table_id)
+        self._latest = (emit_watermark(control, self.t.table, number, mark), after)
+        return self._latest
+
+    def _reader(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(
+                self.pipeline.source.postgres.dsn, autocommit=False, application_name="cdc snapshot chunk"
+            )
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            with self._conns_lock:
+                self._conns.append(conn)
+            self._local.conn = conn
+        return conn
+
+    def _cancel(self) -> None:
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(psycopg2.Error):
+                conn.cancel()
 
     def _detail(self, chunks: int) -> str:
         per_chunk = self.options.chunk_rows
@@ -465,83 +579,51 @@ class ChunkedSnapshot:
         cp = Checkpoint(self.cp_path, str(t.table), snapshot_id, first_low)
         cp.chunks = []
         cp.save()
-        self._first = (first_low, after)
+        self._latest = (first_low, after)  # the first chunk's low watermark
         self.say(
             f"{t.table}: chunked snapshot from {format_lsn(first_low)}, {self.options.chunk_rows:,} rows a chunk"
             f" (~{t.estimated_rows:,} rows)"
         )
         return cp
 
-    def _copy_chunk(
-        self,
-        control,
-        reader,
-        snapshot_id: int,
-        number: int,
-        last: list[str | None] | None,
-        opening: tuple[int, int] | None,
-        types: list[str],
-        syncer: ThreadPoolExecutor,
-    ) -> _Copied:
-        """Read chunk `number` (the rows after key `last`) between its watermarks into its segment's
-        .part file; its fsync starts on `syncer`. `opening`: (low, after) of a watermark already
-        written before this chunk (the snapshot's first one, or the chunk before's high watermark),
-        else it writes its own."""
-        t, log = self.t, self.log
-        if opening is not None:
-            low, after = opening
-        else:
-            after = log.end_offset_by_id(t.table_id)
-            low = emit_watermark(control, t.table, number, "low")
-        path = log.segment_path(t.table_id, snapshot_id, number)
+    def _read(self, snapshot_id: int, chunk: KeyRange, types: list[str], syncer: ThreadPoolExecutor) -> _Read:
+        """Read one chunk (on a reader thread) into its segment's .part file, in one short
+        transaction; its fsync starts on `syncer`."""
+        t = self.t
+        reader = self._reader()
+        path = self.log.segment_path(t.table_id, snapshot_id, chunk.number)  # a path only: no log access here
         private_dir(path.parent)
         tmp = path.with_suffix(".part")
-        statement = chunk_statement(t.table, t.columns, t.key, types, t.where, last, self.options.chunk_rows)
+        statement = chunk_statement(t.table, t.columns, t.key, types, t.where, chunk)
         sink = private_open(tmp, "wb", buffering=4 << 20)
         try:
             with reader.cursor() as cur:
                 cur.copy_expert(statement.as_string(reader), sink, size=1 << 20)
                 rows = cur.rowcount  # COPY's own count ("COPY n"): no second pass over the file
             reader.rollback()  # the chunk's transaction ends here: nothing is held between chunks
-            sink.flush()  # into the page cache: last_line reads it back, the fsync comes later
+            sink.flush()
             nbytes = sink.tell()
         except psycopg2.Error as exc:
             sink.close()
             reader.rollback()
-            message = (exc.pgerror or str(exc)).strip()
-            fix = (
-                "GRANT SELECT on the table to the pipeline's role" if "permission denied" in message else None
-            )
-            raise SourceError(f"chunked snapshot of {t.table}: {message}", fix) from None
+            raise _read_error(t.table, exc) from None
         except BaseException:
             sink.close()
             raise
-        synced = syncer.submit(_sync_and_close, sink)  # runs while the next chunk is read
-        # The high watermark is also the next chunk's low one (one WAL message and commit less per
-        # chunk): the windows (low, high) then follow each other with no gap. A window that starts
-        # earlier is as safe: the chunks become the base at the first low watermark and every stream
-        # event after it follows them, so a whole-row event there supersedes the chunk row anyway.
-        next_after = log.end_offset_by_id(t.table_id)
-        high = emit_watermark(control, t.table, number, "high")
+        synced = syncer.submit(_sync_and_close, sink)  # runs while other chunks are read
         if rows < 0:
             rows = count_lines(tmp)
-        line = last_line(tmp)
-        key = None
-        if line is not None:
-            fields = line.split(b"\t")
-            key = [copy_text_unescape(fields[i].decode()) for i in self.key_idx]
-        mark = ChunkMark(number, low, high, after, rows, key)
-        return _Copied(mark, tmp, path, nbytes, synced, (high, next_after))
+        return _Read(chunk, tmp, path, rows, nbytes, synced)
 
     def _commit(self, cp: Checkpoint, copied: _Copied) -> None:
         """A read chunk, once its segment is durable, joins the log and then the checkpoint: a restart
         goes on with the next chunk."""
-        copied.synced.result()
-        os.replace(copied.tmp, copied.path)
-        mark = copied.mark
-        self.log.add_segment(cp.snapshot_id, mark.number, copied.path, mark.rows, copied.nbytes)
+        read, mark = copied.read, copied.mark
+        read.synced.result()
+        os.replace(read.tmp, read.path)
+        self.log.add_segment(cp.snapshot_id, mark.number, read.path, mark.rows, read.nbytes)
         cp.chunks.append(mark)
-        cp.complete = mark.rows < self.options.chunk_rows
+        cp.complete = mark.final
         cp.save()
 
     def _reconcile_ready(self, cp: Checkpoint, result: ChunkedResult) -> None:
@@ -556,19 +638,13 @@ class ChunkedSnapshot:
         if changed:
             cp.save()
 
-    def _throttle(self, started: float, copied: int) -> None:
-        limit = self.options.max_rows_per_s
-        if limit:
-            ahead = copied / limit - (time.monotonic() - started)
-            if ahead > 0:
-                time.sleep(ahead)
-
 
 __all__ = [
     "WATERMARK_PREFIX",
     "Checkpoint",
     "ChunkedSnapshot",
     "ChunkedTable",
+    "boundary_statement",
     "chunk_statement",
     "emit_watermark",
     "orderable_key",

@@ -164,7 +164,9 @@ def run_snapshot(
             except psycopg2.Error as exc:
                 raise refused(exc, pipeline.publication) from None
             for table, reason in drift.items():
-                say(f"{table}: source.postgres.table_options changed ({reason}): the publication is set again and {table} snapshotted again")
+                say(
+                    f"{table}: source.postgres.table_options changed ({reason}): the publication is set again and {table} snapshotted again"
+                )
                 if table not in targets:
                     targets.append(table)
             result = SnapshotResult()
@@ -181,10 +183,17 @@ def run_snapshot(
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table
             try:
-                added = ensure_publication(conn, pipeline.publication, [info[t] for t in all_tables], report.filters)
+                added = ensure_publication(
+                    conn, pipeline.publication, [info[t] for t in all_tables], report.filters
+                )
                 if drift:
                     for table, reason in drift.items():  # a crash from here on: the next stream re-bases them
-                        save_state(pipeline.state_path, table, state="needed", reason=f"table_options changed ({reason})")
+                        save_state(
+                            pipeline.state_path,
+                            table,
+                            state="needed",
+                            reason=f"table_options changed ({reason})",
+                        )
                     set_filters(conn, pipeline.publication, [report.filters[t] for t in drift])
             except psycopg2.Error as exc:
                 raise refused(exc, pipeline.publication) from None
@@ -213,7 +222,17 @@ def run_snapshot(
                 result = _create_slot(pipeline, report.server.version, say)
             if chunked:
                 _copy_chunked(
-                    pipeline, log, conn, chunked, info, report.filters, slot_exists, result, progress, say
+                    pipeline,
+                    log,
+                    conn,
+                    chunked,
+                    info,
+                    report.filters,
+                    slot_exists,
+                    result,
+                    progress,
+                    say,
+                    parallel,
                 )
             if pipeline.log_config.kafka is not None:
                 _publish(pipeline, log, result, progress, say)
@@ -270,10 +289,16 @@ def _copy_tables(
         "(waits for transactions open right now to finish)"
     )
     with slot_with_snapshot(
-        dsn, slot, temporary=slot_exists, server_version=server_version, failover=pipeline.source.postgres.failover
+        dsn,
+        slot,
+        temporary=slot_exists,
+        server_version=server_version,
+        failover=pipeline.source.postgres.failover,
     ) as snap:
         filters = filters or {}
-        plans = _plan_tables(dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets}, filters)
+        plans = _plan_tables(
+            dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets}, filters
+        )
         jobs_by_table: dict[TableName, list[CopyJob]] = {}
         snapshot_ids: dict[TableName, int] = {}
         for plan in plans:
@@ -382,10 +407,23 @@ def _create_slot(pipeline: Pipeline, server_version: int, say) -> SnapshotResult
 
 
 def _copy_chunked(
-    pipeline, log, conn, tables, info, filters, resume: bool, result: SnapshotResult, progress, say
+    pipeline,
+    log,
+    conn,
+    tables,
+    info,
+    filters,
+    resume: bool,
+    result: SnapshotResult,
+    progress,
+    say,
+    parallel=None,
 ) -> None:
-    """Each table in watermark chunks (snapshot/chunked.py), one after the other. `resume`: chunk
-    checkpoints of an earlier run stay valid (not after the slot was created again: a gap)."""
+    """Each table in watermark chunks (snapshot/chunked.py), one table after the other, each read by
+    `parallel` reader connections side by side (default: as many as the exported snapshot's
+    workers). `resume`: chunk checkpoints of an earlier run stay valid (not after the slot was
+    created again: a gap)."""
+    readers = max(1, parallel or min(4, os.cpu_count() or 2))
     dsn = pipeline.source.postgres.dsn
     filters = filters or {}
     plans = _plan_tables(dsn, None, tables, {t: info[t].key_columns for t in tables}, filters)
@@ -412,12 +450,13 @@ def _copy_chunked(
             progress=progress,
             say=say,
             catch_up=lambda lsn: _catch_up(pipeline, conn, log, lsn, say),
+            readers=readers,
         ).run()
         result.rows[plan.table] = done.rows
         _rebased(pipeline, log, plans, plan.table, done.first_low, done.rows)
         say(
             f"{plan.table}: {done.rows:,} rows in {done.chunks} chunk(s) in {time.monotonic() - started:.1f}s"
-            f" ({done.dropped:,} chunk rows superseded by changes inside their window"
+            f" ({done.readers} reader(s); {done.dropped:,} chunk rows superseded by changes inside their window"
             + (f"; resumed at chunk {done.resumed_at}" if done.resumed_at is not None else "")
             + ")"
         )

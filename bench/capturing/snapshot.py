@@ -1,6 +1,7 @@
 """Part 2: a `--rows`-row table read by `COPY t TO STDOUT` in psql to /dev/null (the ceiling) and by
 `cdc snapshot` into a fresh log (`snapshot.mode: exported` with the default workers, then --parallel 1,
-2, 4; then a chunked snapshot: `snapshot.mode: chunked` with the default chunk_rows), interleaved per run.
+2, 4; then a chunked snapshot: `snapshot.mode: chunked` with the default chunk_rows and readers, as many
+as the default workers), interleaved per run.
 The exported rows name their mode: under `auto` (the default) a table of 1M rows or more is chunked."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CONFIGS: tuple[tuple[str, int | None], ...] = (
     ("parallel 1", 1),
     ("parallel 2", 2),
     ("parallel 4", 4),
-    ("chunked", None),  # snapshot.mode: chunked (snapshot/chunked.py): one connection, short transactions
+    ("chunked", None),  # snapshot.mode: chunked (snapshot/chunked.py): default readers, short transactions
 )
 
 

@@ -10,7 +10,8 @@ _SNAPSHOT_DONE = re.compile(
     r"snapshot done: ([\d,]+) rows from \d+ table\(s\) in [\d.]+s \(([\d,]+) rows/s\)"
 )
 _COPYING = re.compile(r"in (\d+) chunk\(s\) with (\d+) worker\(s\)")
-_CHUNKED = re.compile(r"rows in (\d+) chunk\(s\) in ")  # a chunked snapshot's per-table line (one connection)
+_CHUNKED = re.compile(r"rows in (\d+) chunk\(s\) in ")  # a chunked snapshot's per-table line
+_CHUNK_READERS = re.compile(r"rows in \d+ chunk\(s\) in [\d.]+s \((\d+) reader\(s\)")
 _APPLIED = re.compile(r"sink (\w+): applied cut \d+ \([^)]*\) in ([\d.]+)s: (.*)")
 _COUNTS = re.compile(r"\+([\d,]+) ~([\d,]+) -([\d,]+)(?: \(([\d,]+) not newer)?")
 
@@ -38,7 +39,7 @@ def snapshot(out: str) -> dict[str, int]:
         "rows": num(m[1]),
         "rate": num(m[2]),
         "chunks": int(w[1]) if w else sum(int(c) for c in _CHUNKED.findall(out)),
-        "workers": int(w[2]) if w else (1 if _CHUNKED.search(out) else 0),
+        "workers": int(w[2]) if w else max((int(r) for r in _CHUNK_READERS.findall(out)), default=0),
     }
 
 

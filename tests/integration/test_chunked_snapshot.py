@@ -5,6 +5,7 @@ TOAST values, deletes, primary-key changes) while `cdc stream` runs, and the lea
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import threading
@@ -14,6 +15,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from cdc.ground.tables import TableName
+from cdc.log.local import LocalLog
 from tests.fixtures.readers import delta_rows
 from tests.harness import (
     apply_once,
@@ -134,7 +137,34 @@ def test_chunked_snapshot_of_an_idle_source_finishes_by_itself(pg_db: str, tmp_p
     assert materialize(state / "log")["public.t"] == source_rows(pg_db, "public.t", ["id"])
 
 
+def idle_reader_stalled(dsn: str) -> int | None:
+    """SIGSTOP a chunk reader's backend while it is between chunks (idle: no snapshot, no lock, no
+    latch held), so its next chunk stays unread while the other reader goes on; its pid, or None
+    when no reader was idle just then. A stopped backend cannot change its pg_stat_activity state:
+    still idle once stopped means it was stopped idle, else it is let go again."""
+    states = ("idle", "idle in transaction")
+    query = (
+        "SELECT pid, state FROM pg_stat_activity WHERE application_name = 'cdc snapshot chunk'"
+        " AND datname = current_database()"
+    )
+    for pid, state in sql(dsn, query):
+        if state in states:
+            os.kill(pid, signal.SIGSTOP)
+            if dict(sql(dsn, query)).get(pid) in states:
+                return pid
+            os.kill(pid, signal.SIGCONT)
+    return None
+
+
+def part_files(state_dir: Path) -> list[int]:
+    """Chunk numbers of the segment files being read or read and not yet in the log (.part)."""
+    return sorted(int(p.stem[1:]) for p in (state_dir / "log" / "segments").glob("t*/s*/c*.part"))
+
+
 def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db: str, tmp_path: Path):
+    """Two readers read chunks side by side; one is stalled between chunks, so the other reads the
+    chunks after its one (out of order) and they wait for it; kill -9 then, and the same command
+    resumes at the stalled chunk: the log ends as the source, no row copied twice."""
     make_table(pg_db, "t", 40_000, pad=150)  # chunks of 4,000 rows: each read lasts long enough to be seen
     pipe = write_pipeline(
         tmp_path,
@@ -144,33 +174,51 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
     )
     state = tmp_path / ".cdc" / "test"
     first_xid = int(sql(pg_db, "SELECT txid_current()")[0][0])
-    writer = Writer(pg_db, "t", seed=1, key_space=41_000)
+    writer = Writer(pg_db, "t", seed=1, key_space=41_000)  # writes into every range, read or not
     sampler = XminSampler(pg_db)
     writer.start()
     sampler.start()
-    proc = cdc_popen("snapshot", pipe, "--no-progress")
+    proc = cdc_popen("snapshot", pipe, "--no-progress", "--parallel", "2")
+    stalled = None
     try:
-        while (cp := checkpoint(state, "public.t")) is None or len(cp["chunks"]) < 4:
+        while (cp := checkpoint(state, "public.t")) is None or not cp["chunks"] or stalled is None:
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)  # kill -9 in the middle of the table
+            if cp is not None and cp["chunks"]:
+                stalled = idle_reader_stalled(pg_db)
+            time.sleep(0.02)
+        while len(parts := part_files(state)) < 3:  # the stalled chunk, one read after it, one started
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        killed_at = len(checkpoint(state, "public.t")["chunks"])
+        proc.send_signal(signal.SIGKILL)  # kill -9 with chunks read out of order, not in the log
         proc.wait(30)
     finally:
         sampler.stop.set()
         sampler.join(10)
         if proc.poll() is None:
             proc.kill()
-    killed_at = len(checkpoint(state, "public.t")["chunks"])
+        if stalled is not None:
+            os.kill(stalled, signal.SIGCONT)  # it finds its client gone and ends
+    assert parts[0] == killed_at and parts[-1] >= killed_at + 2, (parts, killed_at)
     xids_during = int(sql(pg_db, "SELECT txid_current()")[0][0]) - first_xid
 
-    # No transaction outlived a chunk: the reading connection was seen between chunks with no
+    # No transaction outlived a chunk: each reading connection was seen between chunks with no
     # snapshot at all, an xmin once given up never came back (no snapshot spans chunks), and no
     # xmin of the snapshot's connections was ever older than a fraction of the run's transactions.
-    reader = [s for sample in sampler.samples for s in sample.values() if s[0] == "cdc snapshot chunk"]
-    assert any(xmin is None for _, xmin, _age in reader), "the chunk reader never closed its transaction"
-    held = [xmin for _, xmin, _age in reader if xmin is not None]
-    runs = [x for i, x in enumerate(held) if i == 0 or held[i - 1] != x]
-    assert len(runs) == len(set(runs)) and len(runs) >= 2, runs  # one xmin per chunk, each given up for good
+    readers: dict[int, list[int | None]] = {}
+    for sample in sampler.samples:
+        for pid, (app, xmin, _age) in sample.items():
+            if app == "cdc snapshot chunk":
+                readers.setdefault(pid, []).append(xmin)
+    assert len(readers) == 2, readers.keys()
+    chunks_seen = 0
+    for xmins in readers.values():
+        assert None in xmins, "a chunk reader never closed its transaction"
+        held = [xmin for xmin in xmins if xmin is not None]
+        runs = [x for i, x in enumerate(held) if i == 0 or held[i - 1] != x]
+        assert len(runs) == len(set(runs)), runs  # one xmin per chunk, each given up for good
+        chunks_seen += len(runs)
+    assert chunks_seen >= 2, readers
     ages = [age for sample in sampler.samples for _, xmin, age in sample.values() if xmin is not None]
     assert xids_during > 100 and max(ages) < xids_during / 3, (max(ages), xids_during)
 
@@ -179,8 +227,16 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
     assert run.code == 0, run.err + run.out
     assert f"resuming the chunked snapshot at chunk {killed_at}" in run.out + run.err, run.out + run.err
     assert checkpoint(state, "public.t") is None  # finished: the checkpoint is gone
+    assert not part_files(state)  # the chunks read before the kill were read again, in place
     stream_changes(pipe, pg_db)
     assert materialize(state / "log")["public.t"] == source_rows(pg_db, "public.t", ["id"])
+    log = LocalLog(state / "log", readonly=True)
+    try:
+        base = log.latest_cut().tables[TableName("public", "t")]
+        copied = [r.key for r in log.read(TableName("public", "t"), base.base - 1, base.end) if r.op == "r"]
+    finally:
+        log.close()
+    assert copied and len(copied) == len(set(copied))  # no key copied twice
 
 
 @pytest.mark.slow  # one Spark apply + verify: ~290 s of its ~350 s on the loaded shared machine
