@@ -251,17 +251,16 @@ def boundary_statement(
     """The keys at positions chunk_rows and chunk_rows + 1 above `lo`, in key order, as text
     (snapshot/keyranges.range_from reads them): a walk over the key's index, no rows read. It
     ignores the row filter, so every chunk spans the same share of the index."""
-    # aliased: ORDER BY "id" would otherwise sort by the output column "id", the text
-    cols = sql.SQL(", ").join(
-        sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"cdc_key_{i}"))
-        for i, k in enumerate(key)
-    )
-    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(table.schema, table.name))
+    keys = _key_list(key)
+    walk = sql.SQL("SELECT {} FROM {}").format(keys, sql.Identifier(table.schema, table.name))
     if lo is not None:
-        query += sql.SQL(" WHERE {}").format(_key_bound(key, types, ">", lo))
-    return query + sql.SQL(" ORDER BY {} OFFSET {} LIMIT 2").format(
-        _key_list(key), sql.Literal(chunk_rows - 1)
-    )
+        walk += sql.SQL(" WHERE {}").format(_key_bound(key, types, ">", lo))
+    walk += sql.SQL(" ORDER BY {} OFFSET {} LIMIT 2").format(keys, sql.Literal(chunk_rows - 1))
+    # the two keys found as text (cast outside: not for every key walked over); qualified names:
+    # a bare ORDER BY "id" would sort by the output column "id", the text
+    texts = sql.SQL(", ").join(sql.SQL("b.{}::text").format(sql.Identifier(k)) for k in key)
+    ordered = sql.SQL(", ").join(sql.SQL("b.{}").format(sql.Identifier(k)) for k in key)
+    return sql.SQL("SELECT {} FROM ({}) b ORDER BY {}").format(texts, walk, ordered)
 
 
 def chunk_statement(
@@ -474,38 +473,52 @@ class ChunkedSnapshot:
             ThreadPoolExecutor(self.readers, thread_name_prefix="cdc-chunk-read") as pool,
             ThreadPoolExecutor(1, thread_name_prefix="cdc-chunk-fsync") as syncer,
         ):
+            upcoming: KeyRange | None = None  # the next range, bounded while chunks are read
+
+            def bound_next() -> None:
+                nonlocal upcoming, number, lo, planned_all
+                if upcoming is None and not planned_all:
+                    upcoming = self._next_range(control, types, number, lo)
+                    number, lo, planned_all = number + 1, upcoming.hi, upcoming.last
+
+            def fill() -> float:
+                """Start reads while readers are free; the throttle's pause when it holds one back."""
+                nonlocal upcoming, planned
+                while len(reading) < self.readers and len(reading) + order.waiting < window:
+                    bound_next()
+                    if upcoming is None:
+                        break
+                    pause = throttle_delay(planned, self.options.max_rows_per_s, time.monotonic() - started)
+                    if pause > 0:
+                        return pause
+                    low, after = self._latest or self._watermark(control, upcoming.number, "low")
+                    reading[pool.submit(self._read, cp.snapshot_id, upcoming, types, syncer)] = (
+                        upcoming.number,
+                        low,
+                        after,
+                    )
+                    upcoming, planned = None, planned + self.options.chunk_rows
+                return 0.0
+
             try:
                 while True:
-                    pause = 0.0
-                    while (
-                        not planned_all
-                        and len(reading) < self.readers
-                        and len(reading) + order.waiting < window
-                    ):
-                        pause = throttle_delay(
-                            planned, self.options.max_rows_per_s, time.monotonic() - started
-                        )
-                        if pause > 0:
-                            break
-                        chunk = self._next_range(control, types, number, lo)
-                        low, after = self._latest or self._watermark(control, number, "low")
-                        reading[pool.submit(self._read, cp.snapshot_id, chunk, types, syncer)] = (
-                            number,
-                            low,
-                            after,
-                        )
-                        number, lo, planned_all = number + 1, chunk.hi, chunk.last
-                        planned += self.options.chunk_rows
+                    pause = fill()
                     if not reading:
-                        if planned_all:
+                        if upcoming is None and planned_all:
                             break
                         time.sleep(pause)
                         continue
+                    bound_next()  # its index walk runs while the chunks are read
                     finished, _ = wait(reading, timeout=pause or None, return_when=FIRST_COMPLETED)
-                    for future in sorted(finished, key=lambda f: reading[f]):
-                        _, low, after = reading.pop(future)
-                        read = future.result()
-                        high, _ = self._watermark(control, read.chunk.number, "high")
+                    if not finished:
+                        continue
+                    done = [(reading[f], f.result()) for f in sorted(finished, key=lambda f: reading[f])]
+                    for future in finished:
+                        del reading[future]
+                    fill()  # free readers go on before the bookkeeping of the chunks they read
+                    # one high watermark after every read that finished: it closes all their windows
+                    high, _ = self._watermark(control, done[-1][1].chunk.number, "high")
+                    for (_, low, after), read in done:
                         chunk = read.chunk
                         mark = ChunkMark(
                             chunk.number, low, high, after, read.rows, chunk.hi, final=chunk.last
