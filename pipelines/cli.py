@@ -155,7 +155,11 @@ def validate(pipeline: Path) -> int:
 @cli.command()
 @PIPELINE
 @click.option("--tables", help="comma-separated schema.table list to (re)snapshot; default: tables not in the log yet")
-@click.option("--parallel", type=click.IntRange(1, 64), help="copy workers (default: min(4, CPUs))")
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    help="copy workers, or a chunked snapshot's chunk readers (default: min(4, CPUs))",
+)
 @click.option("--no-progress", is_flag=True, help="no progress bar, only summary lines")
 @METRICS_PORT
 @LOG_FORMAT

@@ -383,7 +383,7 @@ class ChunkedResult:
     dropped: int = 0
     resumed_at: int | None = None  # the chunk a resumed snapshot went on with
     first_low: int = 0  # the first low watermark: the position of the table's new base
-    readers: int = 1  # reader connections that read chunks side by side
+    readers: int = 0  # reader connections that read chunks side by side
 
 
 class ChunkedSnapshot:
@@ -426,7 +426,7 @@ class ChunkedSnapshot:
         control = connect(
             dsn, application_name="cdc snapshot watermarks"
         )  # autocommit: one watermark (or range bound), one transaction
-        result = ChunkedResult(readers=self.readers)
+        result = ChunkedResult()
         try:
             types = key_types(control, t.table, t.key)
             cp = self._checkpoint(control, result)
@@ -451,6 +451,7 @@ class ChunkedSnapshot:
             result.rows = cp.rows
             result.first_low = cp.first_low
             result.chunks = len(cp.chunks)
+            result.readers = len(self._conns)  # the reader connections this run opened
             return result
         finally:
             control.close()
