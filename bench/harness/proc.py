@@ -34,6 +34,9 @@ class Timed:
     err: str = field(repr=False)
     server_cpu_s: float | None = None  # CPU the PostgreSQL cluster used meanwhile (all its processes)
     tree_cpu_s: float | None = None  # the whole process tree's CPU (tree=True)
+    tree_peak_rss: dict[str, int] = field(
+        default_factory=dict
+    )  # tree=True: command name -> highest VmHWM of a descendant
 
     @property
     def cpu_s(self) -> float:
@@ -64,8 +67,16 @@ def _vm_hwm(pid: int) -> int | None:
     return None
 
 
-def _tree_ticks(root: int, seen: dict[int, int]) -> None:
-    """Record utime+stime (own + reaped children) of `root` and every live descendant in `seen`."""
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _tree_ticks(root: int, seen: dict[int, int], peaks: dict[str, int] | None = None) -> None:
+    """Record utime+stime (own + reaped children) of `root` and every live descendant in `seen`;
+    with `peaks`, each descendant's VmHWM under its command name (java, python...), the highest."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in os.scandir("/proc"):
@@ -79,6 +90,9 @@ def _tree_ticks(root: int, seen: dict[int, int]) -> None:
             p = parents.get(p, 0)
         if p == root:
             seen[pid] = max(seen.get(pid, 0), n)
+            if peaks is not None and pid != root:
+                name = _comm(pid)
+                peaks[name] = max(peaks.get(name, 0), _vm_hwm(pid) or 0)
 
 
 def proc_cpu_s(pid: int | None) -> float:
@@ -118,6 +132,7 @@ def run_timed(
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
         peak: list[int] = [0]
         seen: dict[int, int] = {}
+        peaks: dict[str, int] = {}
         done = threading.Event()
 
         def poll() -> None:
@@ -125,7 +140,7 @@ def run_timed(
             while not done.is_set():
                 peak[0] = max(peak[0], _vm_hwm(proc.pid) or 0)
                 if tree and polls % 10 == 0:  # a /proc walk every 0.2 s, RSS every 20 ms
-                    _tree_ticks(proc.pid, seen)
+                    _tree_ticks(proc.pid, seen, peaks)
                 polls += 1
                 done.wait(0.02)
 
@@ -140,7 +155,7 @@ def run_timed(
             done.set()
             poller.join()
             if tree:
-                _tree_ticks(proc.pid, seen)
+                _tree_ticks(proc.pid, seen, peaks)
             _pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
         except BaseException:
@@ -160,6 +175,7 @@ def run_timed(
         "" if stdout_null else out_path.read_text(errors="replace"),
         err_path.read_text(errors="replace"),
         tree_cpu_s=sum(seen.values()) / _TICK if tree else None,
+        tree_peak_rss=peaks,
     )
 
 
