@@ -161,6 +161,67 @@ def part_files(state_dir: Path) -> list[int]:
     return sorted(int(p.stem[1:]) for p in (state_dir / "log" / "segments").glob("t*/s*/c*.part"))
 
 
+def copied_keys(state_dir: Path, table: str) -> list[bytes | None]:
+    """The keys of the snapshot rows of the table's current base in the log."""
+    name = TableName.parse(table)
+    log = LocalLog(state_dir / "log", readonly=True)
+    try:
+        base = log.latest_cut().tables[name]
+        return [r.key for r in log.read(name, base.base - 1, base.end) if r.op == "r"]
+    finally:
+        log.close()
+
+
+def test_chunks_finish_out_of_order_with_writes_into_both_ranges(pg_db: str, tmp_path: Path):
+    """Two chunks in flight: one reader is stalled before its chunk c while the other reads c+1 and
+    goes on; then writes into both key ranges (updates, a delete, inserts into the range read and
+    the one not read, key changes from each range into the other); let go, c is read last, the
+    chunks join the log in chunk order and the log ends as the source, no key copied twice."""
+    sql(
+        pg_db,
+        "CREATE TABLE s(id int PRIMARY KEY, n int NOT NULL, big text)",
+        "INSERT INTO s SELECT 2 * g, 0, 'row ' || g FROM generate_series(1, 400) g",  # even keys: room for odd ones
+        "ANALYZE s",
+    )
+    snap = {"mode": "chunked", "chunk_rows": 50, "max_rows_per_s": 200}  # chunk i: keys (100 i, 100 i + 100]
+    pipe = write_pipeline(tmp_path, pg_db, ["public.s"], snapshot=snap)
+    state = tmp_path / ".cdc" / "test"
+    proc = cdc_popen("snapshot", pipe, "--no-progress", "--parallel", "2")
+    stalled = None
+    try:
+        while (cp := checkpoint(state, "public.s")) is None or not cp["chunks"] or stalled is None:
+            assert proc.poll() is None, proc.communicate()
+            if cp is not None and cp["chunks"]:
+                stalled = idle_reader_stalled(pg_db)
+            time.sleep(0.02)
+        while len(parts := part_files(state)) < 3:  # the stalled chunk, the one after it read, one more
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        c = parts[0]
+        assert len(checkpoint(state, "public.s")["chunks"]) == c  # c+1 was read before c: it waits
+        base = 100 * c
+        sql(
+            pg_db,
+            f"UPDATE s SET n = n + 1, big = 'changed' WHERE id = {base + 10}",  # in c, not read yet
+            f"UPDATE s SET n = n + 1 WHERE id = {base + 110}",  # in c+1, read
+            f"DELETE FROM s WHERE id = {base + 120}",
+            f"INSERT INTO s VALUES ({base + 131}, 1, 'new in the range read')",
+            f"INSERT INTO s VALUES ({base + 31}, 1, 'new in the range not read')",
+            f"UPDATE s SET id = {base + 41} WHERE id = {base + 140}",  # from the range read into the other
+            f"UPDATE s SET id = {base + 151} WHERE id = {base + 50}",  # and the other way
+        )
+    finally:
+        if stalled is not None:
+            os.kill(stalled, signal.SIGCONT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "rows in 8 chunk(s)" in out and "(2 reader(s);" in out, out  # 400 keys: no empty 9th chunk
+    stream_changes(pipe, pg_db)
+    assert materialize(state / "log")["public.s"] == source_rows(pg_db, "public.s", ["id"])
+    keys = copied_keys(state, "public.s")
+    assert len(keys) == len(set(keys))  # no key copied twice
+
+
 def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db: str, tmp_path: Path):
     """Two readers read chunks side by side; one is stalled between chunks, so the other reads the
     chunks after its one (out of order) and they wait for it; kill -9 then, and the same command
@@ -230,12 +291,7 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
     assert not part_files(state)  # the chunks read before the kill were read again, in place
     stream_changes(pipe, pg_db)
     assert materialize(state / "log")["public.t"] == source_rows(pg_db, "public.t", ["id"])
-    log = LocalLog(state / "log", readonly=True)
-    try:
-        base = log.latest_cut().tables[TableName("public", "t")]
-        copied = [r.key for r in log.read(TableName("public", "t"), base.base - 1, base.end) if r.op == "r"]
-    finally:
-        log.close()
+    copied = copied_keys(state, "public.t")
     assert copied and len(copied) == len(set(copied))  # no key copied twice
 
 
