@@ -446,6 +446,10 @@ class ChunkedSnapshot:
                 self.catch_up(last_high)
             self._reconcile_ready(cp, result)
             self.log.finish_snapshot(cp.snapshot_id, t.relid)
+            # chunks a killed run read past the first one not committed, which this run's ranges
+            # (bounded again from the table as it is now) may no longer number the same way
+            for stray in self.log.segment_path(t.table_id, cp.snapshot_id, 0).parent.glob("*.part"):
+                stray.unlink(missing_ok=True)
             metrics.SNAP_DONE.labels(self.pipeline.name, str(t.table)).set(1)
             self.cp_path.unlink(missing_ok=True)
             result.rows = cp.rows
