@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from cdc.ground.config import Pipeline, SinkConfig, ViewConfig, pipeline_tables
 from cdc.ground.errors import CdcError, SinkError
@@ -47,6 +46,8 @@ from pipelines.faults import crash_point
 from pipelines.locks import sink_lock
 from pipelines.sparkerrors import spark_error_line
 from pipelines.views.base import CDF_PROPERTY, base_sink_config, change_data_feed
+from pipelines.views.deltalog import first_metadata, latest_metadata, latest_version
+from pipelines.views.reads import BaseTables, NoChangeData
 from pipelines.views.state import (
     BASE_SINK,
     ViewState,
@@ -55,7 +56,7 @@ from pipelines.views.state import (
     out_path,
     save_view_state,
 )
-from sinks.delta.cuts import cut_record, table_version
+from sinks.delta.cuts import cut_record, cut_record_arrow, table_version
 from sinks.delta.features import COLUMN_MAPPING, unsafe_names
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from cdc.log.base import Cut
     from pipelines.apply.readers import ChangeReader
     from pipelines.views.sql import ViewPlan
+
 
 class StageHost(Protocol):
     """What the view stage needs of the apply job running it (pipelines/apply/job.py ApplyJob):
@@ -154,8 +156,10 @@ def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: l
         else:
             with sink_lock(pipeline.state_path, OUT_LOCK, job.lock_wait_s, job.say):
                 base = _base_at(spark, pipeline.state_path, base_run.cut_id or 0, base_run.lsn or 0, tables)
+                # one reader of the base tables for every view: each version loaded, each table's
+                # changed rows read from its feed, once per run
+                maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log, job.say)
                 for name, plan in plans.items():
-                    maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log, job.say)
                     runs[name] = maintainer.run(pipeline.view(name), plan, base)
     ordered = [runs[n] for n in names]
     for run in ordered:
@@ -167,7 +171,10 @@ def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: l
 def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: list[TableName]) -> BaseAt:
     """Each base table's offset base, Delta version and table id at the base follower's cut; a
     table without Change Data Feed (made before the feed was on) gets it from now on."""
-    record = cut_record(spark, base_path(state), cut_id)
+    try:  # read without a Spark job (delta-rs): the stage's fixed cost per cut
+        record = cut_record_arrow(base_path(state), cut_id)
+    except Exception:
+        record = cut_record(spark, base_path(state), cut_id)
     offsets = load_checkpoint(state, BASE_SINK).tables
     out: dict[str, list[Any]] = {}
     for table in tables:
@@ -175,10 +182,15 @@ def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: li
         if name not in record.versions or name not in offsets:
             continue  # not in the log at this cut: the views reading it fail naming it
         path = str(table_path(base_path(state), table))
-        detail = DeltaTable.forPath(spark, path).detail().first()
-        if detail["properties"].get(CDF_PROPERTY) != "true":
+        first, latest = first_metadata(path), latest_metadata(path)
+        if first is None or latest is None:  # not in the JSON commits still there: ask Spark
+            detail = DeltaTable.forPath(spark, path).detail().first()
+            table_id, properties = detail["id"], detail["properties"]
+        else:
+            table_id, properties = first["id"], latest.get("configuration") or {}
+        if properties.get(CDF_PROPERTY) != "true":
             spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{CDF_PROPERTY}' = 'true')")
-        out[name] = [offsets[name][0], record.versions[name], detail["id"]]
+        out[name] = [offsets[name][0], record.versions[name], table_id]
     return BaseAt(cut_id, lsn, out)
 
 
@@ -198,6 +210,7 @@ class ViewMaintainer:
         self.log = log
         self.say = say
         self.app_prefix = f"cdc-view:{pipeline}"
+        self.base = BaseTables(spark, state, log)
         self._temp: list[str] = []
 
     def run(self, view: ViewConfig, plan: ViewPlan, base: BaseAt) -> ViewRun:
@@ -246,10 +259,26 @@ class ViewMaintainer:
         mode, reason, new_epoch = self._decide(current, plan, base_tables)
         if pending is not None:  # the crashed run's decision, so the redo writes what it wrote
             mode, reason, new_epoch = pending["mode"], pending["reason"], pending["epoch"] != current.epoch
-        full_rows = self._render(plan, {t: v[1] for t, v in base_tables.items()}, "n")
-        columns = [[f.name, f.dataType.json()] for f in full_rows.schema.fields]
+        old_v = {t: v[1] for t, v in current.base.items()}
+        new_v = {t: v[1] for t, v in base_tables.items()}
+        touched: list[TableName] = []
+        if mode == "incremental":
+            touched = [t for t in plan.tables if self.base.touched(t, old_v[str(t)], new_v[str(t)])]
+            if not touched and pending is None and not current.error:
+                return self._unchanged(current, plan, base, base_tables)
+        source: DataFrame | None = None
+        if mode == "incremental":
+            try:
+                source = self._incremental(plan, old_v, new_v, touched)
+            except NoChangeData as exc:
+                mode, reason = "full", str(exc)
+        full_rows = None if source is not None else self._render(plan, new_v, "n")
+        shown = source.drop(OP) if source is not None else full_rows
+        assert shown is not None
+        columns = [[f.name, f.dataType.json()] for f in shown.schema.fields]
         if not new_epoch and current.columns and columns != current.columns:
             mode, reason, new_epoch = "full", "its output columns changed", True
+            source, full_rows = None, self._render(plan, new_v, "n")
         epoch = current.epoch + 1 if new_epoch else current.epoch
         current.pending = {
             "cut_id": base.cut_id,
@@ -265,24 +294,14 @@ class ViewMaintainer:
         out = str(out_path(self.state, name))
         app_id = f"{self.app_prefix}:{name}"
         if new_epoch:
+            assert full_rows is not None
             metrics = self._replace(out, full_rows, app_id, base.cut_id)
             self._check_unique(out, plan)
-        elif mode == "full":
+        elif source is None:
+            assert full_rows is not None
             metrics = self._merge(out, full_rows, None, plan, app_id, base.cut_id)
         else:
-            try:
-                source = self._incremental(plan, current.base, base_tables)
-            except _NoChangeData as exc:
-                run.mode, run.reason = "full", str(exc)
-                current.pending |= {"mode": "full", "reason": str(exc)}
-                save_view_state(self.state, current)
-                source = None
-            if source is None:
-                metrics = self._merge(out, full_rows, None, plan, app_id, base.cut_id)
-            elif source is False:
-                metrics = {}  # no base table changed: nothing to write
-            else:
-                metrics = self._merge(out, source, "incremental", plan, app_id, base.cut_id)
+            metrics = self._merge(out, source, "incremental", plan, app_id, base.cut_id)
         if metrics is None:
             run.skipped = True
         else:
@@ -290,7 +309,9 @@ class ViewMaintainer:
             run.updated = int(metrics.get("num_updated_rows", 0))
             run.deleted = int(metrics.get("num_deleted_rows", 0))
         crash_point("views:after-merge")
-        version = table_version(self.spark, out)
+        version = latest_version(out)  # from the JSON commits: no Spark job
+        if version is None:
+            version = table_version(self.spark, out)
         done = ViewState(
             view=name,
             cut_id=base.cut_id,
@@ -328,20 +349,18 @@ class ViewMaintainer:
                 return "full", f"base table {table} was rebuilt", False
         return "incremental", "", False
 
-    # -- reading the base tables ---------------------------------------------------------------
-    def _table(self, table: TableName, version: int) -> DataFrame:
-        """The base table at a Delta version with the source's current columns (a column dropped at
-        the source is not there, so a view using it fails naming it; one added since is NULL)."""
-        path = str(table_path(base_path(self.state), table))
-        df = self.spark.read.format("delta").option("versionAsOf", version).load(path)
-        latest = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
-        have = set(df.columns)
-        cols = [
-            F.col(q(c)) if c in have else F.lit(None).cast(latest.get(c, T.StringType())).alias(c)
-            for c in self.log.schema(table).column_names
-        ]
-        return df.select(*cols)
+    def _unchanged(
+        self, current: ViewState, plan: ViewPlan, base: BaseAt, base_tables: dict[str, list[Any]]
+    ) -> ViewRun:
+        """No row of the view's base tables changed since its last cut (only other tables did, or
+        only the base follower's markers): the view stands at the new cut with the same out table
+        version, at no Spark job. Nothing is written, so there is nothing to redo after a crash."""
+        current.cut_id, current.lsn, current.base = base.cut_id, base.lsn, base_tables
+        current.mode, current.reason, current.ts_ms = "incremental", "", int(time.time() * 1000)
+        save_view_state(self.state, current)
+        return ViewRun(plan.name, base.cut_id, "incremental", "", current.epoch)
 
+    # -- reading the base tables ---------------------------------------------------------------
     def _register(self, df: DataFrame, plan: ViewPlan, tag: str) -> str:
         name = f"_cdcv_{plan.name}_{len(self._temp)}_{tag}"
         df.createOrReplaceTempView(name)
@@ -349,42 +368,42 @@ class ViewMaintainer:
         return name
 
     def _sources(self, plan: ViewPlan, versions: dict[str, int], tag: str) -> dict[TableName, str]:
-        return {t: self._register(self._table(t, versions[str(t)]), plan, tag) for t in plan.tables}
+        """Temp views of the plan's tables at `versions`, each loaded when first named (a table off
+        the join path of the cut's changes is never read at the old version)."""
+        return _LazySources(lambda t: self._register(self.base.frame(t, versions[str(t)]), plan, tag))
 
     def _render(self, plan: ViewPlan, versions: dict[str, int], tag: str) -> DataFrame:
         return self.spark.sql(plan.render(self._sources(plan, versions, tag)))
 
     # -- incremental -----------------------------------------------------------------------------
     def _incremental(
-        self, plan: ViewPlan, before: dict[str, list[Any]], after: dict[str, list[Any]]
-    ) -> DataFrame | bool:
-        """The MERGE source of an incremental cut (view rows 'u' and keys to delete 'd'), or False
-        when no base table changed."""
-        old_v = {t: v[1] for t, v in before.items()}
-        new_v = {t: v[1] for t, v in after.items()}
-        changed = [t for t in plan.tables if new_v[str(t)] != old_v[str(t)]]
-        if not changed:
-            return False
+        self, plan: ViewPlan, old_v: dict[str, int], new_v: dict[str, int], touched: list[TableName]
+    ) -> DataFrame:
+        """The MERGE source of an incremental cut: view rows 'u' and keys to delete 'd'. Each touched
+        table's changed rows come from its change data feed (BaseTables.changes, shared by the views);
+        the affected view keys from them along the join path to the anchor; the new rows from the
+        anchor restricted to those keys."""
         old_src = self._sources(plan, old_v, "o")
         new_src = self._sources(plan, new_v, "n")
         parts = []
-        for table in changed:
-            keys = self._changed_keys(table, old_v[str(table)], new_v[str(table)])
-            for src, versions, tag in ((old_src, old_v, "co"), (new_src, new_v, "cn")):
-                rows = self._table(table, versions[str(table)]).join(keys, list(keys.columns), "left_semi")
+        for table in touched:
+            changes = self.base.changes(table, old_v[str(table)], new_v[str(table)])
+            for src, rows, tag in ((old_src, changes[0], "co"), (new_src, changes[1], "cn")):
                 # only the join path from the table to the anchor, as inner joins (sql.py keys_sql)
                 keys_sql = plan.keys_sql(src, changed=table, changed_rows=self._register(rows, plan, tag))
                 parts.append(self.spark.sql(keys_sql))
+        assert plan.anchor is not None  # an incremental plan always has one
+        if not parts:  # a replayed cut whose tables show no change: an empty source
+            parts.append(self.spark.sql(plan.keys_sql(new_src)).limit(0))
         affected = parts[0]
         for part in parts[1:]:
             affected = affected.unionByName(part)
         affected = affected.distinct()
-        assert plan.anchor is not None  # an incremental plan always has one
         renamed = affected.select(*[F.col(q(k)).alias(f"_a_{i}") for i, k in enumerate(plan.key)])
-        anchor = self._table(plan.anchor, new_v[str(plan.anchor)])
+        anchor = self.base.frame(plan.anchor, new_v[str(plan.anchor)])
         on = [anchor[q(c)].eqNullSafe(renamed[f"_a_{i}"]) for i, c in enumerate(plan.anchor_columns)]
         restricted = anchor.join(renamed, on, "left_semi")
-        sources = dict(new_src) | {plan.anchor: self._register(restricted, plan, "a")}
+        sources = {t: new_src[t] for t in plan.tables} | {plan.anchor: self._register(restricted, plan, "a")}
         rows = self.spark.sql(plan.render(sources))
         gone = affected.join(
             rows.select(*[F.col(q(k)).alias(f"_r_{i}") for i, k in enumerate(plan.key)]),
@@ -394,25 +413,6 @@ class ViewMaintainer:
         return rows.withColumn(OP, F.lit("u")).unionByName(
             gone.withColumn(OP, F.lit("d")), allowMissingColumns=True
         )
-
-    def _changed_keys(self, table: TableName, v0: int, v1: int) -> DataFrame:
-        """The primary keys of the table's rows its change data feed shows between two versions."""
-        path = str(table_path(base_path(self.state), table))
-        key = list(self.log.schema(table).key)
-        try:
-            feed = (
-                self.spark.read.format("delta")
-                .option("readChangeFeed", "true")
-                .option("startingVersion", v0 + 1)
-                .option("endingVersion", v1)
-                .load(path)
-            )
-            feed.schema  # noqa: B018 - analysed here: a range without change data fails now
-        except Exception as exc:
-            raise _NoChangeData(
-                f"base table {table} has no change data feed across versions {v0 + 1}..{v1}"
-            ) from exc
-        return feed.select(*[q(k) for k in key]).distinct()
 
     # -- writing the out table -------------------------------------------------------------------
     def _merge(
@@ -479,11 +479,19 @@ class ViewMaintainer:
             )
 
 
-class _NoChangeData(Exception):
-    """A base table's versions between two cuts lack change data: the cut is recomputed in full."""
-
-
 _UNRESOLVED = re.compile(r"name `([^`]+)`(?:\.`([^`]+)`)? cannot be resolved")
+
+
+class _LazySources(dict):
+    """{table: temp view name}, the temp view made the first time a table is asked for."""
+
+    def __init__(self, make: Callable[[TableName], str]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, table: TableName) -> str:
+        self[table] = name = self._make(table)
+        return name
 
 
 def _explain(view: ViewConfig, exc: Exception, line: str) -> SinkError:
