@@ -34,6 +34,8 @@ its own PostgreSQL (bench/harness), removed at the end.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -205,27 +207,54 @@ class StageTimer:
 
         self.stage_s = 0.0
         self.view_s: dict[str, float] = {}
+        self.stage_jobs = 0
+        self.stage_cpu = 0.0
+        self.view_jobs: dict[str, int] = {}
         stage, run = maintain.run_view_stage, maintain.ViewMaintainer.run
 
-        def timed_stage(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.monotonic()
+        def timed_stage(job: Any, *args: Any, **kwargs: Any) -> Any:
+            t0, j0, c0 = time.monotonic(), spark_jobs(job.spark), cpu_s(job.spark)
             try:
-                return stage(*args, **kwargs)
+                return stage(job, *args, **kwargs)
             finally:
                 self.stage_s += time.monotonic() - t0
+                self.stage_jobs += spark_jobs(job.spark) - j0
+                self.stage_cpu += cpu_s(job.spark) - c0
 
         def timed_run(maintainer: Any, view: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.monotonic()
+            t0, j0 = time.monotonic(), spark_jobs(maintainer.spark)
             try:
                 return run(maintainer, view, *args, **kwargs)
             finally:
                 self.view_s[view.name] = self.view_s.get(view.name, 0.0) + time.monotonic() - t0
+                self.view_jobs[view.name] = (
+                    self.view_jobs.get(view.name, 0) + spark_jobs(maintainer.spark) - j0
+                )
 
         maintain.run_view_stage = timed_stage  # ApplyJob._run_views imports it at call time
         maintain.ViewMaintainer.run = timed_run
 
     def reset(self) -> None:
-        self.stage_s, self.view_s = 0.0, {}
+        self.stage_s, self.view_s, self.stage_jobs, self.view_jobs = 0.0, {}, 0, {}
+        self.stage_cpu = 0.0
+
+
+def cpu_s(spark: Any) -> float:
+    """CPU seconds (user + system) of this process and of its Spark JVM so far (/proc/<pid>/stat)."""
+    import os
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    pid = spark.sparkContext._gateway.proc.pid
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return me.ru_utime + me.ru_stime + (int(fields[11]) + int(fields[12])) / ticks
+
+
+def spark_jobs(spark: Any) -> int:
+    """Spark jobs started so far in this application (the DAG scheduler's next job id)."""
+    counter = spark.sparkContext._jsc.sc().dagScheduler().nextJobId()
+    return int(counter if isinstance(counter, int) else counter.get())  # py4j may give the number
 
 
 def size_run(b: Bench, orders: int) -> dict[str, Any]:
@@ -251,9 +280,16 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
 
     lines.clear()
     timer.reset()
-    t0 = time.monotonic()
+    profiler = cProfile.Profile() if b.args.profile else None
+    t0, j0, c0 = time.monotonic(), spark_jobs(spark), cpu_s(spark)
+    if profiler is not None:
+        profiler.enable()
     runs = job.run_once()
-    cut_s = time.monotonic() - t0
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{b.args.profile}.{orders}")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    cut_s, cut_jobs, cut_cpu = time.monotonic() - t0, spark_jobs(spark) - j0, cpu_s(spark) - c0
     assert not any(r.error for r in runs), [r.error for r in runs]
     assert not any(v.error for v in job.view_runs), [v.line() for v in job.view_runs]
     modes = {v.view: v.mode for v in job.view_runs}
@@ -267,6 +303,11 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
         "changes": written,
         "cut": counts,
         "apply_cut_s": round(cut_s, 2),
+        "apply_cut_jobs": cut_jobs,
+        "apply_cut_cpu_s": round(cut_cpu, 2),
+        "stage_jobs": timer.stage_jobs,
+        "stage_cpu_s": round(timer.stage_cpu, 2),
+        "view_jobs": timer.view_jobs,
         "stage_s": round(timer.stage_s, 2),
         "base_follower_s": round(timer.stage_s - sum(timer.view_s.values()), 2),
         "view_s": {k: round(v, 2) for k, v in timer.view_s.items()},
@@ -276,23 +317,30 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
     }
     for view in VIEWS:
         target = b.work / f"{name}-rebuild-{view}"
+        c0 = cpu_s(spark)
         times = [full_recompute(spark, bases, view, target) for _ in range(b.args.repeat)]
+        full_cpu = (cpu_s(spark) - c0) / b.args.repeat
         columns = spark.read.format("delta").load(str(target)).columns
         diff = same_rows(spark, out_path(state_dir, view), target, columns)
         rows = spark.read.format("delta").load(str(target)).count()
         row["views"][view] = {
             "full_s": round(statistics.median(times), 2),
+            "full_cpu_s": round(full_cpu, 2),
             "rows": rows,
             "differing_rows": diff,
         }
         say(
-            f"  {view}: full recomputation {statistics.median(times):.2f}s ({rows:,} rows); "
+            f"  {view}: full recomputation {statistics.median(times):.2f}s, {full_cpu:.1f} CPU s ({rows:,} rows); "
             f"incremental out table {'equals it' if diff == 0 else f'DIFFERS in {diff:,} rows'}"
         )
     say(
-        f"  incremental cut: view stage {timer.stage_s:.2f}s (base follower "
+        f"  incremental cut: view stage {timer.stage_s:.2f}s, {timer.stage_cpu:.1f} CPU s (base follower "
         f"{row['base_follower_s']:.2f}s, {', '.join(f'{k} {v:.2f}s ({modes.get(k)})' for k, v in timer.view_s.items())}); "
-        f"whole cdc apply --once incl. the Delta sink {cut_s:.2f}s"
+        f"whole cdc apply --once incl. the Delta sink {cut_s:.2f}s ({cut_cpu:.1f} CPU s of this process and its JVM)"
+    )
+    say(
+        f"  Spark jobs: view stage {timer.stage_jobs} ({', '.join(f'{k} {v}' for k, v in timer.view_jobs.items())}); "
+        f"whole cdc apply --once {cut_jobs}"
     )
     b.sql("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
     return row
@@ -390,6 +438,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--customers", type=int, default=100_000)
     ap.add_argument("--changes", type=int, default=10_000, help="row changes in the measured cut")
     ap.add_argument("--repeat", type=int, default=1, help="full recomputations per view (median reported)")
+    ap.add_argument("--profile", help="cProfile the measured cut: stats to PROFILE.<orders>, top 40 printed")
     return ap
 
 
