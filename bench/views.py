@@ -233,6 +233,12 @@ class StageTimer:
 
         maintain.run_view_stage = timed_stage  # ApplyJob._run_views imports it at call time
         maintain.ViewMaintainer.run = timed_run
+        self._originals = (maintain, stage, run)
+
+    def close(self) -> None:
+        """Unwrap (the next size's timer must not count into this one's figures)."""
+        maintain, stage, run = self._originals
+        maintain.run_view_stage, maintain.ViewMaintainer.run = stage, run
 
     def reset(self) -> None:
         self.stage_s, self.view_s, self.stage_jobs, self.view_jobs = 0.0, {}, 0, {}
@@ -290,6 +296,7 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
         profiler.dump_stats(f"{b.args.profile}.{orders}")
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     cut_s, cut_jobs, cut_cpu = time.monotonic() - t0, spark_jobs(spark) - j0, cpu_s(spark) - c0
+    timer.close()
     assert not any(r.error for r in runs), [r.error for r in runs]
     assert not any(v.error for v in job.view_runs), [v.line() for v in job.view_runs]
     modes = {v.view: v.mode for v in job.view_runs}
