@@ -2,7 +2,8 @@
 
 `CDC_FAULT=<point>` in the environment makes the process SIGKILL itself when it reaches that
 point, as a power cut or the OOM killer would. Points: apply:after-merge (every table of a
-batch merged, checkpoint not yet written), apply:between-tables, stream:after-append (rows in
+batch merged, checkpoint not yet written), apply:between-tables, apply:before-checkpoint (rows,
+markers and Delta's `_cdc_cuts` row written, checkpoint not yet), stream:after-append (rows in
 the open batch, not committed), views:after-merge (a view's out table written for a cut, its
 state file not yet). Unset in normal use: then this is a dictionary lookup.
 

@@ -84,9 +84,10 @@ class Sink(ABC):
         """Store the table's marker in the engine, after the batch's rows."""
         return None
 
-    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName]) -> None:
+    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName], again: bool = True) -> None:
         """Called once the cut's rows and markers are in the engine, before the checkpoint records
-        the cut applied (so it may be called again for the same cut after a crash: idempotent).
+        the cut applied (so it may be called again for the same cut after a crash: idempotent;
+        `again` is False when no earlier run had started this cut, so nothing of it can be there).
         `tables` are the follower's tables at this cut. Delta records the cut's table versions
         (sinks/delta/cuts.py); most engines have nothing to record."""
         return None

@@ -210,7 +210,7 @@ class ApplyJob:
         ckpt = load_checkpoint(state, sink_cfg.name, self.pipeline.file)
         names = {t.table: t for t in log.tables()}
         by_name = {str(t): t for t in names}
-        run.used_pending = bool(ckpt.pending)
+        run.used_pending = again = bool(ckpt.pending)  # again: this cut may be partly applied already
         # derived views the sink follows (pipelines/apply/viewfollow.py): a failed view stops it here
         views = view_states(self.pipeline, sink_cfg)
         at = views_cut(self.pipeline, sink_cfg, views)
@@ -344,7 +344,8 @@ class ApplyJob:
             )
             ckpt.markers = True
         applied = [by_name[n] for n in wanted if n in by_name] + [view_table(v) for v in targets]
-        sink.cut_applied(cut_id, cut_lsn, applied)  # e.g. Delta's _cdc_cuts
+        sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
+        crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
             if name in cut_tables:

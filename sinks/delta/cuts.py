@@ -10,8 +10,11 @@ are committed (and before the apply checkpoint records the cut), the sink append
     paths map<string, string> (every follower table -> its directory under the sink's path),
     applied_at timestamp (UTC)
 
-The append is an idempotent Delta write (txnAppId = the follower, txnVersion = the cut id), so a
-cut applied again after a crash records nothing new. Reading every table at its version of one row
+A cut applied again after a crash records nothing new: the apply job says when the cut is one an
+earlier run started (its pending checkpoint), and only then is `_cdc_cuts` read for a row of that
+cut and log. A first attempt is a plain blind append: a Delta idempotent write (txnAppId) would make
+Delta rebuild the table's whole state just to look its transactions up, on every cut (issue 15
+item 5: three Spark jobs, 1-3 s per cut on 2 cores). Reading every table at its version of one row
 (time travel: Spark `versionAsOf`, delta-rs `DeltaTable(path, version=...)`) gives all tables as of
 the same cut. The latest row is the latest complete cut. A table the follower clears for a rebuild
 starts its Delta versions over, so the rows naming it are deleted (`forget_table`): no cut before
@@ -30,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from cdc.ground.errors import UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
-from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 
 if TYPE_CHECKING:
@@ -82,30 +84,45 @@ def table_dir(base: str | Path, record: CutRecord, table: str) -> str:
 
 # ---- writing (the delta sink) ---------------------------------------------------------------------
 def table_version(spark: SparkSession, path: str) -> int | None:
-    """The table's latest Delta version (None: no table there)."""
+    """The table's latest Delta version (None: no table there), without a Spark job."""
     from delta.tables import DeltaTable
+
+    from sinks.delta.snapshot import table_version as latest_version
 
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    return int(DeltaTable.forPath(spark, path).history(1).first()["version"])
+    return latest_version(spark, path)
 
 
 def record_cut(
     spark: SparkSession,
     base: str | Path,
-    app_id: str,
     log_id: str,
     cut_id: int,
     lsn: int,
     versions: dict[str, int],
     paths: dict[str, str],
+    again: bool = True,
 ) -> None:
-    """Append the cut's row; Delta skips it if this follower recorded the cut already (a replay)."""
+    """Append the cut's row. `again`: an earlier run may have recorded this cut already (it crashed
+    before its checkpoint said so): the row is appended only if `_cdc_cuts` has none of this cut
+    and log. The apply job passes False for a cut no run had started (no pending checkpoint)."""
+    path = cuts_path(base)
+    if again and _recorded(spark, path, log_id, cut_id):
+        return
     now = dt.datetime.now(dt.UTC)  # aware: Spark stores the instant whatever its time zone
     row = [(cut_id, lsn, format_lsn(lsn), log_id, versions, paths, now)]
-    df = spark.createDataFrame(row, _DDL)
-    with follower_write(spark, app_id, cut_id):
-        df.write.format("delta").mode("append").save(cuts_path(base))
+    spark.createDataFrame(row, _DDL).write.format("delta").mode("append").save(path)
+
+
+def _recorded(spark: SparkSession, path: str, log_id: str, cut_id: int) -> bool:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return False
+    rows = spark.read.format("delta").load(path)
+    return bool(rows.where((F.col("cut_id") == cut_id) & (F.col("log_id") == log_id)).limit(1).count())
 
 
 def forget_table(spark: SparkSession, base: str | Path, table: TableName) -> None:

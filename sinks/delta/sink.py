@@ -56,6 +56,7 @@ from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
+from sinks.delta.snapshot import table_property
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -120,22 +121,23 @@ class DeltaSink(Sink):
         path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
         forget_table(self.spark, self.base, table)  # its versions start over: older cuts cannot read it
 
-    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName]) -> None:
+    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName], again: bool = True) -> None:
         """Record the Delta version of every follower table at this cut in `_cdc_cuts`
-        (sinks/delta/cuts.py), so readers can read all tables as of the same cut."""
+        (sinks/delta/cuts.py), so readers can read all tables as of the same cut; a cut recorded
+        already (`again`: an earlier run started it) is not recorded twice."""
         versions = {
             str(t): v for t in tables if (v := table_version(self.spark, self.path_of(t))) is not None
         }
         paths = {
             str(t): str(Path(self.path_of(t)).relative_to(self.base)) for t in tables if str(t) in versions
         }
-        record_cut(self.spark, self.base, self.app_id, self.log_id, cut_id, lsn, versions, paths)
+        record_cut(self.spark, self.base, self.log_id, cut_id, lsn, versions, paths, again)
 
     def read_marker(self, table: TableName) -> str | None:
         path = self.path_of(table)
         if not self._exists(path):
             return None
-        return DeltaTable.forPath(self.spark, path).detail().first()["properties"].get(MARKER_PROPERTY)
+        return table_property(self.spark, path, MARKER_PROPERTY)  # no file list built (detail() would)
 
     def write_marker(self, table: TableName, text: str) -> None:
         if self.read_marker(table) != text:  # a replayed cut adds no commit

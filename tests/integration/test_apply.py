@@ -466,11 +466,26 @@ def test_scd2_history_and_one_sink_at_a_time(pg_db: str, tmp_path: Path, spark) 
 
 
 # ---- 3. kill -9 of `cdc apply` between MERGE and checkpoint ---------------------------------------------------
+def cut_rows(pipe: Pipe, cut: int) -> int:
+    """Rows of cut `cut` in the lake's `_cdc_cuts`, read with delta-rs."""
+    from deltalake import DeltaTable
+
+    return (
+        DeltaTable(str(pipe.dir / "lake" / "_cdc_cuts"))
+        .to_pyarrow_table()
+        .column("cut_id")
+        .to_pylist()
+        .count(cut)
+    )
+
+
 @pytest.mark.slow
 def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -> None:
     """`cdc apply` SIGKILLed after merging every table (or after the first of two), before its
     checkpoint: the checkpoint names the cut as pending, and the next run applies exactly that cut,
-    each table's MERGE committed once (Delta's txnAppId/txnVersion skip what was merged)."""
+    each table's MERGE committed once (Delta's txnAppId/txnVersion skip what was merged). Killed
+    after the cut's `_cdc_cuts` row (apply:before-checkpoint), the rerun records the cut no second
+    time (a first attempt appends it without a Delta transaction id, sinks/delta/cuts.py)."""
     make_table(pg_db, "a", 100)
     make_table(pg_db, "b", 100)
     # one table after the other, so "between tables" is one committed and one not started
@@ -482,7 +497,7 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
     apply_ok(pipe, spark)
     app = lake_app_id(pipe)
     tables = ["public.a", "public.b"]
-    for n, fault in enumerate(("apply:after-merge", "apply:between-tables")):
+    for n, fault in enumerate(("apply:after-merge", "apply:between-tables", "apply:before-checkpoint")):
         for t in ("a", "b"):
             sql(
                 pg_db,
@@ -501,10 +516,12 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         assert crashed["cut_id"] == before["cut_id"] and crashed["pending"], crashed
         cut = crashed["pending"]["cut_id"]
         merged = {t: len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables}
-        want = [1, 1] if fault == "apply:after-merge" else [0, 1]
+        want = [0, 1] if fault == "apply:between-tables" else [1, 1]
         assert sorted(merged.values()) == want, (
             f"{fault}: MERGE commits for cut {cut} before the rerun: {merged}"
         )
+        recorded = cut_rows(pipe, cut)
+        assert recorded == (1 if fault == "apply:before-checkpoint" else 0), (fault, recorded)
 
         (rerun,) = apply_ok(pipe, spark)
         assert rerun.cut_id == cut, "the rerun did not apply the pending cut"
@@ -512,6 +529,7 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         assert after["cut_id"] == cut and after["pending"] is None, after
         merged = {t: len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables}
         assert merged == dict.fromkeys(tables, 1), f"{fault}: MERGE commits for cut {cut}: {merged}"
+        assert cut_rows(pipe, cut) == 1, f"{fault}: _cdc_cuts rows of cut {cut}"
         for t in tables:
             assert_delta_is_source(spark, pipe, pg_db, t)
     verified(pipe, spark)

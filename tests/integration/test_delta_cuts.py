@@ -121,9 +121,7 @@ def test_readers_pinned_at_a_cut_see_whole_transactions(
     rows_before = spark.read.format("delta").load(str(base / "_cdc_cuts")).count()
     from sinks.delta.cuts import record_cut
 
-    record_cut(
-        spark, base, f"cdc:{pipe.name}:lake:{latest.log_id}", latest.log_id, latest.cut_id, latest.lsn, {}, {}
-    )
+    record_cut(spark, base, latest.log_id, latest.cut_id, latest.lsn, {}, {}, again=True)
     assert spark.read.format("delta").load(str(base / "_cdc_cuts")).count() == rows_before
 
     # `cdc sql`: views at the latest cut, rows printed; --cut pins an older one; --cuts lists them.
