@@ -90,9 +90,10 @@ def _tree_ticks(root: int, seen: dict[int, int], peaks: dict[str, int] | None = 
             p = parents.get(p, 0)
         if p == root:
             seen[pid] = max(seen.get(pid, 0), n)
-            if peaks is not None and pid != root:
+            hwm = _vm_hwm(pid) if peaks is not None and pid != root else None
+            if hwm:  # (a process that exited meanwhile has none)
                 name = _comm(pid)
-                peaks[name] = max(peaks.get(name, 0), _vm_hwm(pid) or 0)
+                peaks[name] = max(peaks.get(name, 0), hwm)
 
 
 def proc_cpu_s(pid: int | None) -> float:
