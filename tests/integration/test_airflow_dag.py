@@ -28,8 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.capture import Pipe
+from tests.fixtures.lake import FAST_JVM, snapshot
 from tests.fixtures.readers import delta_rows
-from tests.harness import REPO, cdc, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import REPO, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,8 +97,9 @@ def test_airflow_dags_apply_alert_and_compact(pg_db: str, tmp_path: Path, spark)
         {"name": "lake", "delta": {"path": str(tmp_path / "delta")}},
         {"name": "cache", "redis": {"url": dead, "tables": ["public.t"]}},
     ]
-    file = write_pipeline(dags, pg_db, ["public.t"], name="pipeline", sinks=sinks)  # the DAG's default
-    assert cdc("snapshot", file).code == 0
+    # the DAG's default file; the apply task's JVM with C1-only JIT (a short-lived JVM)
+    file = write_pipeline(dags, pg_db, ["public.t"], name="pipeline", sinks=sinks, spark={"conf": FAST_JVM})
+    snapshot(Pipe(dags, file, pg_db, "pipeline"))  # in-process: the DAG runs the `cdc` commands under test
     sql(
         pg_db,
         "UPDATE t SET v = 'new' WHERE id <= 5",
