@@ -13,7 +13,7 @@ not rewritten). The cuts, one scenario:
 2. a scripted cut on both sides: inserts, updates, deletes, an order moving to another customer
    (join key), a customer renamed whose TOASTed bio is not in the WAL (all its orders' documents
    change), a customer deleted with its orders, an order's primary key changed;
-3. seeded random cuts (5 in the suite; the issue's 50 with CDC_VIEW_RANDOM_CUTS=50): inserts,
+3. seeded random cuts (3 in the suite; the issue's 50 with CDC_VIEW_RANDOM_CUTS=50): inserts,
    updates, deletes, join-key and group-key moves, TOAST-unchanged columns, primary-key changes,
    orders of missing customers; the seed and the cut's changes are in every failure;
 4. a crash between a view's out-table MERGE and its state file (crash point views:after-merge):
@@ -36,12 +36,13 @@ from tests.fixtures.views import delta_view, diff_text, pg_view
 from tests.fixtures.workload import BIG_TEXT
 from tests.harness import sql
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the suite's one end-to-end view stage scenario
+# the suite's one end-to-end view stage scenario: 6 stage runs, past the default 900 s on a loaded machine
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SEED = 20_05
-# The suite runs 5 random cuts (CI has a time budget); the issue's 50:
-# CDC_VIEW_RANDOM_CUTS=50 .venv/bin/python -m pytest tests/integration/test_view_random.py
-CUTS = int(os.environ.get("CDC_VIEW_RANDOM_CUTS", "5"))
+# The suite runs 3 random cuts beside the scripted and the crashed one (CI has a time budget); the
+# issue's 50: CDC_VIEW_RANDOM_CUTS=50 .venv/bin/python -m pytest tests/integration/test_view_random.py
+CUTS = int(os.environ.get("CDC_VIEW_RANDOM_CUTS", "3"))
 
 SETUP = (
     "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, city text, bio text)",
