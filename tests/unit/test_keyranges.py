@@ -10,7 +10,7 @@ import pytest
 
 from snapshot.keyranges import InOrder, KeyRange, range_from, throttle_delay
 from snapshot.reconcile import WindowEvent, reconcile
-from tests.unit.test_reconcile import Source, fold, k
+from tests.unit.test_reconcile import Source, k, replayed
 
 pytestmark = pytest.mark.unit
 
@@ -112,11 +112,4 @@ def test_randomized_writes_while_chunks_are_read_side_by_side_end_as_the_source(
     first_low, chunk_rows = side_by_side_snapshot(rng, source, rng.randint(1, 8), readers)
     for _ in range(rng.randint(0, 10)):
         source.write()
-    follower: dict[int, tuple[str, str]] = {}
-    for key, row in chunk_rows:  # snapshot rows first (the table's base), then every later event
-        assert key not in follower, "a key copied twice"
-        follower[key] = row
-    for event in source.events:
-        if event.pos > first_low:
-            fold(follower, event)
-    assert follower == source.rows
+    assert replayed(source, first_low, chunk_rows) == source.rows

@@ -139,6 +139,19 @@ def fold(follower: dict[int, tuple[str, str]], event: Event) -> None:
         follower[event.key] = (value, toast)
 
 
+def replayed(source: Source, first_low: int, chunk_rows) -> dict[int, tuple[str, str]]:
+    """A follower of the log: the snapshot's rows first (the table's base, each key once), then
+    every stream event after the first low watermark."""
+    follower: dict[int, tuple[str, str]] = {}
+    for key, row in chunk_rows:
+        assert key not in follower, "a key copied twice"
+        follower[key] = row
+    for event in source.events:
+        if event.pos > first_low:
+            fold(follower, event)
+    return follower
+
+
 def chunked_snapshot(
     rng: random.Random, source: Source, chunk_rows: int, drop_all: bool = False, shared: bool = False
 ):
@@ -178,14 +191,7 @@ def test_randomized_writes_during_a_chunked_snapshot_end_exactly_as_the_source(s
     first_low, chunk_rows = chunked_snapshot(rng, source, chunk_rows=rng.randint(1, 8), shared=shared)
     for _ in range(rng.randint(0, 10)):
         source.write()  # the stream goes on after the snapshot
-    follower: dict[int, tuple[str, str]] = {}
-    for key, row in chunk_rows:  # snapshot rows first (the table's base), then every later event
-        assert key not in follower, "a key copied twice"
-        follower[key] = row
-    for event in source.events:
-        if event.pos > first_low:
-            fold(follower, event)
-    assert follower == source.rows
+    assert replayed(source, first_low, chunk_rows) == source.rows
 
 
 def test_dropping_rows_under_partial_updates_would_lose_a_toast_value():
