@@ -46,8 +46,8 @@ from pipelines.faults import crash_point
 from pipelines.locks import sink_lock
 from pipelines.sparkerrors import spark_error_line
 from pipelines.views.base import CDF_PROPERTY, base_sink_config, change_data_feed
-from pipelines.views.deltalog import first_metadata, latest_metadata, latest_version
 from pipelines.views.reads import BaseTables, NoChangeData
+from pipelines.views.sql import q
 from pipelines.views.state import (
     BASE_SINK,
     ViewState,
@@ -60,6 +60,8 @@ from sinks.delta.cuts import cut_record, cut_record_arrow, table_version
 from sinks.delta.features import COLUMN_MAPPING, unsafe_names
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
+from sinks.delta.snapshot import table_id as delta_table_id
+from sinks.delta.snapshot import table_property
 
 if TYPE_CHECKING:
     from cdc.log.base import Cut
@@ -81,10 +83,6 @@ class StageHost(Protocol):
 
 OUT_LOCK = "_views_out"  # one maintainer of the out tables at a time (pipelines/locks.py)
 OP = "_cdc_view_op"  # the MERGE source's own column: 'u' a view row, 'd' a key to delete
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass
@@ -182,15 +180,10 @@ def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: li
         if name not in record.versions or name not in offsets:
             continue  # not in the log at this cut: the views reading it fail naming it
         path = str(table_path(base_path(state), table))
-        first, latest = first_metadata(path), latest_metadata(path)
-        if first is None or latest is None:  # not in the JSON commits still there: ask Spark
-            detail = DeltaTable.forPath(spark, path).detail().first()
-            table_id, properties = detail["id"], detail["properties"]
-        else:
-            table_id, properties = first["id"], latest.get("configuration") or {}
-        if properties.get(CDF_PROPERTY) != "true":
+        # from the table's Delta log (sinks/delta/snapshot.py): no Spark job, unlike detail()
+        if table_property(spark, path, CDF_PROPERTY) != "true":
             spark.sql(f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{CDF_PROPERTY}' = 'true')")
-        out[name] = [offsets[name][0], record.versions[name], table_id]
+        out[name] = [offsets[name][0], record.versions[name], delta_table_id(spark, path)]
     return BaseAt(cut_id, lsn, out)
 
 
@@ -309,9 +302,7 @@ class ViewMaintainer:
             run.updated = int(metrics.get("num_updated_rows", 0))
             run.deleted = int(metrics.get("num_deleted_rows", 0))
         crash_point("views:after-merge")
-        version = latest_version(out)  # from the JSON commits: no Spark job
-        if version is None:
-            version = table_version(self.spark, out)
+        version = table_version(self.spark, out)  # from the Delta log: no Spark job
         done = ViewState(
             view=name,
             cut_id=base.cut_id,

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.views.deltalog import data_changed
+from pipelines.views.sql import q
 from pipelines.views.state import base_path
 from sinks.delta.paths import table_path
 
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 
 SIDE = "_cdcv_side"  # 'o' the row at v0, 'n' the row at v1
 _OLD_KINDS = ("update_preimage", "delete")  # a change whose row is the one before it
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class NoChangeData(Exception):

@@ -31,6 +31,11 @@ def table_version(spark: SparkSession, path: str) -> int:
     return int(latest_snapshot(spark, path).version())
 
 
+def table_id(spark: SparkSession, path: str) -> str:
+    """The table's id (its metaData id: the same for the table's whole life, new if it is made anew)."""
+    return str(latest_snapshot(spark, path).metadata().id())
+
+
 def table_property(spark: SparkSession, path: str, key: str) -> str | None:
     """One table property of the latest version (None: not set)."""
     found = latest_snapshot(spark, path).metadata().configuration().get(key)
