@@ -282,7 +282,7 @@ def _copy_tables(
 ) -> SnapshotResult:
     dsn = pipeline.source.postgres.dsn
     slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
-    workers = max(1, parallel or min(4, os.cpu_count() or 2))
+    workers = connections(parallel)
     types = TypeCache()
     say(
         f"creating {'temporary ' if slot_exists else ''}replication slot {slot} with an exported snapshot "
@@ -406,6 +406,12 @@ def _create_slot(pipeline: Pipeline, server_version: int, say) -> SnapshotResult
     return SnapshotResult(consistent_point=snap.consistent_point, created_slot=True)
 
 
+def connections(parallel: int | None) -> int:
+    """Reader connections of a snapshot (`cdc snapshot --parallel`): the exported snapshot's copy
+    workers and a chunked snapshot's chunk readers alike; default min(4, CPUs)."""
+    return max(1, parallel or min(4, os.cpu_count() or 2))
+
+
 def _copy_chunked(
     pipeline,
     log,
@@ -423,7 +429,7 @@ def _copy_chunked(
     `parallel` reader connections side by side (default: as many as the exported snapshot's
     workers). `resume`: chunk checkpoints of an earlier run stay valid (not after the slot was
     created again: a gap)."""
-    readers = max(1, parallel or min(4, os.cpu_count() or 2))
+    readers = connections(parallel)
     dsn = pipeline.source.postgres.dsn
     filters = filters or {}
     plans = _plan_tables(dsn, None, tables, {t: info[t].key_columns for t in tables}, filters)
