@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,16 +32,14 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from chaosing.compare import Tally
 from chaosing.faults import FAULTS
-from chaosing.rounds import RoundResult, Services, play
+from chaosing.rounds import RoundResult, Services, log_filesystem, play
 from harness.bench import Bench
 from harness.main import main
 from harness.report import Report
-from harness.services import say, started
+from harness.services import started
 
 from pipelines.devservices.kafka import LocalKafka
 from pipelines.devservices.redis import LocalRedis
-
-LOG_FS_SIZE = "256m"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
         help=f"fault kinds to draw from (default all: {','.join(FAULTS)})",
     )
     p.add_argument(
+        "--faults-per-round",
+        type=int,
+        help="inject exactly this many faults per round, however long they take (default: as many as --seconds allows)",
+    )
+    p.add_argument(
         "--replay", type=int, help="run only the round with this seed (with --log naming one kind)"
     )
     return p
@@ -77,29 +79,14 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def log_filesystem(b: Bench) -> Path | None:
-    """A small tmpfs for the local logs, so a full disk can be simulated; None if mount is refused."""
-    where = b.work / "logfs"
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={LOG_FS_SIZE}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        say(f"no disk-full faults: mounting a tmpfs was refused ({done.stderr.strip()})")
-        return None
-    b.stack.callback(lambda: subprocess.run(["umount", "-l", str(where)], check=False))
-    return where
-
-
 def body(b: Bench) -> Report:
     args = b.args
     kinds = args.log.split(",")
     b.start_postgres(durable=True)
     redis = started(b.stack, LocalRedis(b.work / "redis"), "Redis")
     kafka = started(b.stack, LocalKafka(b.work / "kafka", heap="1g"), "Kafka") if "kafka" in kinds else None
-    services = Services(b.pg, redis, kafka, log_filesystem(b))
+    logfs = b.stack.enter_context(log_filesystem(b.work / "logfs"))
+    services = Services(b.pg, redis, kafka, logfs)
     faults = args.faults.split(",")
     plan = (
         [(kinds[0], args.replay)]
@@ -108,7 +95,7 @@ def body(b: Bench) -> Report:
     )
     results: list[RoundResult] = []
     for kind, seed in plan:
-        results.append(play(b.work, services, kind, seed, args.seconds, faults))
+        results.append(play(b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round))
         b.load(f"after round {seed} ({kind})")
     b.results["rounds"] = [_as_json(r) for r in results]
     return report(results)

@@ -9,11 +9,13 @@ fault lands in another place of a batch), which is what a campaign is for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ SPARK = {
     "trigger_interval_s": 2,
     "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2},
 }
+LOG_FS_SIZE = "256m"  # room for a round's local log, small enough to fill in a moment
 
 
 @dataclass
@@ -65,10 +68,38 @@ class Services:
     logfs: Path | None  # a small filesystem for the local logs (None: none could be mounted)
 
 
+@contextlib.contextmanager
+def log_filesystem(where: Path) -> Iterator[Path | None]:
+    """A small tmpfs at `where` for the local logs, so that a full disk can be made; None where
+    mounting is refused (not root): the disk-full fault is then left out, and said so."""
+    where.mkdir(parents=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={LOG_FS_SIZE}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        say(f"no disk-full faults: mounting a tmpfs was refused ({done.stderr.strip()})")
+        yield None
+        return
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
 def play(
-    work: Path, services: Services, log: str, seed: int, seconds: float, kinds: list[str]
+    work: Path,
+    services: Services,
+    log: str,
+    seed: int,
+    seconds: float,
+    kinds: list[str],
+    count: int | None = None,
 ) -> RoundResult:
-    """Run one round; every failure of the round is caught into its result."""
+    """Run one round; every failure of the round is caught into its result. Faults are drawn for
+    `seconds`, or exactly `count` of them when it is given (the same seed then injects the same
+    kinds in the same order however slow the machine is)."""
     say(f"\n== round seed {seed} on the {log} log (replay: bench/chaos.py --replay {seed} --log {log}) ==")
     result = RoundResult(seed, log)
     rng = random.Random(seed)
@@ -98,7 +129,7 @@ def play(
     load.start()
     try:
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while len(result.faults) < count if count is not None else time.monotonic() < end:
             time.sleep(rng.uniform(2, 8))
             kind = rng.choice(allowed)
             before = _lsn(db_dsn)
