@@ -117,6 +117,20 @@ def warehouse_conf(pipeline: Pipeline | None) -> dict[str, str]:
     }
 
 
+# JVM options are one string each: the pipeline's are added after ours (a later -D wins), not in place.
+JOINED_CONF = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def with_user_conf(conf: dict[str, str], user: dict[str, object]) -> dict[str, str]:
+    """`conf` with the pipeline's `spark.conf` over it; JOINED_CONF values are joined, so that a
+    user's `-XX:` flag does not drop cdc's own `-Dderby.system.home`."""
+    merged = dict(conf)
+    for key, value in user.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        merged[key] = f"{conf[key]} {text}" if key in JOINED_CONF and conf.get(key) else text
+    return merged
+
+
 def security_conf(pipeline: Pipeline | None) -> dict[str, str]:
     """spark.secret: authentication with the cluster and (spark.encrypt, on by default) encrypted RPC
     and local shuffle/spill files. Local masters make up a secret of their own when none is given."""
@@ -169,7 +183,7 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
         private_dir(pipeline.state_path)
     if pipeline is not None:
-        conf |= {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in pipeline.spark.conf.items()}
+        conf = with_user_conf(conf, pipeline.spark.conf)
     conf |= security_conf(pipeline)
     submitted = under_spark_submit()
     if submitted:
