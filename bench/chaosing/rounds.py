@@ -277,7 +277,9 @@ def _teardown(
     )
     run_sql(services.pg.dsn(), f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     log_dir = _log_dir(services, name)
-    if log_dir is not None:
+    if log_dir is not None:  # on the campaign's tmpfs, gone when it ends: a finding keeps a copy
+        if keep:
+            shutil.copytree(log_dir, work / name / "log", dirs_exist_ok=True)
         shutil.rmtree(log_dir, ignore_errors=True)
     if keep:
         say(f"  kept {work / name} for a look")

@@ -89,18 +89,36 @@ local function join(names, values)
 end
 
 -- the new document with the members at the listed indexes (1-based) taken from the stored one
+-- (stored: nil when no row is cached). A member the stored row lacks is left out of the new one, as
+-- is one marked 'o' (a column the source dropped: the row keeps what it had, and it had nothing).
+-- nil when an unmarked member (an unchanged-TOAST value) has no cached row to come from.
 local function merge(stored, new, flags)
-  local on, ov = members(stored)
   local have = {}
-  for j = 1, #on do have[on[j]] = ov[j] end
+  if stored then
+    local on, ov = members(stored)
+    for j = 1, #on do have[on[j]] = ov[j] end
+  end
   local nn, nv = members(new)
-  for idx in string.gmatch(flags, '%d+') do
+  local gone = {}
+  for opt, idx in string.gmatch(flags, '(o?)(%d+)') do
     local j = tonumber(idx)
     local v = have[nn[j]]
-    if v == nil then return nil end
-    nv[j] = v
+    if v ~= nil then
+      nv[j] = v
+    elseif stored or opt == 'o' then
+      gone[j] = true
+    else
+      return nil
+    end
   end
-  return join(nn, nv)
+  local kn, kv = {}, {}
+  for j = 1, #nn do
+    if not gone[j] then
+      kn[#kn + 1] = nn[j]
+      kv[#kv + 1] = nv[j]
+    end
+  end
+  return join(kn, kv)
 end
 
 local function marker(key)
@@ -113,7 +131,8 @@ end
 # KEYS[1]: the table's truncate marker; then per row i: KEYS[2i] row key, KEYS[2i+1] its tombstone.
 # ARGV[1]: ttl of cached rows in seconds (0 = none); ARGV[2]: tombstone ttl in seconds; then per row
 # 5 values: op ('c','u','r' upsert, 'd' delete), lsn, seq, value (JSON, '' for a delete), indexes of
-# the value's members that are unchanged TOAST values ('' = none; comma-separated, 1-based).
+# the value's members whose cached value is kept ('' = none; comma-separated, 1-based; 'o' before an
+# index: a column the source dropped, left out where the cached row lacks it).
 # Returns {inserted, updated, deleted, ignored}.
 UPSERT = (
     _COMMON
@@ -154,7 +173,7 @@ for i = 2, #KEYS, 2 do
       redis.call('SET', tomb, lsn .. ':' .. seq, 'EX', tomb_ttl)
     else
       if flags ~= '' then
-        if sl then value = merge(redis.call('GET', key), value, flags) else value = nil end
+        value = merge(sl and redis.call('GET', key) or nil, value, flags)
       end
       if value == nil then
         -- unchanged TOAST values with nothing cached to keep: leave the row out (a cache miss)

@@ -32,8 +32,13 @@ Writes (sinks/cache/writer.py, scripts.py)
     data) and a script deletes the rows older than the marker. Rows written before the marker
     and not purged yet (a crash in between) count as absent for every write.
   * Unchanged TOAST values (the `__cdc_u_<i>` flags): the script takes those members' raw JSON
-    from the stored value (compared by name, nothing re-encoded). With nothing valid stored to
-    keep, the row is left out of the cache (a cache miss, never a row with a wrong NULL).
+    from the stored value (compared by name, nothing re-encoded); a member the stored value
+    lacks stays absent. With no row cached to keep it from, the row is left out of the cache (a
+    cache miss, never a row with a wrong NULL). A column the source dropped (retired: rows
+    written after the drop keep what the follower has) is kept the same way, and left out where
+    the cached row never had it; the row itself is always written (a crash campaign found rows
+    whose update was dropped, old value kept, when it carried a column added and dropped in the
+    same cut).
   * Columns added with a constant DEFAULT (PostgreSQL fills them without WAL): cached rows
     written before the column existed get the member, as Delta backfills them; which columns
     were filled is remembered in `__cdc:s:<table pattern>`.
@@ -297,8 +302,12 @@ class RedisSink(Sink):
     def _write(self, batch: TableBatch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
         names = [f.name for f in batch.spark_schema.fields]
         key = keys.key_column(batch.spark_schema, batch.key_columns)
+        # 'o': a column the source dropped (retired) is optional in the cached row (scripts.UPSERT)
         flags = [
-            F.when(F.col(q(flag)), F.lit(str(len(META_COLUMNS) + 1 + names.index(col))))
+            F.when(
+                F.col(q(flag)),
+                F.lit(("o" if col in batch.retired else "") + str(len(META_COLUMNS) + 1 + names.index(col))),
+            )
             for col, flag in changes.unchanged.items()
             if col in names
         ]

@@ -2,8 +2,8 @@
 
 * the compare-and-set scripts on their own: position guard (exact for 20-digit LSNs),
   tombstones, truncate marker, raw merge of unchanged-TOAST members;
-* inserts, updates (incl. an unchanged TOAST value and a column added with a DEFAULT),
-  deletes and truncates reach Redis; values are the row as JSON with the position first;
+* inserts, updates (incl. an unchanged TOAST value, a column added with a DEFAULT, and a
+  column added and dropped inside one cut), deletes and truncates reach Redis; values are the row as JSON with the position first;
   `cdc verify` says identical;
 * a replayed cut changes nothing; a late batch with older positions changes nothing (deleted
   rows are not resurrected, newer values not regressed);
@@ -157,6 +157,18 @@ def test_scripts_guard_positions(redis_db: str) -> None:
     # unchanged TOAST values with nothing cached: the row stays out (a miss, never a wrong NULL)
     assert write(("t:2", "u", 300, 0, doc(300, 0, '"id":2,"big":null'), "5")) == (0, 0, 0, 1)
     assert client.get("t:2") is None
+    # a kept member the cached row lacks stays absent, and the row is still written (not left stale)
+    assert write(("t:6", "c", 300, 0, doc(300, 0, '"id":6,"n":1'), "")) == (1, 0, 0, 0)
+    assert write(("t:6", "u", 301, 0, doc(301, 0, '"id":6,"n":2,"gone":null'), "6")) == (0, 1, 0, 0)
+    assert client.get("t:6") == doc(301, 0, '"id":6,"n":2')
+    # 'o': a column the source dropped: kept where cached, left out where not, never a cache miss
+    assert write(("t:7", "c", 300, 0, doc(300, 0, '"id":7,"old":[9]'), "")) == (1, 0, 0, 0)
+    assert write(
+        ("t:7", "u", 301, 0, doc(301, 0, '"id":7,"old":null,"n":3'), "o5"),
+        ("t:8", "c", 301, 1, doc(301, 1, '"id":8,"old":null,"n":4'), "o5"),
+    ) == (1, 1, 0, 0)
+    assert client.get("t:7") == doc(301, 0, '"id":7,"old":[9],"n":3')
+    assert client.get("t:8") == doc(301, 1, '"id":8,"n":4')
     # truncate marker: older writes are refused, older rows purged, others untouched
     assert write(
         ("t:3", "c", 50, 0, doc(50, 0, '"id":3'), ""), ("t:4", "c", 70, 0, doc(70, 0, '"id":4'), "")
@@ -236,6 +248,26 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, redis_db: str) -
     assert client.get("__cdc:d:public.t:5").decode().count(":") == 1  # tombstone: position
     assert client.ttl("__cdc:d:public.t:5") > 0
 
+    # a column added and dropped inside one cut (found by bench/chaos.py seed 4): the rows updated
+    # after the drop were cached before the column existed, and still take the update
+    sql(
+        pg_db,
+        "ALTER TABLE t ADD COLUMN brief int DEFAULT 3",
+        "UPDATE t SET n = 500 WHERE id = 9",
+        "ALTER TABLE t DROP COLUMN brief",
+        "UPDATE t SET n = 600 WHERE id IN (1, 10)",  # 1: big is an unchanged TOAST value too
+        "INSERT INTO t (id, n) VALUES (70, 70)",
+    )
+    stream(file, pg_db)
+    apply_once(file, spark)
+    assert_verified(file, spark, "cache")
+    rows = rows_of(redis_db, "public.t:")
+    assert (
+        rows["public.t:9"]["n"] == 500 and rows["public.t:10"]["n"] == 600 and rows["public.t:70"]["n"] == 70
+    )
+    assert rows["public.t:1"]["n"] == 600 and rows["public.t:1"]["big"] == big_before
+    assert_cache_is_source(redis_db, pg_db, columns=("n", "note"))
+
     # truncate, then new rows in the same batch
     sql(
         pg_db,
@@ -245,7 +277,7 @@ def test_changes_reach_redis(pg_db: str, tmp_path: Path, spark, redis_db: str) -
     )
     stream(file, pg_db)
     runs = apply_once(file, spark)
-    assert stats_of(runs, "cache")["public.t"] == (2, 0, 49)
+    assert stats_of(runs, "cache")["public.t"] == (2, 0, 50)
     assert sorted(rows_of(redis_db, "public.t:")) == ["public.t:1", "public.t:2"]
     assert sorted(rows_of(redis_db, "public.pair:")) == ["public.pair:x:1", "public.pair:x\\:y:1"]
     assert sorted(k.decode() for k in hot.scan_iter(match="app:*")) == ["app:t:1:v1", "app:t:2:v1"]
