@@ -91,7 +91,7 @@ def body(b: Bench) -> Report:
     plan = (
         [(kinds[0], args.replay)]
         if args.replay is not None
-        else [(k, args.seed + i) for k in kinds for i in range(args.rounds)]
+        else [(k, args.seed + i) for i in range(args.rounds) for k in kinds]  # local, kafka, local, ...
     )
     results: list[RoundResult] = []
     for kind, seed in plan:
