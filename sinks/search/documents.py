@@ -479,6 +479,27 @@ def write_frame(spark: SparkSession, batch: TableBatch, changes: NetChanges) -> 
     return changes.df.select(*cols), layout
 
 
+def default_wires(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
+    """The batch's columns with a fast default (`ADD COLUMN ... DEFAULT <constant>`) -> that value
+    as `write_frame` gives it to executors, so a document written before the column existed can
+    be given it as a new row would be (one Spark job for all of them; {} when there are none)."""
+    names = [f.name for f in batch.spark_schema.fields if f.name in batch.defaults]
+    if not names:
+        return {}
+    types = {f.name: f.dataType for f in batch.spark_schema.fields}
+    row = (
+        spark.range(1)
+        .select(
+            *(
+                to_wire(batch.default_value(n).cast(types[n]), types[n]).alias(f"d{i}")
+                for i, n in enumerate(names)
+            )
+        )
+        .first()
+    )
+    return {n: row[f"d{i}"] for i, n in enumerate(names)}
+
+
 def _ntz_array(dtype: T.DataType) -> bool:
     while isinstance(dtype, T.ArrayType):
         dtype = dtype.elementType

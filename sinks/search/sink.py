@@ -35,6 +35,7 @@ from sinks.changes import NetChanges, TableBatch
 from sinks.search.documents import (
     FieldSpec,
     RowLayout,
+    default_wires,
     documents_frame,
     field_specs,
     spark_failure,
@@ -45,7 +46,6 @@ from sinks.search.documents import (
 if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame
-
 
 
 @dataclass
@@ -84,12 +84,19 @@ class WriteJob:
     truncate: int | None  # the batch's truncate version (sinks/search/documents.py), None: no truncate
     specs: list[FieldSpec]
     rejected_fix: str  # the fix of a row the index rejects (SearchSink.rejected_fix; executors lack the file)
+    defaults: dict[str, Any]  # column -> its fast default as a wire value (documents.default_wires)
 
 
 class SearchSink(Sink):
     kind = "search"
     engine = ""
-    parallel_tables = False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
+    parallel_tables = (
+        False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._default_wires: dict[tuple, dict[str, Any]] = {}  # see _defaults
 
     def describe(self) -> str:
         return f"{self.name} (search, {self.engine})"
@@ -125,8 +132,32 @@ class SearchSink(Sink):
         frame, layout = write_frame(self.spark, batch, changes)
         specs = self.specs(batch.schema, batch.table)
         return self._write(
-            WriteJob(batch, frame, layout, truncate_version(batch), specs, self.rejected_fix())
+            WriteJob(
+                batch,
+                frame,
+                layout,
+                truncate_version(batch),
+                specs,
+                self.rejected_fix(),
+                self._defaults(batch),
+            )
         )
+
+    def _defaults(self, batch: TableBatch) -> dict[str, Any]:
+        """default_wires, computed once per table and set of defaults (one Spark job each time)."""
+        key = (
+            str(batch.table),
+            tuple(
+                sorted(
+                    (n, str(d), batch.spark_schema[n].simpleString())
+                    for n, d in batch.defaults.items()
+                    if n in batch.spark_schema.names
+                )
+            ),
+        )
+        if key not in self._default_wires:
+            self._default_wires[key] = default_wires(self.spark, batch)
+        return self._default_wires[key]
 
     def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
         schema = self.stored_schema(table)

@@ -273,11 +273,14 @@ def _rebuild(
     fields: list[Field],
     renames: dict[str, tuple[str, ...]] | None = None,
     below: int | None = None,
+    fills: dict[str, Any] | None = None,
 ) -> tantivy.Index:
     """A new index with `fields`, holding every document of `old` (rows re-indexed from `_cdc_row`,
     members of renamed source columns under their new names) except those with a version under
     `below`, which the batch deletes anyway (a new base): a re-base that changed a column's type
-    (int -> text) must not re-index the old rows into the new field type."""
+    (int -> text) must not re-index the old rows into the new field type. A row written before a
+    column with a fast default was added gets that value (`fills`: column -> value), as the
+    source's row has it: stored and indexed, not only filled in when the sink reads it back."""
     import tantivy
 
     index = tantivy.Index(build_schema(fields), path=str(path))
@@ -295,6 +298,9 @@ def _rebuild(
                 row = orjson.loads(raw) if raw is not None else None
                 if row is not None and renames and renamed_row(row, renames):
                     raw = None  # stored again from the renamed row
+                if row is not None and fills and any(c not in row for c in fills):
+                    row.update((c, v) for c, v in fills.items() if c not in row)
+                    raw = None
                 writer.add_document(make(doc_id, stored.get_first("_cdc_version"), kind, row, raw))
             except RowRejected as exc:
                 writer.rollback()
@@ -312,9 +318,11 @@ def writable_index(
     fields: list[Field],
     renames: dict[str, tuple[str, ...]] | None = None,
     below: int | None = None,
+    fills: dict[str, Any] | None = None,
 ) -> tantivy.Index:
     """The index to write this batch into: created, reused, or rebuilt when the fields changed or
-    a source column it holds was renamed (documents under version `below` left out, see _rebuild)."""
+    a source column it holds was renamed (documents under version `below` left out, and `fills`
+    given to rows that lack them, see _rebuild)."""
     import tantivy
 
     table_dir.mkdir(parents=True, exist_ok=True)
@@ -335,7 +343,7 @@ def writable_index(
         shutil.rmtree(path, ignore_errors=True)  # a rebuild that died half-way
         path.mkdir(parents=True)
         if current is not None:
-            index = _rebuild(current, path, fields, renames, below)
+            index = _rebuild(current, path, fields, renames, below, fills)
         else:
             index = tantivy.Index(build_schema(fields), path=str(path))
     new_meta = {
@@ -363,6 +371,7 @@ class IndexPlan:
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
     base: int | None = None  # version of a new base: older documents are not carried into a rebuild
     rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
+    defaults: dict[str, Any] = field(default_factory=dict)  # WriteJob.defaults (wire values)
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -403,8 +412,13 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
 
     layout = plan.layout
     fields = list(plan.fields)
+    codecs = encoders(layout)
+    fills = {}  # each fast default as a stored row holds it (as Row decodes a wire value)
+    for name, wire in plan.defaults.items():
+        enc = codecs[layout.names.index(name)]
+        fills[name] = wire if enc is None or wire is None else enc(wire)
     index = writable_index(
-        Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames, plan.base
+        Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames, plan.base, fills
     )
     index.reload()
     schema = index.schema
@@ -426,7 +440,6 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
                 writer.add_document(make(MARKER_ID, plan.truncate, MARKER))
                 recorded = plan.truncate
         inserted = updated = deleted = stale = 0
-        codecs = encoders(layout)
         for chunk in _chunks(rows, 1024):
             batch = []
             for raw in chunk:
@@ -554,6 +567,7 @@ class TantivySink(SearchSink):
             dict(batch.renames),
             version(batch.snapshot_lsn, 0) if batch.bootstrap and batch.snapshot_lsn is not None else None,
             job.rejected_fix,
+            job.defaults,
         )
         what = f"the tantivy index at {directory}"
         write = partial(write_partition, plan)
