@@ -96,6 +96,8 @@ def body(b: Bench) -> Report:
     results: list[RoundResult] = []
     for kind, seed in plan:
         results.append(play(b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round))
+        if not results[-1].clean:
+            args.keep = True  # the work dir holds what the round kept to look at
         b.load(f"after round {seed} ({kind})")
     b.results["rounds"] = [_as_json(r) for r in results]
     return report(results)

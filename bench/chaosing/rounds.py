@@ -268,20 +268,27 @@ def _converge(env: dict[str, str], pipeline: Path, target: str, timeout: float) 
 def _teardown(
     env: dict[str, str], pipeline: Path, services: Services, name: str, work: Path, keep: bool
 ) -> None:
-    """Drop the slot and the database; keep the round's files when it found something."""
-    subprocess.run(
-        [str(BIN / "cdc"), "teardown", str(pipeline), "--drop-slot", "--yes"],
-        env=env,
-        capture_output=True,
-        timeout=300,
-    )
-    run_sql(services.pg.dsn(), f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    """Drop the slot and the database. A round that found something keeps everything to look at
+    instead: its database, state and followers, and a copy of its local log (the campaign's
+    tmpfs goes when the campaign ends); only its slot is dropped, so no WAL is held for it."""
     log_dir = _log_dir(services, name)
-    if log_dir is not None:  # on the campaign's tmpfs, gone when it ends: a finding keeps a copy
-        if keep:
-            shutil.copytree(log_dir, work / name / "log", dirs_exist_ok=True)
-        shutil.rmtree(log_dir, ignore_errors=True)
     if keep:
-        say(f"  kept {work / name} for a look")
+        if log_dir is not None and log_dir.exists():
+            shutil.copytree(log_dir, work / name / "log", dirs_exist_ok=True)
+        run_sql(
+            services.pg.dsn(),
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+            params=(name,),
+        )
+        say(f"  kept {work / name} and database {name} for a look")
     else:
+        subprocess.run(
+            [str(BIN / "cdc"), "teardown", str(pipeline), "--drop-slot", "--yes"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+        run_sql(services.pg.dsn(), f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         shutil.rmtree(work / name, ignore_errors=True)
+    if log_dir is not None:
+        shutil.rmtree(log_dir, ignore_errors=True)
