@@ -33,7 +33,10 @@ executors; OpenSearch itself rejects stale writes (external versioning).
   Only one apply runs per follower at a time, so the document cannot change in between (and if
   the stored document is newer, the write is rejected by its version anyway).
 * After a table's writes the index is refreshed, so `cdc search` and `cdc verify` see them.
-* **Schema changes**: a new source column becomes a new field (put mapping). A field whose
+* **Schema changes**: a new source column becomes a new field (put mapping); one with a
+  constant DEFAULT makes the next generation (below), whose copied documents get the default
+  where they lack the member (written before the column existed, as the source's rows have
+  it: a query on the field finds them). A field whose
   type must change (the source column's type changed, or `fields:` was edited, e.g. after a
   rejected document) cannot be remapped in place: `prepare` creates the next generation with
   the new mapping, copies the documents into it with `_reindex` keeping their versions
@@ -42,7 +45,7 @@ executors; OpenSearch itself rejects stale writes (external versioning).
   A reindex forgets the old generation's delete tombstones: only the truncate version and the
   documents' own versions guard the new one. A document the new mapping rejects stops the
   batch, named by key; the old generation stays in use. A renamed source column also makes
-  the next generation: `_reindex` renames the member with a script (RENAME_SCRIPT). Fields of
+  the next generation: `_reindex` renames the member with a script (REINDEX_SCRIPT). Fields of
   dropped columns stay mapped in every later generation (documents keep them).
 """
 
@@ -68,7 +71,7 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
 from sinks.executor_env import missing_error, provide
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoder, encoders, pending_renames
 from sinks.search.opensearch_client import ClientSettings, make_client
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
 from sinks.shaping import follower_name
@@ -77,14 +80,19 @@ if TYPE_CHECKING:
     from opensearchpy import OpenSearch
     from pyspark import RDD
 
-# Reindexing after source column renames: each document's member moves to the column's new name.
-RENAME_SCRIPT = """
+# Reindexing into the next generation: after source column renames each document's member moves
+# to the column's new name; a new column with a constant DEFAULT gets it in the documents written
+# before it existed (as the source's rows have it).
+REINDEX_SCRIPT = """
 for (def e : params.renames) {
   if (!ctx._source.containsKey(e.to)) {
     for (def o : e.from) {
       if (ctx._source.containsKey(o)) { ctx._source[e.to] = ctx._source.remove(o); break; }
     }
   }
+}
+for (def d : params.fills) {
+  if (!ctx._source.containsKey(d.column)) { ctx._source[d.column] = d.value; }
 }
 """
 META_FIELDS = {"_cdc_version": {"type": "long"}, "_cdc_lsn": {"type": "long"}, "_cdc_seq": {"type": "long"}}
@@ -503,21 +511,30 @@ class OpenSearchSink(SearchSink):
         return concrete
 
     def _switch(
-        self, client: OpenSearch, alias: str, old: str, new: str, batch: TableBatch, copy: bool
+        self,
+        client: OpenSearch,
+        alias: str,
+        old: str,
+        new: str,
+        batch: TableBatch,
+        copy: bool,
+        fills: dict[str, Any],
     ) -> None:
-        """Copy the documents of `old` into `new` (keeping their versions), then move the alias."""
+        """Copy the documents of `old` into `new` (keeping their versions; members renamed, `fills`
+        given to documents that lack them), then move the alias."""
         if copy:
             body: dict[str, Any] = {
                 "source": {"index": old},
                 "dest": {"index": new, "version_type": "external"},
                 "conflicts": "proceed",
             }
-            if batch.renames:
+            if batch.renames or fills:
                 body["script"] = {
                     "lang": "painless",
-                    "source": RENAME_SCRIPT,
+                    "source": REINDEX_SCRIPT,
                     "params": {
-                        "renames": [{"to": to, "from": list(olds)} for to, olds in batch.renames.items()]
+                        "renames": [{"to": to, "from": list(olds)} for to, olds in batch.renames.items()],
+                        "fills": [{"column": c, "value": v} for c, v in fills.items()],
                     },
                 }
             done = client.reindex(
@@ -545,6 +562,16 @@ class OpenSearchSink(SearchSink):
         client.indices.delete(index=old)
 
     # ---- prepare ---------------------------------------------------------------------------------
+    def _fills(self, batch: TableBatch, new_columns: list[str]) -> dict[str, Any]:
+        """The constant DEFAULTs of columns the index does not map yet, as documents hold them."""
+        wires = self._defaults(batch) if any(c in batch.defaults for c in new_columns) else {}
+        out = {}
+        for column in new_columns:
+            if column in wires:
+                enc, wire = encoder(batch.spark_schema[column].dataType), wires[column]
+                out[column] = wire if enc is None or wire is None else enc(wire)
+        return out
+
     def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
         client = self.client()
         actions = []
@@ -567,8 +594,10 @@ class OpenSearchSink(SearchSink):
                     (have := _mapped_type(properties, c)) is not None and have != m["type"]
                     for c, m in wanted.items()
                 )
-                # A renamed source column: a new generation, its documents copied with the member renamed.
-                if changed or pending_renames(meta.get("schema", {}), batch.renames):
+                fills = self._fills(batch, [c for c in wanted if _mapped_type(properties, c) is None])
+                # A renamed source column, or a new one with a constant DEFAULT: a new generation, its
+                # documents copied with the member renamed or the default given.
+                if changed or fills or pending_renames(meta.get("schema", {}), batch.renames):
                     # Documents keep the members of dropped columns (the mapping is strict).
                     gone = {o for olds in batch.renames.values() for o in olds}
                     keep = {
@@ -576,7 +605,7 @@ class OpenSearchSink(SearchSink):
                         for c, m in properties.items()
                         if c not in wanted and c not in META_FIELDS and c not in gone
                     }
-                    actions.append(("rebuild", batch, alias, (concrete, meta, keep)))
+                    actions.append(("rebuild", batch, alias, (concrete, meta, keep, fills)))
                     continue
                 added = {c: m for c, m in wanted.items() if _mapped_type(properties, c) is None}
                 actions.append(("update", batch, alias, (concrete, meta, added)))
@@ -585,9 +614,9 @@ class OpenSearchSink(SearchSink):
                 if action == "create":
                     self._create(client, alias, batch, specs[batch.table], {})
                 elif action == "rebuild":
-                    concrete, meta, keep = extra
+                    concrete, meta, keep, fills = extra
                     new = self._create(client, alias, batch, specs[batch.table], meta, keep)
-                    self._switch(client, alias, concrete, new, batch, copy=not batch.bootstrap)
+                    self._switch(client, alias, concrete, new, batch, not batch.bootstrap, fills)
                 else:
                     concrete, meta, added = extra
                     meta = meta | {"table": str(batch.table), "schema": batch.schema.to_json()}
