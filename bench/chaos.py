@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ from chaosing.rounds import RoundResult, Services, log_filesystem, play
 from harness.bench import Bench
 from harness.main import main
 from harness.report import Report
-from harness.services import started
+from harness.services import say, started
 
 from pipelines.devservices.kafka import LocalKafka
 from pipelines.devservices.redis import LocalRedis
@@ -95,12 +96,27 @@ def body(b: Bench) -> Report:
     )
     results: list[RoundResult] = []
     for kind, seed in plan:
-        results.append(play(b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round))
-        if not results[-1].clean:
+        result = play(b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round)
+        results.append(result)
+        if not result.clean:
             args.keep = True  # the work dir holds what the round kept to look at
+        say(f"  round {seed} ({kind}): {_outcome(result)}")
         b.load(f"after round {seed} ({kind})")
-    b.results["rounds"] = [_as_json(r) for r in results]
+        b.results["rounds"] = [_as_json(r) for r in results]
+        if args.json:  # after every round: a campaign stopped early keeps what it found
+            args.json.write_text(json.dumps(b.results, indent=2, default=str) + "\n")
     return report(results)
+
+
+def _outcome(r: RoundResult) -> str:
+    total = Tally()
+    for t in r.tallies.values():
+        total.add(t)
+    return (
+        f"{'clean' if r.clean else 'FINDING'}; {len(r.faults)} faults; {total.compared:,} rows compared "
+        f"(3 followers): lost {total.lost}, doubled {total.doubled}, stale {total.stale}, "
+        f"not deleted {total.extra}; verify exit {r.verify_code}" + (f"; error: {r.error}" if r.error else "")
+    )
 
 
 def _as_json(r: RoundResult) -> dict:
