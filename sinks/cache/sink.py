@@ -36,9 +36,8 @@ Writes (sinks/cache/writer.py, scripts.py)
     lacks stays absent. With no row cached to keep it from, the row is left out of the cache (a
     cache miss, never a row with a wrong NULL). A column the source dropped (retired: rows
     written after the drop keep what the follower has) is kept the same way, and left out where
-    the cached row never had it; the row itself is always written (a crash campaign found rows
-    whose update was dropped, old value kept, when it carried a column added and dropped in the
-    same cut).
+    the cached row never had it; the row itself is always written (never a stale row left
+    behind by an update that could not be merged).
   * Columns added with a constant DEFAULT (PostgreSQL fills them without WAL): cached rows
     written before the column existed get the member, as Delta backfills them; which columns
     were filled is remembered in `__cdc:s:<table pattern>`.

@@ -479,25 +479,28 @@ def write_frame(spark: SparkSession, batch: TableBatch, changes: NetChanges) -> 
     return changes.df.select(*cols), layout
 
 
-def default_wires(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
+def default_values(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
     """The batch's columns with a fast default (`ADD COLUMN ... DEFAULT <constant>`) -> that value
-    as `write_frame` gives it to executors, so a document written before the column existed can
-    be given it as a new row would be (one Spark job for all of them; {} when there are none)."""
-    names = [f.name for f in batch.spark_schema.fields if f.name in batch.defaults]
-    if not names:
+    as a document holds it (`write_frame`'s wire value, then `encoder`), for the documents written
+    before the column existed (one Spark job for all of them; {} when there are none)."""
+    fields = [f for f in batch.spark_schema.fields if f.name in batch.defaults]
+    if not fields:
         return {}
-    types = {f.name: f.dataType for f in batch.spark_schema.fields}
     row = (
         spark.range(1)
         .select(
             *(
-                to_wire(batch.default_value(n).cast(types[n]), types[n]).alias(f"d{i}")
-                for i, n in enumerate(names)
+                to_wire(batch.default_value(f.name).cast(f.dataType), f.dataType).alias(f"d{i}")
+                for i, f in enumerate(fields)
             )
         )
         .first()
     )
-    return {n: row[f"d{i}"] for i, n in enumerate(names)}
+    values = {}
+    for i, f in enumerate(fields):
+        enc, wire = encoder(f.dataType), row[f"d{i}"]
+        values[f.name] = wire if enc is None or wire is None else enc(wire)
+    return values
 
 
 def _ntz_array(dtype: T.DataType) -> bool:

@@ -71,7 +71,7 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
 from sinks.executor_env import missing_error, provide
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoder, encoders, pending_renames
+from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames
 from sinks.search.opensearch_client import ClientSettings, make_client
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
 from sinks.shaping import follower_name
@@ -564,13 +564,9 @@ class OpenSearchSink(SearchSink):
     # ---- prepare ---------------------------------------------------------------------------------
     def _fills(self, batch: TableBatch, new_columns: list[str]) -> dict[str, Any]:
         """The constant DEFAULTs of columns the index does not map yet, as documents hold them."""
-        wires = self._defaults(batch) if any(c in batch.defaults for c in new_columns) else {}
-        out = {}
-        for column in new_columns:
-            if column in wires:
-                enc, wire = encoder(batch.spark_schema[column].dataType), wires[column]
-                out[column] = wire if enc is None or wire is None else enc(wire)
-        return out
+        if not any(c in batch.defaults for c in new_columns):
+            return {}  # no Spark job
+        return {c: v for c, v in self._defaults(batch).items() if c in new_columns}
 
     def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
         client = self.client()

@@ -35,7 +35,7 @@ from sinks.changes import NetChanges, TableBatch
 from sinks.search.documents import (
     FieldSpec,
     RowLayout,
-    default_wires,
+    default_values,
     documents_frame,
     field_specs,
     spark_failure,
@@ -46,6 +46,7 @@ from sinks.search.documents import (
 if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame
+
 
 
 @dataclass
@@ -84,19 +85,17 @@ class WriteJob:
     truncate: int | None  # the batch's truncate version (sinks/search/documents.py), None: no truncate
     specs: list[FieldSpec]
     rejected_fix: str  # the fix of a row the index rejects (SearchSink.rejected_fix; executors lack the file)
-    defaults: dict[str, Any]  # column -> its fast default as a wire value (documents.default_wires)
+    defaults: dict[str, Any]  # column -> its fast default as documents hold it (documents.default_values)
 
 
 class SearchSink(Sink):
     kind = "search"
     engine = ""
-    parallel_tables = (
-        False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
-    )
+    parallel_tables = False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._default_wires: dict[tuple, dict[str, Any]] = {}  # see _defaults
+        self._default_values: dict[tuple, dict[str, Any]] = {}  # see _defaults
 
     def describe(self) -> str:
         return f"{self.name} (search, {self.engine})"
@@ -144,7 +143,7 @@ class SearchSink(Sink):
         )
 
     def _defaults(self, batch: TableBatch) -> dict[str, Any]:
-        """default_wires, computed once per table and set of defaults (one Spark job each time)."""
+        """default_values, computed once per table and set of defaults (one Spark job each time)."""
         key = (
             str(batch.table),
             tuple(
@@ -155,9 +154,9 @@ class SearchSink(Sink):
                 )
             ),
         )
-        if key not in self._default_wires:
-            self._default_wires[key] = default_wires(self.spark, batch)
-        return self._default_wires[key]
+        if key not in self._default_values:
+            self._default_values[key] = default_values(self.spark, batch)
+        return self._default_values[key]
 
     def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
         schema = self.stored_schema(table)

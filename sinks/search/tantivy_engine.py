@@ -371,7 +371,7 @@ class IndexPlan:
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
     base: int | None = None  # version of a new base: older documents are not carried into a rebuild
     rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
-    defaults: dict[str, Any] = field(default_factory=dict)  # WriteJob.defaults (wire values)
+    defaults: dict[str, Any] = field(default_factory=dict)  # WriteJob.defaults, given to rows in a rebuild
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -412,13 +412,8 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
 
     layout = plan.layout
     fields = list(plan.fields)
-    codecs = encoders(layout)
-    fills = {}  # each fast default as a stored row holds it (as Row decodes a wire value)
-    for name, wire in plan.defaults.items():
-        enc = codecs[layout.names.index(name)]
-        fills[name] = wire if enc is None or wire is None else enc(wire)
     index = writable_index(
-        Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames, plan.base, fills
+        Path(plan.directory), layout.table, plan.schema_json, fields, plan.renames, plan.base, plan.defaults
     )
     index.reload()
     schema = index.schema
@@ -440,6 +435,7 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
                 writer.add_document(make(MARKER_ID, plan.truncate, MARKER))
                 recorded = plan.truncate
         inserted = updated = deleted = stale = 0
+        codecs = encoders(layout)
         for chunk in _chunks(rows, 1024):
             batch = []
             for raw in chunk:
