@@ -13,6 +13,7 @@ must exit 0. A failing round prints its replay command:
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,14 @@ def chaos_pg() -> Iterator[LocalPostgres]:
 
 ROUNDS = {
     ("local", 6): ["kill9_apply", "pg_restart_immediate", "sigterm_run", "disk_full"],
-    ("kafka", 4): ["kill9_apply", "kafka_restart", "kill9_apply", "kill9_publisher"],
+    # The Kafka round (seed 4: kill -9 of the run twice, a broker restart, kill -9 of the publisher)
+    # passed, but took 9-25 minutes, mostly waiting after the broker restart: out of the suite until
+    # that wait is understood; run it with CDC_CHAOS_KAFKA=1 or bench/chaos.py --replay 4 --log kafka.
+    **(
+        {("kafka", 4): ["kill9_apply", "kafka_restart", "kill9_apply", "kill9_publisher"]}
+        if os.environ.get("CDC_CHAOS_KAFKA")
+        else {}
+    ),
 }
 
 
