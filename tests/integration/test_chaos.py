@@ -1,6 +1,6 @@
 """The crash campaign's slice in the suite (issue 18; README Guarantees, bench/README.md).
 
-Two rounds of `bench/chaos.py` with fixed seeds, each injecting a fixed number of faults (the
+Two rounds of `bench/chaos.py` (the Kafka one only with CDC_CHAOS_KAFKA=1) with fixed seeds, injecting a fixed number of faults (the
 seed picks their kinds and order) into a running `cdc run` while a random workload writes: on the
 local log seed 6 draws kill -9 of the whole run (apply loop, Spark's JVM, stream child), an
 immediate PostgreSQL shutdown (crash recovery), SIGTERM and a full disk under the log; on the
