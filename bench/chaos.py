@@ -108,10 +108,17 @@ def body(b: Bench) -> Report:
     return report(results)
 
 
-def _outcome(r: RoundResult) -> str:
+def _total(results: list[RoundResult]) -> Tally:
+    """Every follower's tally of these rounds added up."""
     total = Tally()
-    for t in r.tallies.values():
-        total.add(t)
+    for r in results:
+        for t in r.tallies.values():
+            total.add(t)
+    return total
+
+
+def _outcome(r: RoundResult) -> str:
+    total = _total([r])
     return (
         f"{'clean' if r.clean else 'FINDING'}; {len(r.faults)} faults; {total.compared:,} rows compared "
         f"(3 followers): lost {total.lost}, doubled {total.doubled}, stale {total.stale}, "
@@ -148,10 +155,7 @@ def report(results: list[RoundResult]) -> Report:
                 n=str(len(times)), p99=f"{p99:.1f} s", max=f"{done[-1]:.1f} s",
                 notes=f"{missed} did not converge" if missed else "",
             )  # fmt: skip
-        total = Tally()
-        for r in mine:
-            for t in r.tallies.values():
-                total.add(t)
+        total = _total(mine)
         bad = [r.seed for r in mine if not r.clean]
         rep.summary.append(
             f"{log} log: {len(mine)} rounds, {sum(len(r.faults) for r in mine)} faults, "
