@@ -57,6 +57,14 @@ def master_cores(master: str) -> int | None:
     return int(found.group(1)) * int(found.group(2)) if found else None
 
 
+# HotSpot shrinks its code cache from 240 to 48 MB when the JIT stops at C1 (a pipeline's
+# `-XX:TieredStopAtLevel=1`, a common start-up trick). A busy `cdc run` fills 48 MB within minutes;
+# Spark's scheduler threads then die on "Out of space in CodeCache" and every later job hangs (the
+# crash campaign found it). Ours keeps the default size whatever the tier; a pipeline's own
+# -XX:ReservedCodeCacheSize comes after it and wins.
+JVM_OPTIONS = "-XX:ReservedCodeCacheSize=240m"
+
+
 def base_conf(master: str) -> dict[str, str]:
     cores = master_cores(master)
     # Delta rebuilds a table's snapshot (its file list) after every commit with this many tasks,
@@ -86,6 +94,8 @@ def base_conf(master: str) -> dict[str, str]:
             # Loopback only: the driver and executors never listen on the machine's other interfaces.
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.extraJavaOptions": JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": JVM_OPTIONS,
         }
     )
 
@@ -179,7 +189,7 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     if active is not None:
         return active
     conf = base_conf(master or (pipeline.spark.master if pipeline else "local[2]"))
-    conf |= warehouse_conf(pipeline)
+    conf = with_user_conf(conf, warehouse_conf(pipeline))  # joins the driver's JVM options
     if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
         private_dir(pipeline.state_path)
     if pipeline is not None:

@@ -61,3 +61,14 @@ def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
         assert line in check.err, (line, check.err)
     assert sorted(p.name for p in cwd.iterdir()) == []  # nothing of Spark's (nor anything else) here
     assert not (conf_dir / "spark-warehouse").exists()
+
+
+def test_spark_jvm_code_cache_is_set_at_launch(spark) -> None:
+    """pipelines/spark.py JVM_OPTIONS reaches the driver JVM's command line (unit test: it stays
+    ahead of a pipeline's -XX:TieredStopAtLevel=1, which alone would shrink the cache to 48 MB)."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    size = bean.getVMOption("ReservedCodeCacheSize")
+    assert (size.getValue(), size.getOrigin().toString()) == (str(240 << 20), "VM_CREATION")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipelines.spark import master_cores, warehouse_conf, with_user_conf
+from pipelines.spark import JVM_OPTIONS, base_conf, master_cores, warehouse_conf, with_user_conf
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,24 @@ def test_pipeline_java_options_are_added_to_ours_not_put_in_their_place() -> Non
         == "-Da=1"
     )
     assert with_user_conf(ours, {"spark.sql.warehouse.dir": "/w"})["spark.sql.warehouse.dir"] == "/w"
+
+
+def test_code_cache_keeps_its_default_size_under_a_c1_only_jit() -> None:
+    """-XX:TieredStopAtLevel=1 alone shrinks HotSpot's code cache to 48 MB, which a long `cdc run`
+    fills (then Spark's scheduler hangs): ours sets the size first, the pipeline's flags follow."""
+    merged = with_user_conf(
+        with_user_conf(base_conf("local[2]"), warehouse_conf(None)),
+        {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
+    )
+    driver = merged["spark.driver.extraJavaOptions"].split()
+    assert driver[0] == JVM_OPTIONS == "-XX:ReservedCodeCacheSize=240m"
+    assert driver[-1] == "-XX:TieredStopAtLevel=1" and any(o.startswith("-Dderby") for o in driver)
+    executor = with_user_conf(
+        base_conf("spark://h:7077"), {"spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    )
+    assert executor["spark.executor.extraJavaOptions"] == f"{JVM_OPTIONS} -XX:TieredStopAtLevel=1"
+    # a pipeline's own size comes later on the command line: the JVM takes the last one
+    mine = with_user_conf(
+        base_conf("local[2]"), {"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=512m"}
+    )
+    assert mine["spark.driver.extraJavaOptions"].split()[-1] == "-XX:ReservedCodeCacheSize=512m"
