@@ -264,6 +264,7 @@ def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: 
     sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
     with serving(p, "apply", metrics_port, say), reporting():  # stage lines on stderr (pipelines/stages.py)
         job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
+        job.guard_stalls(report_error)
         if not once:
             job.run_forever(sink_name)
             return 0
@@ -282,7 +283,7 @@ def run(pipeline: Path, metrics_port: int | None) -> int:
     """Snapshot if needed, then stream and apply continuously until Ctrl-C."""
     from pipelines.run import run_pipeline
 
-    return run_pipeline(load(pipeline), pipeline, say, metrics_port)
+    return run_pipeline(load(pipeline), pipeline, say, report_error, metrics_port)
 
 
 @cli.command()

@@ -20,7 +20,11 @@ from cdc.ground.errors import CdcError, ExitCode
 
 
 def run_pipeline(
-    pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None], metrics_port: int | None = None
+    pipeline: Pipeline,
+    pipeline_file: Path,
+    say: Callable[[str], None],
+    report: Callable[[str, str, int], None],  # an error line and its fix (pipelines/cli.py report_error)
+    metrics_port: int | None = None,
 ) -> int:
     from pipelines.metrics import free_port, serving
 
@@ -28,10 +32,16 @@ def run_pipeline(
     # the stream child serves its own series on a private port; ours merges them in (one endpoint)
     child_port = free_port() if port else None
     with serving(pipeline, "run", port, say, child_port=child_port):
-        return _run(pipeline, pipeline_file, say, child_port)
+        return _run(pipeline, pipeline_file, say, child_port, report)
 
 
-def _run(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None], child_port: int | None) -> int:
+def _run(
+    pipeline: Pipeline,
+    pipeline_file: Path,
+    say: Callable[[str], None],
+    child_port: int | None,
+    report: Callable[[str, str, int], None],
+) -> int:
     from pipelines import logformat
     from snapshot.runner import run_snapshot
 
@@ -58,6 +68,7 @@ def _run(pipeline: Pipeline, pipeline_file: Path, say: Callable[[str], None], ch
             from pipelines.spark import spark_session
 
             job = ApplyJob(pipeline, spark_session(pipeline), say)
+            job.guard_stalls(report, before_exit=lambda: _stop(child))  # the stream must not outlive us
             if not stopping:
                 job.run_forever(keep_going=lambda: child.poll() is None and not stopping)
         else:

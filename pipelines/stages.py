@@ -24,6 +24,11 @@ from typing import Any, TextIO
 from pipelines import logformat
 
 _active: Stages | None = None
+_steps = 0  # stages begun and ended, reported or not: what pipelines/apply/stall.py sees move
+
+
+def steps() -> int:
+    return _steps
 
 
 class Stages:
@@ -148,18 +153,23 @@ def attach_spark(spark: Any) -> None:
 
 @contextmanager
 def stage(text: str) -> Iterator[None]:
-    """Mark a step of the active verb (no-op when none is active)."""
+    """Mark a step of the active verb (only counted when none is active)."""
+    global _steps
+    _steps += 1  # not atomic across threads: it only has to change
     reporter = _active
-    if reporter is None:
-        yield
-        return
-    entry = reporter.begin(text)
     try:
-        yield
-    except BaseException:
-        reporter.end(failed=True, entry=entry)
-        raise
-    reporter.end(entry=entry)
+        if reporter is None:
+            yield
+            return
+        entry = reporter.begin(text)
+        try:
+            yield
+        except BaseException:
+            reporter.end(failed=True, entry=entry)
+            raise
+        reporter.end(entry=entry)
+    finally:
+        _steps += 1
 
 
 @contextmanager

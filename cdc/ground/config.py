@@ -456,6 +456,12 @@ class SparkConfig(_Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
     trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+    stall_timeout_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="end an apply (exit 4, for its supervisor to start it again) when nothing moves for this long "
+        "while a cut is applied: no Spark task finished, no job or step began or ended; 0 = never",
+    )
     apply_parallelism: int | None = Field(
         default=None,
         ge=1,

@@ -31,6 +31,7 @@ from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
 from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
+from pipelines.apply.stall import StallGuard
 from pipelines.apply.viewfollow import view_batches, view_states, view_targets, views_cut, views_moved
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, pause_point
@@ -103,6 +104,15 @@ class ApplyJob:
         self.lock_wait_s = lock_wait_s  # how long to wait for another apply of a sink (pipelines/locks.py)
         self._stop = False
         self.view_runs: list = []  # the view stage's runs of the last run_once (pipelines/views/maintain.py)
+        self.guard: StallGuard | None = None
+
+    def guard_stalls(
+        self, report: Callable[[str, str, int], None], before_exit: Callable[[], None] = lambda: None
+    ) -> None:
+        """End the process when a cut's apply stops moving (pipelines/apply/stall.py)."""
+        timeout = self.pipeline.spark.stall_timeout_s
+        if timeout > 0:
+            self.guard = StallGuard(self.spark, timeout, report, before_exit)
 
     def request_stop(self, *_args) -> None:
         self._stop = True
@@ -118,6 +128,12 @@ class ApplyJob:
 
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         sinks = self._sinks(only)
+        if self.guard is None:
+            return self._run_once(sinks)
+        with self.guard.watching(f"applying the latest cut to {', '.join(s.name for s in sinks)}"):
+            return self._run_once(sinks)
+
+    def _run_once(self, sinks: list[SinkConfig]) -> list[SinkRun]:
         log = open_log_view(self.pipeline)
         try:
             cut = log.latest_cut()

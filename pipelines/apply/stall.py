@@ -1,0 +1,105 @@
+"""Ends an apply that no longer moves (`spark.stall_timeout_s`; README Operations, "A stalled apply").
+
+A Spark driver can break without failing: the crash campaign saw Spark's scheduler threads die on
+"Out of space in CodeCache", after which every job waited forever. The followers fell behind and
+`cdc run` looked alive. While a cut is being applied this thread checks every few seconds that
+something moves: a Spark task finished, a job or stage started or ended, or a step of the apply
+began or ended (pipelines/stages.py). When nothing has for the timeout it says so and ends the
+process with exit 4, so that a supervisor (systemd, Kubernetes, an Airflow retry) starts it
+again; the cut is still pending and is re-applied exactly (README Guarantees).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cdc.ground.errors import ExitCode
+from pipelines import stages
+
+
+class StallGuard:
+    def __init__(
+        self,
+        spark: Any,
+        timeout_s: float,
+        report: Callable[[str, str, int], None],
+        before_exit: Callable[[], None] = lambda: None,
+        every_s: float = 2.0,
+    ):
+        self.spark, self.timeout_s, self.report, self.before_exit = spark, timeout_s, report, before_exit
+        self.every_s = every_s
+        self._depth = 0  # run_once calls in progress (the tables' threads share one cut)
+        self._lock = threading.Lock()
+        self._last: tuple | None = None
+        self._moved = time.monotonic()
+        self._what = ""
+        self._thread = threading.Thread(target=self._watch, name="cdc-stall-guard", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def watching(self, what: str) -> Iterator[None]:
+        """Watch the block (one cut's apply) for progress."""
+        with self._lock:
+            self._depth += 1
+            self._what = what
+            self._moved = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+
+    def _progress(self) -> tuple:
+        """What moves while a cut is applied; a broken JVM (the probe raises) moves nothing."""
+        mark: tuple = (stages.steps(),)
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            jobs = tuple(sorted(tracker.getActiveJobsIds()))
+            done = 0
+            for sid in sorted(tracker.getActiveStageIds()):
+                info = tracker.getStageInfo(sid)
+                if info is not None:
+                    done += info.numCompletedTasks + info.numFailedTasks
+                    mark += (sid,)
+            return (*mark, jobs, done)
+        except Exception:
+            return mark
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.every_s)
+            with self._lock:
+                if self._depth == 0:
+                    self._last = None
+                    continue
+            now = self._progress()
+            with self._lock:
+                if now != self._last:
+                    self._last, self._moved = now, time.monotonic()
+                    continue
+                still = time.monotonic() - self._moved
+                what = self._what
+            if still >= self.timeout_s:
+                self._give_up(what, still)
+
+    def _give_up(self, what: str, still: float) -> None:
+        self.report(
+            f"the apply has not moved for {still:.0f}s while {what} (no Spark task finished, no job or step began "
+            "or ended): Spark's driver may be broken (see its messages above); stopping so that a supervisor "
+            "starts it again (the cut is re-applied exactly)",
+            "if it happens again, look above for the JVM's errors (out of memory, CodeCache full) and give the "
+            "driver what it lacks in spark.conf; raise spark.stall_timeout_s if single Spark tasks legitimately "
+            "run longer",
+            int(ExitCode.RUNTIME),
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            self.before_exit()
+        os._exit(int(ExitCode.RUNTIME))  # the main thread is blocked in a Spark call that will not return
