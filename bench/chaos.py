@@ -13,7 +13,8 @@ every follower with the source through each engine's own reader (delta-rs, redis
 plus `cdc verify`. Each round prints its seed; `--replay SEED --log KIND` runs that round alone.
 
     .venv/bin/python bench/chaos.py [--rounds 20] [--log local,kafka] [--seconds 90] [--seed 1]
-                                    [--faults kill9_stream,...] [--replay SEED] [--json out.json] [--keep]
+                                    [--faults kill9_stream,...] [--faults-per-round N] [--order kill9_apply,...]
+                                    [--replay SEED] [--json out.json] [--keep]
 
 Exit code 0 when every round ended with every follower identical to the source, 1 otherwise.
 """
@@ -64,13 +65,18 @@ def parser() -> argparse.ArgumentParser:
         help="inject exactly this many faults per round, however long they take (default: as many as --seconds allows)",
     )
     p.add_argument(
+        "--order",
+        help="inject exactly these faults in this order (comma-separated), at moments drawn from the seed "
+        "(tests/integration/test_chaos.py's rounds)",
+    )
+    p.add_argument(
         "--replay", type=int, help="run only the round with this seed (with --log naming one kind)"
     )
     return p
 
 
 def check(args: argparse.Namespace) -> str | None:
-    unknown = set(args.faults.split(",")) - set(FAULTS)
+    unknown = (set(args.faults.split(",")) | set(args.order.split(",") if args.order else ())) - set(FAULTS)
     if unknown:
         return f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULTS)}"
     if set(args.log.split(",")) - {"local", "kafka"}:
@@ -96,7 +102,10 @@ def body(b: Bench) -> Report:
     )
     results: list[RoundResult] = []
     for kind, seed in plan:
-        result = play(b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round)
+        order = args.order.split(",") if args.order else None
+        result = play(
+            b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round, order=order
+        )
         results.append(result)
         if not result.clean:
             args.keep = True  # the work dir holds what the round kept to look at

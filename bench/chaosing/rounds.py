@@ -32,6 +32,8 @@ SPARK = {
     "master": "local[2]",
     "trigger_interval_s": 2,
     "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2},
+    # a stalled apply ends `cdc run` (pipelines/apply/stall.py); the supervisor starts it again
+    "stall_timeout_s": 120,
 }
 LOG_FS_SIZE = "256m"  # room for a round's local log, small enough to fill in a moment
 
@@ -96,10 +98,12 @@ def play(
     seconds: float,
     kinds: list[str],
     count: int | None = None,
+    order: list[str] | None = None,
 ) -> RoundResult:
     """Run one round; every failure of the round is caught into its result. Faults are drawn for
     `seconds`, or exactly `count` of them when it is given (the same seed then injects the same
-    kinds in the same order however slow the machine is)."""
+    kinds in the same order however slow the machine is), or are `order`'s kinds one after the
+    other (the suite's slice: its faults fixed, their moments drawn from the seed)."""
     say(f"\n== round seed {seed} on the {log} log (replay: bench/chaos.py --replay {seed} --log {log}) ==")
     result = RoundResult(seed, log)
     rng = random.Random(seed)
@@ -129,9 +133,12 @@ def play(
     load.start()
     try:
         end = time.monotonic() + seconds
+        planned = [k for k in order or [] if k in allowed]  # disk_full needs the small filesystem
+        if planned:
+            count = len(planned)
         while len(result.faults) < count if count is not None else time.monotonic() < end:
             time.sleep(rng.uniform(2, 8))
-            kind = rng.choice(allowed)
+            kind = planned[len(result.faults)] if planned else rng.choice(allowed)
             before = _lsn(db_dsn)
             say(f"  fault {kind} at source position {before}")
             FAULTS[kind](rig)
