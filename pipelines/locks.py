@@ -27,6 +27,7 @@ from pathlib import Path
 
 from cdc.ground.errors import CdcError
 from cdc.ground.private import private_dir, private_fd
+from pipelines.stages import beat
 
 POLL_S = 0.2
 
@@ -76,6 +77,7 @@ def sink_lock(
                 if say is not None and not told:
                     say(f"sink {sink}: waiting up to {wait_s:g}s for another cdc apply ({holder})")
                     told = True
+                beat()  # a wait asked for, not a stall (pipelines/apply/stall.py)
                 time.sleep(POLL_S)
         info = {
             "pid": os.getpid(),

@@ -31,6 +31,12 @@ def steps() -> int:
     return _steps
 
 
+def beat() -> None:
+    """Count as moving while waiting on purpose (for another apply's lock: `--lock-wait`)."""
+    global _steps
+    _steps += 1
+
+
 class Stages:
     def __init__(self, stream: TextIO | None = None, every_s: float = 10.0, tty: bool | None = None):
         self.stream = stream or sys.stderr

@@ -4,7 +4,7 @@ A Spark driver can break without failing: the crash campaign saw Spark's schedul
 "Out of space in CodeCache", after which every job waited forever. The followers fell behind and
 `cdc run` looked alive. While a cut is being applied this thread checks every few seconds that
 something moves: a Spark task finished, a job or stage started or ended, or a step of the apply
-began or ended (pipelines/stages.py). When nothing has for the timeout it says so and ends the
+began or ended (pipelines/stages.py), or a wait asked for went on (`--lock-wait`). When nothing has for the timeout it says so and ends the
 process with exit 4, so that a supervisor (systemd, Kubernetes, an Airflow retry) starts it
 again; the cut is still pending and is re-applied exactly (README Guarantees).
 """
