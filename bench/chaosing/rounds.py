@@ -32,8 +32,10 @@ SPARK = {
     "master": "local[2]",
     "trigger_interval_s": 2,
     "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", "spark.sql.shuffle.partitions": 2},
-    # a stalled apply ends `cdc run` (pipelines/apply/stall.py); the supervisor starts it again
-    "stall_timeout_s": 120,
+    # a stalled apply ends `cdc run` (pipelines/apply/stall.py); the supervisor starts it again. Not
+    # less: on 2 cores at load 14 a cut took 4 minutes, and a 120 s limit ended a run whose cut may
+    # only have been slow
+    "stall_timeout_s": 600,
 }
 LOG_FS_SIZE = "256m"  # room for a round's local log, small enough to fill in a moment
 

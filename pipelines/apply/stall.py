@@ -16,11 +16,15 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from cdc.ground.errors import ExitCode
 from pipelines import stages
+
+OUR_PACKAGES = ("pipelines", "sinks", "cdc", "snapshot")
 
 
 class StallGuard:
@@ -88,11 +92,38 @@ class StallGuard:
             if still >= self.timeout_s:
                 self._give_up(what, still)
 
+    def _where(self) -> str:
+        """Where it stands: Spark's running stages and the apply's innermost frame of each thread."""
+        parts = []
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            for sid in sorted(tracker.getActiveStageIds()):
+                info = tracker.getStageInfo(sid)
+                if info is not None:
+                    parts.append(
+                        f"Spark stage {sid} ({info.name}): {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                        f"{info.numActiveTasks} running"
+                    )
+        except Exception as exc:
+            parts.append(f"Spark does not answer ({type(exc).__name__})")
+        me = threading.get_ident()
+        for ident, frame in sys._current_frames().items():
+            ours = None
+            for entry in traceback.extract_stack(frame):
+                if (
+                    any(f"/{pkg}/" in entry.filename for pkg in OUR_PACKAGES)
+                    and "/stall.py" not in entry.filename
+                ):
+                    ours = entry
+            if ident != me and ours is not None:
+                parts.append(f"at {'/'.join(Path(ours.filename).parts[-2:])}:{ours.lineno} ({ours.name})")
+        return "; ".join(parts) or "no Spark stage running"
+
     def _give_up(self, what: str, still: float) -> None:
         self.report(
             f"the apply has not moved for {still:.0f}s while {what} (no Spark task finished, no job or step began "
-            "or ended): Spark's driver may be broken (see its messages above); stopping so that a supervisor "
-            "starts it again (the cut is re-applied exactly)",
+            f"or ended; {self._where()}): Spark's driver may be broken (see its messages above); stopping so that "
+            "a supervisor starts it again (the cut is re-applied exactly)",
             "if it happens again, look above for the JVM's errors (out of memory, CodeCache full) and give the "
             "driver what it lacks in spark.conf; raise spark.stall_timeout_s if single Spark tasks legitimately "
             "run longer",
