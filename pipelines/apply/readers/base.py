@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 # off: offset in the table's log; (lsn, seq): the event's position; op: c u d r t; key: canonical
 # key bytes; vals: text values aligned with the asked schema's columns (PostgreSQL text or envelope
 # JSON: the view's value_kind); unch: indexes of unchanged values; ts: commit time (µs since the epoch).
+# One Spark task per this many events of a table's range, on every log: a big catch-up is read side by
+# side, and no task runs so long that a stalled apply (pipelines/apply/stall.py) could be mistaken.
+EVENTS_PER_PARTITION = 200_000
 SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
 
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from cdc.envelope import UNAVAILABLE, UNAVAILABLE_BYTES
 from cdc.log.kafka import client as kc
-from pipelines.apply.readers.base import ChangeReader
+from pipelines.apply.readers import base
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,10 +48,13 @@ def kafka_frame(
     )
     if headers:
         reader = reader.option("includeHeaders", "true")
+    if isinstance(start, int) and isinstance(stop, int) and stop - start > base.EVENTS_PER_PARTITION:
+        # Spark's Kafka source reads a topic partition's range in one task unless asked for more
+        reader = reader.option("minPartitions", str(-(-(stop - start) // base.EVENTS_PER_PARTITION)))
     return reader.option("failOnDataLoss", "false").load()  # compaction leaves gaps in offsets by design
 
 
-class EnvelopeReader(ChangeReader):
+class EnvelopeReader(base.ChangeReader):
     """count_events and first_offset_from by reading the events (the topics hold no index)."""
 
     @abstractmethod

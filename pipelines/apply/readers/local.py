@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from pipelines.apply.readers.base import SCHEMA, ChangeReader
+from pipelines.apply.readers.base import EVENTS_PER_PARTITION, SCHEMA, ChangeReader
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from cdc.log.base import TableSchema
     from cdc.log.local import LocalLog
 
-EVENTS_PER_PARTITION = 200_000
 WHOLE_SEGMENTS = 1 << 62  # segment_bytes for read_parts: one partition per segment file
 BATCH_ROWS = 8192
 COLUMN_NAMES = ["off", "lsn", "seq", "op", "key", "vals", "unch", "ts"]
