@@ -86,9 +86,9 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     """Snapshot + inserts, updates (one leaving a TOAST value unchanged), key updates, deletes, a
     truncate and an added column, through the Kafka log into Delta: verify finds the follower
     identical. The topics have the documented layout, and `cdc status` shows the cut and the
-    follower's lag. Each topic's range is read in tasks of 2 records (a big catch-up's split,
+    follower's lag. Each topic's range is read in tasks of 5 records (a big catch-up's split,
     pipelines/apply/readers/envelopes.py): a TOAST value, a key's versions and a truncate span tasks."""
-    monkeypatch.setattr(readers_base, "EVENTS_PER_PARTITION", 2)
+    monkeypatch.setattr(readers_base, "EVENTS_PER_PARTITION", 5)
     sql(
         pg_db,
         "CREATE TABLE items(id int PRIMARY KEY, n int, big text, note text)",
@@ -123,7 +123,7 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     )
     stream_until_current(pipe)
     split = kafka_frame(spark, kafka.bootstrap, pipe.topic("public.items"), 0, 8)
-    assert split.rdd.getNumPartitions() == 4 and split.count() == 8
+    assert split.rdd.getNumPartitions() == 2 and split.count() == 8
 
     # One compacted topic per table, plus the cut and schema topics.
     assert topics_with_prefix(kafka.bootstrap, pipe.prefix) == {pipe.topic(t) for t in tables} | {
