@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import time
 
 from cdc.ground import errors
 from cdc.ground.errors import CdcError, LogError
@@ -116,10 +117,39 @@ def unreachable(servers: list[str], timeout: float = 2.0) -> str | None:
     return "; ".join(failures) or "no bootstrap servers"
 
 
+class StopFlag:
+    """The parent's stop request to the publisher child, in shared memory without a lock. A
+    multiprocessing.Event has one: a child killed with -9 inside Event.is_set() or wait() left it
+    held, and the parent's set() at shutdown then waited forever, so `cdc stream` hung after its
+    publisher died instead of exiting for its supervisor (the crash campaign's kill9_publisher).
+    A signal handler may set it too (an Event's lock, held by the interrupted code, would deadlock)."""
+
+    POLL_S = 0.05
+
+    def __init__(self, ctx) -> None:
+        self._value = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def wait(self, timeout: float) -> bool:
+        """Until set or `timeout` seconds passed; whether it is set."""
+        end = time.monotonic() + timeout
+        while not self.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.POLL_S, left))
+        return True
+
+
 class PublisherProcess:
     def __init__(self, pipeline):
         ctx = multiprocessing.get_context("spawn")
-        self._stop = ctx.Event()
+        self._stop = StopFlag(ctx)
         self._errors, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
             target=_child_main, args=(pipeline, self._stop, child_end, os.getpid()), name="cdc-publisher"
