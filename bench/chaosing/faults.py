@@ -119,7 +119,8 @@ def kill9_publisher(rig: Rig) -> None:
     run = rig.sup.wait_running()
     stream = _wait_for(lambda: stream_child(run))
     spawned = _wait_for(
-        lambda: [p for p, cmd in descendants(stream).items() if "multiprocessing" in cmd] or None
+        # spawned children only: not multiprocessing's resource tracker, which the stream also starts
+        lambda: [p for p, cmd in descendants(stream).items() if "spawn_main" in cmd] or None
     )
     os.kill(rig.rng.choice(spawned), signal.SIGKILL)
 
