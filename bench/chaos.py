@@ -95,6 +95,7 @@ def body(b: Bench) -> Report:
     logfs = b.stack.enter_context(log_filesystem(b.work / "logfs"))
     services = Services(b.pg, redis, kafka, logfs)
     faults = args.faults.split(",")
+    order = args.order.split(",") if args.order else None
     plan = (
         [(kinds[0], args.replay)]
         if args.replay is not None
@@ -102,7 +103,6 @@ def body(b: Bench) -> Report:
     )
     results: list[RoundResult] = []
     for kind, seed in plan:
-        order = args.order.split(",") if args.order else None
         result = play(
             b.work, services, kind, seed, args.seconds, faults, count=args.faults_per_round, order=order
         )

@@ -31,6 +31,13 @@ def steps() -> int:
     return _steps
 
 
+def active_stages(spark: Any) -> list[tuple[int, Any]]:
+    """(stage id, SparkStageInfo) of Spark's running stages, by id; raises if Spark does not answer."""
+    tracker = spark.sparkContext.statusTracker()
+    found = ((sid, tracker.getStageInfo(sid)) for sid in sorted(tracker.getActiveStageIds()))
+    return [(sid, info) for sid, info in found if info is not None]
+
+
 def beat() -> None:
     """Count as moving while waiting on purpose (for another apply's lock: `--lock-wait`)."""
     global _steps
@@ -64,13 +71,10 @@ class Stages:
         if self.spark is None:
             return ""
         try:
-            tracker = self.spark.sparkContext.statusTracker()
             done = total = 0
-            for sid in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(sid)
-                if info is not None:
-                    done += info.numCompletedTasks
-                    total += info.numTasks
+            for _sid, info in active_stages(self.spark):
+                done += info.numCompletedTasks
+                total += info.numTasks
         except Exception:  # the session is stopping: no progress to show
             return ""
         return f"Spark tasks {done}/{total}" if total else ""
@@ -159,7 +163,7 @@ def attach_spark(spark: Any) -> None:
 
 @contextmanager
 def stage(text: str) -> Iterator[None]:
-    """Mark a step of the active verb (only counted when none is active)."""
+    """Mark a step of the active verb; counted (steps()) whether or not one is active."""
     global _steps
     _steps += 1  # not atomic across threads: it only has to change
     reporter = _active

@@ -63,14 +63,11 @@ class StallGuard:
         """What moves while a cut is applied; a broken JVM (the probe raises) moves nothing."""
         mark: tuple = (stages.steps(),)
         try:
-            tracker = self.spark.sparkContext.statusTracker()
-            jobs = tuple(sorted(tracker.getActiveJobsIds()))
+            jobs = tuple(sorted(self.spark.sparkContext.statusTracker().getActiveJobsIds()))
             done = 0
-            for sid in sorted(tracker.getActiveStageIds()):
-                info = tracker.getStageInfo(sid)
-                if info is not None:
-                    done += info.numCompletedTasks + info.numFailedTasks
-                    mark += (sid,)
+            for sid, info in stages.active_stages(self.spark):
+                done += info.numCompletedTasks + info.numFailedTasks
+                mark += (sid,)
             return (*mark, jobs, done)
         except Exception:
             return mark
@@ -96,14 +93,11 @@ class StallGuard:
         """Where it stands: Spark's running stages and the apply's innermost frame of each thread."""
         parts = []
         try:
-            tracker = self.spark.sparkContext.statusTracker()
-            for sid in sorted(tracker.getActiveStageIds()):
-                info = tracker.getStageInfo(sid)
-                if info is not None:
-                    parts.append(
-                        f"Spark stage {sid} ({info.name}): {info.numCompletedTasks}/{info.numTasks} tasks done, "
-                        f"{info.numActiveTasks} running"
-                    )
+            for sid, info in stages.active_stages(self.spark):
+                parts.append(
+                    f"Spark stage {sid} ({info.name}): {info.numCompletedTasks}/{info.numTasks} tasks done, "
+                    f"{info.numActiveTasks} running"
+                )
         except Exception as exc:
             parts.append(f"Spark does not answer ({type(exc).__name__})")
         me = threading.get_ident()
