@@ -15,13 +15,14 @@ from cdc.log.kafka import client as kc
 from pipelines.apply.readers import base
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from cdc.ground.config import KafkaLog
     from cdc.ground.tables import TableName
     from cdc.log.base import TableSchema
 
 PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
+RETIRED = ""  # no column has this name: PostgreSQL rejects zero-length identifiers
 ENVELOPE_SCHEMA = "struct<before: map<string,string>, after: map<string,string>, op: string, source: struct<lsn: bigint, txId: bigint, ts_ms: bigint, ts_us: bigint>>"
 
 
@@ -79,6 +80,33 @@ class EnvelopeReader(base.ChangeReader):
         return row[0] if row else None
 
 
+def header(name: str) -> Column:
+    """A Kafka record header's value as a string (NULL when the record lacks it)."""
+    return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
+
+
+def _names_by_version(
+    schema: TableSchema, layouts: dict[int, list[int]], names: dict[int, list[str]]
+) -> Column:
+    """Per record, from its schema version (header cdc.sv): the name each followed column has in
+    it where that differs (a rename), RETIRED for a retired column the version lacks, NULL where
+    the newest name applies; NULL for a version without such columns. One literal map, looked up
+    once per record: the plan stays the same size however long the table's DDL history (a when()
+    per version and column made a table with 156 versions OOM the driver while planning)."""
+    table: dict[str, list[str | None]] = {}
+    for v, layout in layouts.items():
+        row: list[str | None] = []
+        for j, column in enumerate(schema.columns):
+            i = layout[j]
+            row.append(names[v][i] if i >= 0 and names[v][i] != column.name else RETIRED if i == -2 else None)
+        if any(x is not None for x in row):
+            table[str(v)] = row
+    if not table:
+        return F.lit(None).cast("array<string>")
+    literal = F.from_json(F.lit(json.dumps(table)), "map<string,array<string>>")
+    return F.try_element_at(literal, header("cdc.sv"))
+
+
 def normalize_envelopes(
     raw: DataFrame,
     schema: TableSchema,
@@ -91,9 +119,6 @@ def normalize_envelopes(
     schema version, FollowedSchema.layout and the version's column names, for records whose
     version (header cdc.sv) names a column differently or lacks a retired one."""
 
-    def header(name: str):
-        return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
-
     def lookup(name: str, column) -> object:
         return F.when(F.map_contains_key("row", name), F.col("row")[name]).otherwise(
             F.lit(column.missing).cast("string")
@@ -103,19 +128,15 @@ def normalize_envelopes(
         expr = lookup(column.name, column)
         if not versions:
             return expr
-        layouts, names = versions
-        version = header("cdc.sv").cast("bigint")
-        for v, layout in layouts.items():
-            i = layout[j]
-            if i >= 0 and names[v][i] != column.name:
-                expr = F.when(version == v, F.col("row")[names[v][i]]).otherwise(expr)
-            elif i == -2:  # an update after the drop: the follower keeps its value (an insert gets NULL)
-                expr = F.when((version == v) & (F.col("op") == "u"), F.lit(UNAVAILABLE)).otherwise(expr)
-        return expr
+        # The record's own name for the column (a rename), RETIRED, or NULL: the newest name applies
+        name = F.col("sv_names")[j]
+        retired = F.when(F.col("op") == "u", F.lit(UNAVAILABLE)).otherwise(expr)  # an insert gets NULL
+        return F.when(name.isNull(), expr).when(name == RETIRED, retired).otherwise(F.col("row")[name])
 
     env = F.from_json(F.col("value").cast("string"), ENVELOPE_SCHEMA)
     key_map = F.from_json(F.col("key").cast("string"), "map<string,string>")
-    df = raw.select("offset", "key", "value", "headers", env.alias("env"), key_map.alias("key_map"))
+    extra = [_names_by_version(schema, *versions).alias("sv_names")] if versions else []
+    df = raw.select("offset", "key", "value", "headers", env.alias("env"), key_map.alias("key_map"), *extra)
     op = F.when(F.col("value").isNull(), F.lit("d")).otherwise(F.col("env.op"))
     row = F.when(op == "d", F.coalesce(F.col("env.before"), F.col("key_map"))).otherwise(F.col("env.after"))
     df = df.select("*", op.alias("op"), row.alias("row"))
