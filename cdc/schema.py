@@ -179,6 +179,7 @@ def match_attnums(
         nums = [live.get(n, 0) for n in names]
         if not _consistent(nums):
             return [0] * len(names)
+    nums = _renamed_since(names, nums, previous, live)
     taken = set(nums)
     all_nums = [num for num, _name, _dropped in catalog]
     i = 0
@@ -196,6 +197,34 @@ def match_attnums(
             nums[i:j] = free
         i = j
     return nums
+
+
+def _renamed_since(
+    names: list[str], nums: list[int], previous: TableSchema | None, live: dict[str, int]
+) -> list[int]:
+    """Columns of the previous version whose names the message lacks but whose attnums are live in
+    the catalog were renamed (a live column was never dropped, so the message has it). When the
+    message's names that neither version nor catalog knows are exactly as many, they are those
+    columns, in attnum order (renames keep attnums; columns added since come after them). This
+    follows a column renamed again before the stream read its first rename, also when other
+    columns were dropped or added around it meanwhile (their dropped attnums leave the order
+    ambiguous)."""
+    if previous is None:
+        return nums
+    had = {c.name for c in previous.columns}
+    live_nums = set(live.values())
+    renamed = sorted(
+        c.attnum
+        for c in previous.columns
+        if c.attnum and c.name not in names and c.attnum in live_nums and c.attnum not in nums
+    )
+    unknown = [i for i, n in enumerate(names) if not nums[i] and n not in had]
+    if not renamed or len(unknown) != len(renamed):
+        return nums
+    trial = list(nums)
+    for i, num in zip(unknown, renamed, strict=True):
+        trial[i] = num
+    return trial if _consistent(trial) else nums
 
 
 def relation_attnums(conn, table, names: list[str], previous: TableSchema | None) -> dict[str, int]:

@@ -297,3 +297,37 @@ def test_log_records_column_identity(pg_db: str, tmp_path: Path) -> None:
         [("id", 1), ("a2", 2), ("b", 4)],
         [("id", 1), ("a3", 2), ("c", 5)],
     ]
+
+
+def test_renames_read_late_among_dropped_columns_keep_the_column(pg_db: str, tmp_path: Path) -> None:
+    """A column renamed again and again while other columns are added and dropped, all before the
+    stream reads any of it (a stream that was down): the catalog's dropped attnums leave the order
+    ambiguous, but the renamed column's attnum is live, so each version still carries it, and the
+    followed schema renames the column instead of retiring it (its values would stay under an old
+    name, the new one empty: found by the Kafka log's long-history test)."""
+    from cdc.log.history import followed_schema
+    from cdc.log.local import LocalLog
+
+    sql(pg_db, "CREATE TABLE rl(id int PRIMARY KEY, v text)", "INSERT INTO rl VALUES (1, 'a'), (2, 'b')")
+    pipe = make_pipe(tmp_path, pg_db, ["public.rl"], sinks=[])
+    snapshot(pipe)
+    ddl, v = [], "v"
+    for i in range(1, 7):
+        ddl += [f"ALTER TABLE rl ADD COLUMN c{i} int", f"UPDATE rl SET c{i} = {i}, {v} = 'u{i}' WHERE id = {i % 2 + 1}"]
+        ddl += [f"ALTER TABLE rl DROP COLUMN c{i - 1}"] if i > 1 else []
+        if i % 2 == 0:
+            ddl += [f"ALTER TABLE rl RENAME COLUMN {v} TO v{i}", f"UPDATE rl SET v{i} = 'r{i}' WHERE id = 1"]
+            v = f"v{i}"
+    sql(pg_db, *ddl)
+    stream(pipe)
+    log = LocalLog(pipe.log, readonly=True)
+    try:
+        history = log.schema_history(TableName("public", "rl"))
+    finally:
+        log.close()
+    names = [[c.name for c in s.columns if c.attnum == 2] for _v, _since, s in history]  # v's attnum
+    assert all(len(n) == 1 for n in names), names
+    assert list(dict.fromkeys(n[0] for n in names)) == ["v", "v2", "v4", "v6"], names
+    followed = followed_schema(history)
+    assert followed.renames["v6"] == ("v4", "v2", "v"), followed.renames
+    assert not {"v", "v2", "v4"} & followed.retired, followed.retired

@@ -52,6 +52,24 @@ def test_renamed_twice_before_the_stream_read_it() -> None:
     ]
 
 
+def test_renamed_again_while_columns_around_it_were_dropped() -> None:
+    """v renamed to v10 (then v20) and c9 dropped before the stream read the message: many dropped
+    attnums leave the order ambiguous, but attnum 2 is live now, so the previous version's v was
+    renamed, and the message has exactly one name no one knows (c10 is the previous version's)."""
+    previous = schema(("id", INT, 1), ("v", TEXT, 2), ("c9", INT, 0), ("c10", INT, 0))
+    dropped = [(n, f"........pg.dropped.{n}........", True) for n in range(3, 22)]
+    catalog = [(1, "id", False), (2, "v20", False), *dropped, (22, "c20", False)]
+    assert match_attnums(["id", "v10", "c10"], previous, catalog) == [1, 2, 0]
+
+
+def test_a_renamed_column_is_not_guessed_when_a_new_one_could_be_it() -> None:
+    """note renamed to remark (now memo), n dropped, x added and dropped since: two unknown names for
+    one live column of the previous version; which is the rename the order does not tell."""
+    dropped = [(3, "........pg.dropped.3........", True), (4, "........pg.dropped.4........", True)]
+    catalog = [(1, "id", False), (2, "memo", False), *dropped]
+    assert match_attnums(["id", "remark", "x"], V1, catalog) == [1, 0, 0]
+
+
 def test_followed_schema_renames_and_retired_columns() -> None:
     v2 = schema(("id", INT, 1), ("remark", TEXT, 2), ("n", INT, 3))
     v3 = schema(("id", INT, 1), ("remark", TEXT, 2))
