@@ -6,6 +6,7 @@ batch merged, checkpoint not yet written), apply:between-tables, apply:before-ch
 markers and Delta's `_cdc_cuts` row written, checkpoint not yet), stream:after-append (rows in
 the open batch, not committed), views:after-merge (a view's out table written for a cut, its
 state file not yet). Unset in normal use: then this is a dictionary lookup.
+`CDC_FAULT=apply:locked:out-of-memory` makes the driver JVM run out of heap there instead.
 
 `CDC_FAULT_RAISE=1` as well: the point raises CrashPointReached instead, for tests that run the job
 in their own process (a JVM start saved per crash). Nothing of the job's after the point runs: no
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 
 def pause_point(name: str) -> None:
@@ -44,3 +46,10 @@ def crash_point(name: str) -> None:
         if os.environ.get("CDC_FAULT_RAISE") == "1":
             raise CrashPointReached(name)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def out_of_memory_point(name: str, spark: Any) -> None:
+    """`CDC_FAULT=<name>:out-of-memory`: the driver JVM allocates more than its heap here, a real
+    java.lang.OutOfMemoryError (with cdc's JVM options the JVM then exits, pipelines/spark.py)."""
+    if os.environ.get("CDC_FAULT") == f"{name}:out-of-memory":
+        spark.sparkContext._jvm.java.nio.ByteBuffer.allocate(2**31 - 16)

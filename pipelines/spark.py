@@ -62,7 +62,26 @@ def master_cores(master: str) -> int | None:
 # Spark's scheduler threads then die on "Out of space in CodeCache" and every later job hangs (the
 # crash campaign found it). Ours keeps the default size whatever the tier; a pipeline's own
 # -XX:ReservedCodeCacheSize comes after it and wins.
-JVM_OPTIONS = "-XX:ReservedCodeCacheSize=240m"
+# -XX:+ExitOnOutOfMemoryError: a JVM out of heap ends at once (exit code 3). Without it, Spark's
+# threads die one by one on OutOfMemoryError and the apply fails later on unrelated-looking errors
+# ("stopped SparkContext"); now the job names the cause (pipelines/apply/job.py check_driver).
+JVM_OPTIONS = "-XX:ReservedCodeCacheSize=240m -XX:+ExitOnOutOfMemoryError"
+JVM_OUT_OF_MEMORY_EXIT = 3  # HotSpot's exit code under -XX:+ExitOnOutOfMemoryError
+
+
+def driver_jvm_exit(spark: SparkSession, wait_s: float = 1.0) -> int | None:
+    """The exit code of the driver JVM this process launched, once it has ended (waiting up to
+    `wait_s` for one that is going: its socket closes just before it is gone); None while it runs,
+    or when this process did not launch it (spark-submit launches Python from the JVM)."""
+    import subprocess
+
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if proc is None:
+        return None
+    try:
+        return proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def base_conf(master: str) -> dict[str, str]:

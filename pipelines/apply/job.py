@@ -34,8 +34,9 @@ from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.apply.stall import StallGuard
 from pipelines.apply.viewfollow import view_batches, view_states, view_targets, views_cut, views_moved
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.faults import crash_point, pause_point
+from pipelines.faults import crash_point, out_of_memory_point, pause_point
 from pipelines.locks import sink_lock
+from pipelines.spark import JVM_OUT_OF_MEMORY_EXIT, driver_jvm_exit
 from pipelines.sparkerrors import spark_error_line
 from pipelines.stages import stage
 from sinks.base import ApplyStats, Sink
@@ -128,10 +129,38 @@ class ApplyJob:
 
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         sinks = self._sinks(only)
-        if self.guard is None:
-            return self._run_once(sinks)
-        with self.guard.watching(f"applying the latest cut to {', '.join(s.name for s in sinks)}"):
-            return self._run_once(sinks)
+        try:
+            if self.guard is None:
+                runs = self._run_once(sinks)
+            else:
+                with self.guard.watching(f"applying the latest cut to {', '.join(s.name for s in sinks)}"):
+                    runs = self._run_once(sinks)
+        except Exception:
+            self.check_driver()
+            raise
+        if any(r.error is not None for r in runs):
+            self.check_driver()
+        return runs
+
+    def check_driver(self) -> None:
+        """After a failure: a driver JVM that has exited fails the whole job (exit 4, for a supervisor
+        to restart), its cause said plainly, instead of each follower's py4j error."""
+        code = driver_jvm_exit(self.spark)
+        if code is None:
+            return
+        memory = self.pipeline.spark.conf.get("spark.driver.memory")
+        kept = "every follower keeps its checkpoint, and its pending cut is applied again exactly"
+        if code == JVM_OUT_OF_MEMORY_EXIT:
+            raise CdcError(
+                "Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError) and exited; "
+                f"spark.driver.memory is {memory or '1g (Spark default)'}",
+                "give the driver more heap in the pipeline file, e.g. `spark: {conf: {spark.driver.memory: 4g}}`, "
+                f"and run again ({kept}); README Operations \"Driver memory\"",
+            )
+        raise CdcError(
+            f"Spark's driver JVM exited with code {code}",
+            f"its output above says why; run again ({kept})",
+        )
 
     def _run_once(self, sinks: list[SinkConfig]) -> list[SinkRun]:
         log = open_log_view(self.pipeline)
@@ -191,6 +220,7 @@ class ApplyJob:
             # one applier per follower: a second one would write the same cut and race on the checkpoint
             with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s, self.say):
                 pause_point("apply:locked")
+                out_of_memory_point("apply:locked", self.spark)
                 # another run may have applied a newer cut than the one read above (while this
                 # one waited, or applied other sinks): read it again so the follower never goes back
                 latest = log.latest_cut() or cut

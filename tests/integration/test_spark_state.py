@@ -72,3 +72,5 @@ def test_spark_jvm_code_cache_is_set_at_launch(spark) -> None:
     )
     size = bean.getVMOption("ReservedCodeCacheSize")
     assert (size.getValue(), size.getOrigin().toString()) == (str(240 << 20), "VM_CREATION")
+    exits = bean.getVMOption("ExitOnOutOfMemoryError")  # an OOM ends the JVM (test_driver_out_of_memory.py)
+    assert (exits.getValue(), exits.getOrigin().toString()) == ("true", "VM_CREATION")

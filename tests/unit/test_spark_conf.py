@@ -53,7 +53,7 @@ def test_code_cache_keeps_its_default_size_under_a_c1_only_jit() -> None:
         {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
     )
     driver = merged["spark.driver.extraJavaOptions"].split()
-    assert driver[0] == JVM_OPTIONS == "-XX:ReservedCodeCacheSize=240m"
+    assert " ".join(driver[:2]) == JVM_OPTIONS == "-XX:ReservedCodeCacheSize=240m -XX:+ExitOnOutOfMemoryError"
     assert driver[-1] == "-XX:TieredStopAtLevel=1" and any(o.startswith("-Dderby") for o in driver)
     executor = with_user_conf(
         base_conf("spark://h:7077"), {"spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
