@@ -75,13 +75,18 @@ def test_a_batch_sent_twice_is_written_once(kafka: LocalKafka) -> None:
         producer.close()
     assert answers == [(0, 1), (0, 1)]
     assert end_offset(kafka.bootstrap, topic) == 2
-    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [(b"k0", b"v0"), (b"k1", b"v1")]
+    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [
+        (b"k0", b"v0"),
+        (b"k1", b"v1"),
+    ]
 
 
 def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
     topic = new_topic(kafka)
     producer = BatchProducer([kafka.bootstrap], request_timeout_ms=5000, retry_s=120)
-    sending, broker_back = threading.Event(), threading.Event()
+    # set just before the broker is started again: a send answered while `kafka.start()` still waits
+    # for the broker to report ready has waited through the outage too
+    sending, restarting = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
 
     def send() -> None:
@@ -90,7 +95,7 @@ def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
             outcome["result"] = producer.send(topic, [(b"b", b"2", NO_HEADERS), (b"c", b"3", NO_HEADERS)])
         except Exception as exc:  # reported below
             outcome["error"] = exc
-        outcome["returned_after_restart"] = broker_back.is_set()
+        outcome["returned_after_restart"] = restarting.is_set()
 
     try:
         producer.send(topic, [(b"a", b"1", NO_HEADERS)])
@@ -99,8 +104,9 @@ def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
         try:
             sender.start()
             sending.wait()
+            time.sleep(6)  # the outage outlasts a request timeout (5 s): the send must retry, not give up
+            restarting.set()
             kafka.start()
-            broker_back.set()
         finally:
             if not kafka.running():
                 kafka.start()  # the session broker stays up for the next tests
@@ -112,4 +118,8 @@ def test_waits_for_a_restarting_broker(kafka: LocalKafka) -> None:
     assert outcome["returned_after_restart"] is True, outcome
     result = outcome["result"]
     assert result == (1, 2, 2)
-    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+    assert [(r.key, r.value) for r in topic_records(kafka.bootstrap, topic)] == [
+        (b"a", b"1"),
+        (b"b", b"2"),
+        (b"c", b"3"),
+    ]
