@@ -154,6 +154,7 @@ def freshness(b: Bench) -> dict:
     spark, job = apply_job(pipe, confs)
     job.run_once()  # bootstrap outside the measured window
     batch_s: list[float] = []
+    batch_jobs: list[int] = []  # Spark jobs each batch started: the per-cut cost that sets freshness
     stream = subprocess.Popen(
         [str(BIN / "cdc"), "stream", str(pipe)], stdout=subprocess.DEVNULL, env=b.cdc_env()
     )
@@ -189,10 +190,11 @@ def freshness(b: Bench) -> dict:
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
-            started = time.monotonic()
+            started, jobs_before = time.monotonic(), last_job_id(spark)
             (run,) = job.run_once()
             visible_at = time.time()
             batch_s.append(time.monotonic() - started)
+            batch_jobs.append(last_job_id(spark) - jobs_before)
             # The applied cut holds every transaction committed before its LSN: those are visible
             # now. (Reading the table here instead would delay the next batch, which `cdc apply`
             # does not do; the table is checked once at the end.)
@@ -224,9 +226,13 @@ def freshness(b: Bench) -> dict:
         "batches": len(batch_s),
         "batch_s_p50": round(statistics.median(batch_s), 2) if batch_s else None,
         "batch_s_max": round(max(batch_s), 2) if batch_s else None,
+        "batch_spark_jobs_p50": statistics.median(batch_jobs) if batch_jobs else None,
         "confs": confs,
     }
-    batches = f"{f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s"
+    batches = (
+        f"{f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s, "
+        f"{f['batch_spark_jobs_p50']} Spark jobs"
+    )
     if samples:
         say(
             f"freshness: p50 {f['freshness_p50_s']}s, p99 {f['freshness_p99_s']}s, max {f['freshness_max_s']}s ({batches})"
@@ -234,6 +240,11 @@ def freshness(b: Bench) -> dict:
     else:  # the stream had not brought a transaction into an applied cut before the window ended
         say(f"freshness: no transaction became visible within {seconds}s ({batches}); try a longer --seconds")
     return f
+
+
+def last_job_id(spark) -> int:
+    """The id of the newest Spark job (ids count up from 0; cdc sets no job groups)."""
+    return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
 
 
 def make_tables(b: Bench, names: list[str], keys: int) -> None:
