@@ -152,6 +152,10 @@ def freshness(b: Bench) -> dict:
     b.cdc("fresh_snapshot", "snapshot", pipe, "--no-progress")
     confs = dict(c.split("=", 1) for c in b.args.conf)
     spark, job = apply_job(pipe, confs)
+    if b.args.steps:
+        from pipelines.stages import Stages, activate
+
+        activate(Stages(tty=False))
     job.run_once()  # bootstrap outside the measured window
     batch_s: list[float] = []
     batch_jobs: list[int] = []  # Spark jobs each batch started: the per-cut cost that sets freshness
@@ -215,6 +219,9 @@ def freshness(b: Bench) -> dict:
         or 0
     )
     assert newest >= seen, f"transactions up to {seen} counted as visible, but the table's newest is {newest}"
+    floor_s = plain_merge_s(
+        spark, str(b.work / "fresh-lake/public/fresh"), rate * statistics.median(batch_s), keys
+    )
     samples.sort()
     f = {
         "rate_changes_per_s": rate,
@@ -227,11 +234,12 @@ def freshness(b: Bench) -> dict:
         "batch_s_p50": round(statistics.median(batch_s), 2) if batch_s else None,
         "batch_s_max": round(max(batch_s), 2) if batch_s else None,
         "batch_spark_jobs_p50": statistics.median(batch_jobs) if batch_jobs else None,
+        "plain_merge_of_a_batch_s": round(floor_s, 2),
         "confs": confs,
     }
     batches = (
         f"{f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s, "
-        f"{f['batch_spark_jobs_p50']} Spark jobs"
+        f"{f['batch_spark_jobs_p50']} Spark jobs; a plain MERGE of as many updates {f['plain_merge_of_a_batch_s']}s"
     )
     if samples:
         say(
@@ -240,6 +248,35 @@ def freshness(b: Bench) -> dict:
     else:  # the stream had not brought a transaction into an applied cut before the window ended
         say(f"freshness: no transaction became visible within {seconds}s ({batches}); try a longer --seconds")
     return f
+
+
+def plain_merge_s(spark, path: str, updates: float, keys: int, repeat: int = 3) -> float:
+    """The floor under one apply batch: a bare Delta MERGE (match on id, update one column) of
+    `updates` random keys into the follower table itself, nothing read from a log, nothing checked
+    or recorded; median of `repeat` (run after the measured window: it changes `ver`)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    times = []
+    for seed in range(repeat):
+        source = (
+            spark.range(int(updates))
+            .select(
+                (F.floor(F.rand(seed) * keys) + 1).cast("long").alias("id"),
+                F.lit(-1).cast("long").alias("ver"),
+            )
+            .dropDuplicates(["id"])
+        )
+        t0 = time.monotonic()
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdate(set={"ver": "s.ver"})
+            .execute()
+        )
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
 
 
 def last_job_id(spark) -> int:
@@ -390,6 +427,16 @@ def body(b: Bench) -> Report:
         if f["batch_s_p50"] is not None:
             rep.add(
                 "freshness",
+                "plain MERGE of one batch's updates",
+                f["plain_merge_of_a_batch_s"],
+                "s",
+                role="ceiling",
+                less_is_better=True,
+                seconds=f"{f['plain_merge_of_a_batch_s']:.2f}",
+                notes="the floor under a batch: no log, no checks",
+            )
+            rep.add(
+                "freshness",
                 "one apply batch, p50",
                 f["batch_s_p50"],
                 "s",
@@ -421,6 +468,11 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="freshness: a runtime Spark SQL conf to try (repeatable)",
+    )
+    ap.add_argument(
+        "--steps",
+        action="store_true",
+        help="freshness: print each step of every apply batch with its time on stderr (pipelines/stages.py)",
     )
     return ap
 
