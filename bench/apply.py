@@ -250,6 +250,31 @@ def freshness(b: Bench) -> dict:
     return f
 
 
+def bare_merges_s(spark, paths: list[str], updates: int, parallelism: int) -> float:
+    """The floor under a cut over N tables: one bare Delta MERGE (match on id, update one column)
+    of `updates` keys per table, `parallelism` tables at a time in the apply's own thread pool;
+    nothing read from a log, checked or recorded (run after the measured cuts: it changes `ver`)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from pipelines.apply.parallel import run_tasks
+
+    def merge(slot) -> None:
+        session = slot.spark
+        source = session.range(1, updates + 1).select(F.col("id"), F.lit(-1).cast("long").alias("ver"))
+        (
+            DeltaTable.forPath(session, slot.item)
+            .alias("t")
+            .merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdate(set={"ver": "s.ver"})
+            .execute()
+        )
+
+    t0 = time.monotonic()
+    run_tasks(paths, merge, parallelism, spark, "bench")
+    return round(time.monotonic() - t0, 2)
+
+
 def plain_merge_s(spark, path: str, updates: float, keys: int, repeat: int = 3) -> float:
     """The floor under one apply batch: a bare Delta MERGE (match on id, update one column) of
     `updates` random keys into the follower table itself, nothing read from a log, nothing checked
@@ -355,9 +380,12 @@ def tables_cost(b: Bench) -> dict:
             (run,) = job.run_once(sink)
             row[f"{sink}_s"] = round(time.monotonic() - t0, 2)
             assert run.error is None and not run.up_to_date, (run.error, run.up_to_date)
+        paths = [str(b.work / f"t{n}-par/public/{t}") for t in names]
+        row["bare_merges_s"] = bare_merges_s(spark, paths, per_table, parallel)
         say(
             f"  {n} table(s), {written:,} changes: one after another {row['seq_s']}s, "
-            f"side by side ({parallel} threads) {row['par_s']}s"
+            f"side by side ({parallel} threads) {row['par_s']}s; "
+            f"floor: a bare MERGE per table, side by side {row['bare_merges_s']}s"
         )
         out[str(n)] = row
     return out
@@ -410,6 +438,17 @@ def body(b: Bench) -> Report:
                     seconds=f"{row[key]:.2f}",
                     notes=f"{row['changes']:,} changes in one cut; ratio: x the {args.tables[0]}-table cut",
                 )
+            rep.add(
+                "tables",
+                f"{n} table(s), a bare MERGE per table, side by side",
+                row["bare_merges_s"],
+                "s",
+                role="ceiling",
+                ratio=row["bare_merges_s"] / first["bare_merges_s"],
+                less_is_better=True,
+                seconds=f"{row['bare_merges_s']:.2f}",
+                notes="the floor: no log, no checks, no markers or cut records",
+            )
     if args.only in (None, "freshness") and not (args.tables and args.only is None):
         f = b.results["freshness"] = freshness(b)
         rep.targets["freshness"] = (3.0, "target: p99 < 3 s (issue 15 item 5)")
