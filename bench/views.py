@@ -60,7 +60,7 @@ INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com', 'c
 FROM generate_series(1, {customers}) g
 """
 ORDERS = """
-INSERT INTO orders SELECT g, 1 + mod(g * 7919, {customers}), (ARRAY['new','paid','shipped','cancelled'])[1 + mod(g, 4)],
+INSERT INTO orders SELECT g, 1 + mod(g::bigint * 7919, {customers}), (ARRAY['new','paid','shipped','cancelled'])[1 + mod(g, 4)],
     (mod(g * 31, 100000) / 100.0)::numeric(12,2), left(md5(g::text), 20),
     timestamptz '2024-01-01 00:00:00+00' + g * interval '1 minute'
 FROM generate_series(1, {orders}) g
