@@ -381,16 +381,18 @@ class ApplyJob:
                 (table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json())
                 for table, (base, end) in ends.items()
             ]
-            run_tasks(
-                markers,
-                lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
-                self._parallelism(sink),
-                self.spark,
-                sink_cfg.name,
-            )
+            with stage(f"sink {sink_cfg.name}: cut {cut_id}: writing {len(markers)} marker(s)"):
+                run_tasks(
+                    markers,
+                    lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
+                    self._parallelism(sink),
+                    self.spark,
+                    sink_cfg.name,
+                )
             ckpt.markers = True
         applied = [by_name[n] for n in wanted if n in by_name] + [view_table(v) for v in targets]
-        sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
+        with stage(f"sink {sink_cfg.name}: cut {cut_id}: recording the cut"):
+            sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
         crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
         for name in wanted:
