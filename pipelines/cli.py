@@ -79,6 +79,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except CdcError as exc:
             if os.environ.get("CDC_DEBUG"):
                 raise
+            exc = _driver_gone() or exc  # a failure that only echoes a dead driver JVM says why it died
             report_error(exc.problem, exc.fix, int(exc.exit_code))
             sys.exit(int(exc.exit_code))
         except KeyboardInterrupt:
@@ -91,6 +92,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # a bug or an unforeseen failure: say so, keep secrets out
             if os.environ.get("CDC_DEBUG"):
                 raise
+            gone = _driver_gone()
+            if gone is not None:
+                report_error(gone.problem, gone.fix, int(gone.exit_code))
+                sys.exit(int(gone.exit_code))
             err(f"internal error: {type(exc).__name__}: {exc}")
             err("  fix: rerun with CDC_DEBUG=1 for a traceback and report it")
             sys.exit(int(ExitCode.RUNTIME))
@@ -99,6 +104,16 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return wrapper
+
+
+def _driver_gone() -> CdcError | None:
+    """The error of a Spark driver JVM this process launched that has exited (out of heap...)."""
+    from pipelines.spark import exited_driver_error
+
+    try:
+        return exited_driver_error()
+    except Exception:  # never let the check hide the failure being reported
+        return None
 
 
 def _stdout_gone() -> bool:

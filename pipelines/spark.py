@@ -73,13 +73,17 @@ def driver_jvm_exit(spark: SparkSession, wait_s: float = 1.0) -> int | None:
     """The exit code of the driver JVM this process launched, once it has ended (waiting up to
     `wait_s` for one that is going: its socket closes just before it is gone); None while it runs,
     or when this process did not launch it (spark-submit launches Python from the JVM)."""
+    return _context_exit(spark.sparkContext, wait_s)
+
+
+def _context_exit(context, wait_s: float) -> int | None:
     import subprocess
 
-    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    proc = getattr(getattr(context, "_gateway", None), "proc", None)
     if proc is None:
         return None
     try:
-        spark.sparkContext._jvm.java.lang.System.nanoTime()  # answers: alive, no need to wait
+        context._jvm.java.lang.System.nanoTime()  # answers: alive, no need to wait
         return None
     except Exception:  # py4j's connection is gone: the JVM is exiting or has exited
         pass
@@ -87,6 +91,38 @@ def driver_jvm_exit(spark: SparkSession, wait_s: float = 1.0) -> int | None:
         return proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         return None
+
+
+_driver_memory: str | None = None  # spark.driver.memory of the session this process launched
+
+
+def driver_exit_error(code: int, memory: str | None, kept: str) -> CdcError:
+    """The error for a driver JVM that exited with `code`: the heap named when it ran out of it."""
+    if code == JVM_OUT_OF_MEMORY_EXIT:
+        return CdcError(
+            "Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError) and exited; "
+            f"spark.driver.memory is {memory or '1g (Spark default)'}",
+            "give the driver more heap in the pipeline file, e.g. `spark: {conf: {spark.driver.memory: 4g}}`, "
+            f"and run again{f' ({kept})' if kept else ''}; README Operations \"Driver memory\"",
+        )
+    return CdcError(
+        f"Spark's driver JVM exited with code {code}",
+        f"its output above says why; run again{f' ({kept})' if kept else ''}",
+    )
+
+
+def exited_driver_error() -> CdcError | None:
+    """For any verb, after a failure: the error naming why, when the driver JVM this process
+    launched has exited (else its py4j errors would be all the user sees); None otherwise."""
+    if "pyspark" not in sys.modules:
+        return None
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return None
+    code = _context_exit(context, wait_s=1.0)
+    return None if code is None else driver_exit_error(code, _driver_memory, "")
 
 
 def base_conf(master: str) -> dict[str, str]:
@@ -244,6 +280,8 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
             "check Java 17 is installed and spark.master/spark.conf in the pipeline file",
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
+    global _driver_memory
+    _driver_memory = conf.get("spark.driver.memory")
     if not master_url.startswith("local"):
         # executors got the sinks' secrets at launch: pyspark's copy must not ride with every task
         keep_out_of_tasks(spark.sparkContext, executor_secrets(pipeline) if pipeline else {})

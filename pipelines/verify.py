@@ -47,6 +47,7 @@ from cdc.source import _slot, connect
 from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
+from pipelines.faults import out_of_memory_point
 from pipelines.stages import stage
 from pipelines.verify_views import ViewCheck, view_columns, view_plans, view_schema
 from sinks.changes import typed_columns
@@ -336,6 +337,7 @@ def run_verify(
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
             source = copy_source(pipeline, report.server.version, schemas, workdir, report.filters)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
+        out_of_memory_point("verify:compare", spark)
         views = ViewCheck(pipeline, spark, reader, plans)
         verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s, views) for s in sinks]
         for sink_cfg, verdict in zip(sinks, verdicts, strict=True):

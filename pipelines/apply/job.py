@@ -36,7 +36,7 @@ from pipelines.apply.viewfollow import view_batches, view_states, view_targets, 
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, out_of_memory_point, pause_point
 from pipelines.locks import sink_lock
-from pipelines.spark import JVM_OUT_OF_MEMORY_EXIT, driver_jvm_exit
+from pipelines.spark import driver_exit_error, driver_jvm_exit
 from pipelines.sparkerrors import spark_error_line
 from pipelines.stages import stage
 from sinks.base import ApplyStats, Sink
@@ -146,21 +146,10 @@ class ApplyJob:
         """After a failure: a driver JVM that has exited fails the whole job (exit 4, for a supervisor
         to restart), its cause said plainly, instead of each follower's py4j error."""
         code = driver_jvm_exit(self.spark)
-        if code is None:
-            return
-        memory = self.pipeline.spark.conf.get("spark.driver.memory")
-        kept = "every follower keeps its checkpoint, and its pending cut is applied again exactly"
-        if code == JVM_OUT_OF_MEMORY_EXIT:
-            raise CdcError(
-                "Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError) and exited; "
-                f"spark.driver.memory is {memory or '1g (Spark default)'}",
-                "give the driver more heap in the pipeline file, e.g. `spark: {conf: {spark.driver.memory: 4g}}`, "
-                f"and run again ({kept}); README Operations \"Driver memory\"",
-            )
-        raise CdcError(
-            f"Spark's driver JVM exited with code {code}",
-            f"its output above says why; run again ({kept})",
-        )
+        if code is not None:
+            memory = self.pipeline.spark.conf.get("spark.driver.memory")
+            kept = "every follower keeps its checkpoint, and its pending cut is applied again exactly"
+            raise driver_exit_error(code, memory, kept)
 
     def _run_once(self, sinks: list[SinkConfig]) -> list[SinkRun]:
         log = open_log_view(self.pipeline)

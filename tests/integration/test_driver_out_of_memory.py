@@ -19,13 +19,17 @@ import pytest
 
 from tests.fixtures.kafka_log import alive, wait_gone
 from tests.fixtures.lake import FAST_JVM, apply_ok, descendants, make_pipe, snapshot, stream, verified
-from tests.harness import cdc_popen, sql
+from tests.harness import cdc, cdc_popen, sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path: Path, spark) -> None:
-    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    )
     pipe = make_pipe(tmp_path, pg_db, ["public.t"], spark={"conf": FAST_JVM})
     snapshot(pipe)
     run = cdc_popen("run", pipe.file, env={"CDC_FAULT": "apply:locked:out-of-memory"})
@@ -52,3 +56,27 @@ def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path:
     stream(pipe)
     apply_ok(pipe, spark)
     verified(pipe, spark)
+
+
+def test_a_driver_out_of_heap_in_verify_names_the_heap(pg_db: str, tmp_path: Path, spark) -> None:
+    """Any verb on Spark, not only the apply: `cdc verify`'s driver out of heap while it compares
+    gives the same error and fix (pipelines/cli.py handle_errors), not the dead JVM's py4j error."""
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g",
+    )
+    pipe = make_pipe(
+        tmp_path, pg_db, ["public.t"], spark={"conf": {**FAST_JVM, "spark.driver.memory": "512m"}}
+    )
+    snapshot(pipe)
+    apply_ok(pipe, spark)
+    run = cdc("verify", pipe.file, env={"CDC_FAULT": "verify:compare:out-of-memory"}, timeout=300)
+    assert run.code == 4, run
+    assert "error: Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError)" in run.err, run.err
+    assert "spark.driver.memory is 512m" in run.err, run.err
+    assert "  fix: give the driver more heap" in run.err, run.err
+    assert (
+        "Traceback" not in run.err + run.out and "Py4J" not in run.err and "internal error" not in run.err
+    ), run.err
+    verified(pipe, spark)  # nothing was damaged: the next verify passes
