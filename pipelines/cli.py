@@ -79,7 +79,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except CdcError as exc:
             if os.environ.get("CDC_DEBUG"):
                 raise
-            exc = _driver_gone() or exc  # a failure that only echoes a dead driver JVM says why it died
+            exc = _driver_gone(exc) or exc  # a failure that only echoes a dead driver JVM says why it died
             report_error(exc.problem, exc.fix, int(exc.exit_code))
             sys.exit(int(exc.exit_code))
         except KeyboardInterrupt:
@@ -92,7 +92,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # a bug or an unforeseen failure: say so, keep secrets out
             if os.environ.get("CDC_DEBUG"):
                 raise
-            gone = _driver_gone()
+            gone = _driver_gone(exc)
             if gone is not None:
                 report_error(gone.problem, gone.fix, int(gone.exit_code))
                 sys.exit(int(gone.exit_code))
@@ -106,10 +106,13 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _driver_gone() -> CdcError | None:
-    """The error of a Spark driver JVM this process launched that has exited (out of heap...)."""
-    from pipelines.spark import exited_driver_error
+def _driver_gone(exc: Exception) -> CdcError | None:
+    """The error of a Spark driver JVM this process launched that has exited (out of heap...),
+    unless `exc` says so already (the apply's own, which also says what the followers keep)."""
+    from pipelines.spark import DriverExited, exited_driver_error
 
+    if isinstance(exc, DriverExited):
+        return None
     try:
         return exited_driver_error()
     except Exception:  # never let the check hide the failure being reported

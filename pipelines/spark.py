@@ -96,22 +96,26 @@ def _context_exit(context, wait_s: float) -> int | None:
 _driver_memory: str | None = None  # spark.driver.memory of the session this process launched
 
 
-def driver_exit_error(code: int, memory: str | None, kept: str) -> CdcError:
+class DriverExited(CdcError):
+    """Spark's driver JVM this process launched has exited: said once, by whoever saw it first."""
+
+
+def driver_exit_error(code: int, memory: str | None, kept: str) -> DriverExited:
     """The error for a driver JVM that exited with `code`: the heap named when it ran out of it."""
     if code == JVM_OUT_OF_MEMORY_EXIT:
-        return CdcError(
+        return DriverExited(
             "Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError) and exited; "
             f"spark.driver.memory is {memory or '1g (Spark default)'}",
             "give the driver more heap in the pipeline file, e.g. `spark: {conf: {spark.driver.memory: 4g}}`, "
             f"and run again{f' ({kept})' if kept else ''}; README Operations \"Driver memory\"",
         )
-    return CdcError(
+    return DriverExited(
         f"Spark's driver JVM exited with code {code}",
         f"its output above says why; run again{f' ({kept})' if kept else ''}",
     )
 
 
-def exited_driver_error() -> CdcError | None:
+def exited_driver_error() -> DriverExited | None:
     """For any verb, after a failure: the error naming why, when the driver JVM this process
     launched has exited (else its py4j errors would be all the user sees); None otherwise."""
     if "pyspark" not in sys.modules:

@@ -48,6 +48,7 @@ def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path:
     assert "error: Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError)" in err, err
     assert "spark.driver.memory is 1g (Spark default)" in err, err
     assert "  fix: give the driver more heap" in err and "spark.driver.memory: 4g" in err, err
+    assert "every follower keeps its checkpoint" in err, err  # the apply's own fix, not the generic one
     assert "Traceback" not in err + out and "Py4J" not in err, err
     assert any("java" in c for c in below.values()), below
     assert all(wait_gone(p, 10) for p in below), {p: c for p, c in below.items() if alive(p)}  # none left
