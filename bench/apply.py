@@ -211,17 +211,10 @@ def freshness(b: Bench) -> dict:
         thread.join()
         stream.send_signal(signal.SIGTERM)
         stream.wait(60)
-    newest = (
-        spark.read.format("delta")
-        .load(str(b.work / "fresh-lake/public/fresh"))
-        .agg({"ver": "max"})
-        .first()[0]
-        or 0
-    )
+    lake = str(b.work / "fresh-lake/public/fresh")
+    newest = spark.read.format("delta").load(lake).agg({"ver": "max"}).first()[0] or 0
     assert newest >= seen, f"transactions up to {seen} counted as visible, but the table's newest is {newest}"
-    floor_s = plain_merge_s(
-        spark, str(b.work / "fresh-lake/public/fresh"), rate * statistics.median(batch_s), keys
-    )
+    floor_s = plain_merge_s(spark, lake, rate * statistics.median(batch_s), keys) if batch_s else None
     samples.sort()
     f = {
         "rate_changes_per_s": rate,
@@ -234,7 +227,7 @@ def freshness(b: Bench) -> dict:
         "batch_s_p50": round(statistics.median(batch_s), 2) if batch_s else None,
         "batch_s_max": round(max(batch_s), 2) if batch_s else None,
         "batch_spark_jobs_p50": statistics.median(batch_jobs) if batch_jobs else None,
-        "plain_merge_of_a_batch_s": round(floor_s, 2),
+        "plain_merge_of_a_batch_s": round(floor_s, 2) if floor_s is not None else None,
         "confs": confs,
     }
     batches = (
@@ -250,25 +243,27 @@ def freshness(b: Bench) -> dict:
     return f
 
 
-def bare_merges_s(spark, paths: list[str], updates: int, parallelism: int) -> float:
-    """The floor under a cut over N tables: one bare Delta MERGE (match on id, update one column)
-    of `updates` keys per table, `parallelism` tables at a time in the apply's own thread pool;
-    nothing read from a log, checked or recorded (run after the measured cuts: it changes `ver`)."""
+def bare_merge(session, path: str, source) -> None:
+    """A bare Delta MERGE into a follower table: match on id, update `ver` from `source`; nothing
+    read from a log, checked or recorded (the floor the benchmarks put beside cdc's apply)."""
     from delta.tables import DeltaTable
+
+    DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), "t.id = s.id").whenMatchedUpdate(
+        set={"ver": "s.ver"}
+    ).execute()
+
+
+def bare_merges_s(spark, paths: list[str], updates: int, parallelism: int) -> float:
+    """The floor under a cut over N tables: a bare MERGE of `updates` keys into each table,
+    `parallelism` tables at a time in the apply's own thread pool (run after the measured cuts:
+    it changes `ver`)."""
     from pyspark.sql import functions as F
 
     from pipelines.apply.parallel import run_tasks
 
     def merge(slot) -> None:
-        session = slot.spark
-        source = session.range(1, updates + 1).select(F.col("id"), F.lit(-1).cast("long").alias("ver"))
-        (
-            DeltaTable.forPath(session, slot.item)
-            .alias("t")
-            .merge(source.alias("s"), "t.id = s.id")
-            .whenMatchedUpdate(set={"ver": "s.ver"})
-            .execute()
-        )
+        source = slot.spark.range(1, updates + 1).select(F.col("id"), F.lit(-1).cast("long").alias("ver"))
+        bare_merge(slot.spark, slot.item, source)
 
     t0 = time.monotonic()
     run_tasks(paths, merge, parallelism, spark, "bench")
@@ -276,10 +271,8 @@ def bare_merges_s(spark, paths: list[str], updates: int, parallelism: int) -> fl
 
 
 def plain_merge_s(spark, path: str, updates: float, keys: int, repeat: int = 3) -> float:
-    """The floor under one apply batch: a bare Delta MERGE (match on id, update one column) of
-    `updates` random keys into the follower table itself, nothing read from a log, nothing checked
-    or recorded; median of `repeat` (run after the measured window: it changes `ver`)."""
-    from delta.tables import DeltaTable
+    """The floor under one apply batch: a bare MERGE of `updates` random keys into the follower
+    table itself; median of `repeat` (run after the measured window: it changes `ver`)."""
     from pyspark.sql import functions as F
 
     times = []
@@ -293,13 +286,7 @@ def plain_merge_s(spark, path: str, updates: float, keys: int, repeat: int = 3) 
             .dropDuplicates(["id"])
         )
         t0 = time.monotonic()
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(source.alias("s"), "t.id = s.id")
-            .whenMatchedUpdate(set={"ver": "s.ver"})
-            .execute()
-        )
+        bare_merge(spark, path, source)
         times.append(time.monotonic() - t0)
     return statistics.median(times)
 
