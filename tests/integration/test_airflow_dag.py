@@ -33,7 +33,7 @@ from tests.fixtures.lake import FAST_JVM, snapshot
 from tests.fixtures.readers import delta_rows
 from tests.harness import REPO, source_rows, sql, stream_changes, verify, write_pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 AIRFLOW_BIN = REPO / ".venv-airflow" / "bin"
 DAG_FILE = REPO / "examples" / "airflow" / "cdc_dag.py"

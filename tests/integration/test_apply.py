@@ -136,7 +136,6 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-@pytest.mark.slow
 def test_capture_list_applied_to_delta(pg_db: str, tmp_path: Path, spark) -> None:
     """Everything the capture tests cover, applied to Delta in three batches and verified against
     the source: snapshot with concurrent writes, every holdable type, unchanged TOAST (resolved
@@ -479,7 +478,6 @@ def cut_rows(pipe: Pipe, cut: int) -> int:
     )
 
 
-@pytest.mark.slow
 def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -> None:
     """`cdc apply` SIGKILLed after merging every table (or after the first of two), before its
     checkpoint: the checkpoint names the cut as pending, and the next run applies exactly that cut,

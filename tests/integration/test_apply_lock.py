@@ -30,7 +30,7 @@ from pipelines.locks import LockBusy
 from tests.fixtures.lake import FAST_JVM, apply, make_pipe, snapshot, stream
 from tests.harness import cdc_popen, sql, verify
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 

@@ -55,7 +55,6 @@ def test_follower_table_moved_away_is_rebuilt(pg_db: str, tmp_path: Path, spark)
     assert code == 0, report
 
 
-@pytest.mark.slow
 def test_demo_shows_all_three_followers(tmp_path: Path) -> None:
     """`cdc demo` (the README's first command) ends with every follower verified identical and
     prints a search hit and a cache lookup."""

@@ -498,7 +498,6 @@ def test_100k_row_transaction(pg_db: str, tmp_path: Path) -> None:
     assert_log_well_formed(pipe)
 
 
-@pytest.mark.slow
 def test_1m_row_transaction_memory_is_bounded(pg_db: str, tmp_path: Path) -> None:
     """The reader does not hold a transaction in memory: streaming one transaction of 1M rows peaks
     far below what buffering its rows as Python objects would take."""
@@ -582,7 +581,6 @@ def test_until_current_includes_async_commits(pg_db: str, tmp_path: Path) -> Non
 
 
 # ---- 10. kill -9 of the stream ---------------------------------------------------------------------------
-@pytest.mark.slow
 def test_kill_9_of_stream_loses_nothing(pg_db: str, tmp_path: Path) -> None:
     """~200k changes in 2000 transactions while `cdc stream` is killed with SIGKILL at random moments
     and restarted: in the end the log holds every change exactly once."""

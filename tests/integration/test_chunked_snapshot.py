@@ -295,7 +295,6 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
     assert copied and len(copied) == len(set(copied))  # no key copied twice
 
 
-@pytest.mark.slow  # one Spark apply + verify: ~290 s of its ~350 s on the loaded shared machine
 def test_chunked_snapshot_while_streaming_and_writing(pg_db: str, tmp_path: Path, spark):
     """`cdc snapshot --tables` copies a live table again in chunks while `cdc stream` runs and the
     table is written to; the follower ends as the source (cdc verify 0, delta-rs, the log replayed)."""

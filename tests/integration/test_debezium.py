@@ -33,7 +33,7 @@ from tests.fixtures.debezium import wait_caught_up
 from tests.fixtures.topics import topic_records as read_topic
 from tests.harness import apply_once, cdc, verify, write_pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 SHOP = [
     "CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled')",

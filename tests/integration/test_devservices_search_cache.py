@@ -229,7 +229,6 @@ def test_cli_dev_up_status_down_redis(tmp_path: Path) -> None:
         LocalRedis(base / "redis").stop()
 
 
-@pytest.mark.slow
 def test_cli_dev_up_status_down_opensearch(tmp_path: Path) -> None:
     base = tmp_path / "dev"
     try:

@@ -21,7 +21,7 @@ from tests.fixtures.kafka_log import alive, wait_gone
 from tests.fixtures.lake import FAST_JVM, apply_ok, descendants, make_pipe, snapshot, stream, verified
 from tests.harness import cdc, cdc_popen, sql
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 
 def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path: Path, spark) -> None:

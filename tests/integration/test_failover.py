@@ -135,7 +135,6 @@ def _insert_counts(log_path: Path) -> Counter:
         log.close()
 
 
-@pytest.mark.slow
 def test_failover_slot_survives_promotion_of_the_standby(
     primary_and_standby: tuple[LocalPostgres, LocalPostgres], tmp_path: Path, spark
 ) -> None:

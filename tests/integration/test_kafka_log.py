@@ -368,7 +368,6 @@ def test_log_read_prints_envelopes_in_commit_order(pg_db: str, tmp_path: Path, k
 
 
 # ---- 2. broker outage: the slot waits for Kafka, nothing lost or reordered ----------------------------
-@pytest.mark.slow
 def test_broker_outage_holds_the_slot_back_and_loses_nothing(
     pg_db: str, tmp_path: Path, own_kafka, spark
 ) -> None:
@@ -509,7 +508,6 @@ def wait_compacted(bootstrap: str, topic: str, timeout: float = 120) -> list[Rec
         time.sleep(1)
 
 
-@pytest.mark.slow
 def test_new_follower_bootstraps_from_compacted_topics(
     pg_db: str, tmp_path: Path, compacting_kafka, spark
 ) -> None:
@@ -571,7 +569,6 @@ def test_new_follower_bootstraps_from_compacted_topics(
     )
 
 
-@pytest.mark.slow
 def test_compaction_keeps_unchanged_toast_values_for_new_followers(
     pg_db: str, tmp_path: Path, compacting_kafka, spark
 ) -> None:
@@ -638,7 +635,6 @@ def kill_while_publishing(proc: subprocess.Popen, pipe: KPipe, table: str, timeo
     return False
 
 
-@pytest.mark.slow
 def test_kill_9_while_publishing_followers_end_identical(pg_db: str, tmp_path: Path, kafka, spark) -> None:
     """`cdc stream` and its publisher are killed with SIGKILL while records are in flight to Kafka,
     and restarted, three times: the topic may hold republished copies (same positions, same

@@ -19,7 +19,7 @@ from tests.fixtures.kafka_log import apply_ok, make_kpipe, snapshot, stream_unti
 from tests.fixtures.services import running
 from tests.harness import cdc, sql
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a broker JVM of its own
+pytestmark = [pytest.mark.integration]  # a broker JVM of its own
 
 USER, PASSWORD = "cdc", "s3cret-Kafka-pw"
 

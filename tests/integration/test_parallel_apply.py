@@ -36,7 +36,7 @@ from tests.fixtures.lake import (
 from tests.fixtures.readers import delta_rows, redis_rows
 from tests.harness import cdc, source_rows, sql
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 TABLES = [f"public.p{i}" for i in range(5)]
 

@@ -117,7 +117,6 @@ def own_pg():
         yield server
 
 
-@pytest.mark.slow
 def test_server_restart_during_cdc_run(own_pg: LocalPostgres, tmp_path: Path, spark) -> None:
     """The source server restarts while `cdc run` streams and applies: the stream reconnects by
     itself, `cdc run` keeps going, and afterwards the log and the Delta follower equal the source
@@ -559,7 +558,6 @@ def test_validate_prints_publication_statements_that_work(
 
 
 # ---- issue 11 item 5: the Quick tour's eval of `cdc dev up` ------------------------------------------------
-@pytest.mark.slow
 def test_quick_tour_eval_of_dev_up_exports_pg_dsn(tmp_path: Path) -> None:
     """README Quick tour, in bash as written: after `eval "$(cdc dev up postgres)"` the pipeline
     file's ${PG_DSN} is set for `cdc validate` (a child process), which connects and passes."""
@@ -648,7 +646,6 @@ def assert_quiet_when_stdout_closes(file: Path) -> None:
 
 
 # ---- issue 22 item 10: `cdc stream` says when the Kafka broker is away ------------------------------------------
-@pytest.mark.slow
 def test_stream_says_when_the_kafka_broker_is_unreachable(
     pg_db: str, tmp_path: Path, own_kafka, spark
 ) -> None:

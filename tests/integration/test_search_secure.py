@@ -65,7 +65,6 @@ def independent_docs(node: SecureOpenSearch, index: str) -> dict[str, dict]:
         client.close()
 
 
-@pytest.mark.slow  # a node JVM of its own
 def test_tls_basic_auth_and_client_certificate(
     pg_db: str, spark, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

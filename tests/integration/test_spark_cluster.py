@@ -47,7 +47,7 @@ from tests.fixtures.workload import make_table
 from tests.harness import REPO, cdc, cdc_popen, source_rows, sql, write_pipeline
 
 # Each application starts a driver and two executor JVMs: minutes on a loaded 2-core machine.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 WITH_SECRET = {"SPARK_SECRET": SECRET}
 

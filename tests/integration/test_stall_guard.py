@@ -20,7 +20,7 @@ import pytest
 from tests.fixtures.lake import FAST_JVM, apply_ok, descendants, make_pipe, snapshot, stream, verified
 from tests.harness import cdc_popen, sql
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 
 def alive(pid: int) -> bool:

@@ -37,7 +37,7 @@ from tests.fixtures.readers import delta_rows, redis_rows, tantivy_docs
 from tests.fixtures.views import assert_view_is_source, pg_view
 from tests.harness import sql, verify
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the view followers' one end-to-end scenario
+pytestmark = [pytest.mark.integration]  # the view followers' one end-to-end scenario
 
 SETUP = (
     "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, email text)",
