@@ -8,7 +8,7 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/python -m pytest -m "not slow"
-# Long campaigns (crash rounds, randomized view rounds, load tests): run before resolving an issue
+# Long campaigns (crash rounds, load tests): run before resolving an issue
 # whose code they exercise; not part of CI's time budget.
 test-slow: setup
 	.venv/bin/python -m pytest -m slow

@@ -37,7 +37,7 @@ from tests.fixtures.workload import BIG_TEXT
 from tests.harness import sql
 
 # the suite's one end-to-end view stage scenario: 6 stage runs, past the default 900 s on a loaded machine
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 SEED = 20_05
 # The suite runs 3 random cuts beside the scripted and the crashed one (CI has a time budget); the
