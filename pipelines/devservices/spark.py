@@ -87,6 +87,15 @@ class SparkDaemon(OwnedServerProcess):
         return self.main_class in cmdline and str(self.conf_dir) in cmdline
 
 
+def alive_workers(state: object) -> list[dict]:
+    """The ALIVE workers in the master's JSON; ValueError when the answer is not that JSON's shape
+    (a master whose web UI is half-started)."""
+    workers = state.get("workers") if isinstance(state, dict) else None
+    if not isinstance(workers, list) or not all(isinstance(w, dict) for w in workers):
+        raise ValueError(f"the master's /json/ answer has no list of workers yet: {str(state)[:80]!r}")
+    return [w for w in workers if w.get("state") == "ALIVE"]
+
+
 @dataclass
 class LocalSparkCluster:
     """A master and WORKERS workers of `cores` cores and `memory` each; `secret`: authenticated,
@@ -215,12 +224,14 @@ class LocalSparkCluster:
                         "read the log above; a port in use or too little memory are the usual causes",
                     )
             try:
-                alive = [w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
+                alive = alive_workers(self.state())
                 if len(alive) >= len(self.workers):
                     return
                 last = f"{len(alive)} of {len(self.workers)} workers registered"
-            except OSError as exc:
-                last = str(exc)
+            except (OSError, ValueError) as exc:
+                # not listening yet (OSError), or a web UI still starting: an empty, HTML or cut-off
+                # answer (JSONDecodeError is a ValueError) or JSON of another shape; all mean "not yet"
+                last = f"{type(exc).__name__}: {exc}"
             time.sleep(0.5)
         raise ServiceError(
             f"the Spark cluster was not ready within {self.start_timeout:.0f}s ({last}); see {self.base_dir}\n{self.log_tail()}",
