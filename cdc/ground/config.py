@@ -2,7 +2,8 @@
 
 Strict on purpose: unknown keys, wrong types and missing required keys are errors naming
 the file, the key path and what was expected. `${VAR}` and `${VAR:-default}` in string
-values are taken from the environment (`$$` is a literal `$`). Relative paths are relative
+values are taken from the environment (`$$` is a literal `$`), or from the file `$VAR_FILE` names
+(a mounted secret, trailing newline stripped). Relative paths are relative
 to the directory holding the pipeline file.
 """
 
@@ -809,16 +810,41 @@ def interpolate(value: Any, where: str = "") -> Any:
         if match.group(0) == "$$":
             return "$"
         var, default = match.group(1), match.group(2)
+        from_file = secret_file(var, where)
+        if from_file is not None:
+            return from_file
         if var in os.environ:
             return os.environ[var]
         if default is not None:
             return default
         raise PipelineFileError(
             f"{where}: environment variable {var} is not set",
-            f"export {var}=... or write ${{{var}:-default}} in the pipeline file",
+            f"export {var}=..., or {var}_FILE=<a file holding the value>, or write ${{{var}:-default}} in the pipeline file",
         )
 
     return _VAR.sub(sub, value)
+
+
+def secret_file(var: str, where: str) -> str | None:
+    """${VAR} from the file $VAR_FILE names (a secret as container orchestrators mount it), its
+    trailing newline stripped; None when VAR_FILE is not set. Setting both is ambiguous: an error."""
+    path = os.environ.get(f"{var}_FILE")
+    if path is None:
+        return None
+    if var in os.environ:
+        raise PipelineFileError(
+            f"{where}: both {var} and {var}_FILE are set (the value would be ambiguous)",
+            f"unset one of them: {var} holds the value itself, {var}_FILE the path of a file holding it",
+        )
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise PipelineFileError(
+            f"{where}: ${{{var}}} is read from {var}_FILE={path}, which cannot be read ({why})",
+            f"put the secret in that file, readable by this user (mode 0600 or 0400), or point {var}_FILE at the file holding it",
+        ) from None
+    return text.rstrip("\r\n")  # `echo pw > file` and editors add a newline the secret does not have
 
 
 def _models_in(tp: Any) -> list[Any]:
