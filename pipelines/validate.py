@@ -85,6 +85,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                 error = refused(exc, pipeline.publication)
                 report.problems.append(Problem(error.problem, error.fix or ""))
         schemas = captured_schemas(conn, report) if pipeline.views else {}
+        keep = wal_keep_limit(conn)
     finally:
         conn.close()
     info = report.server
@@ -94,6 +95,8 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     say(
         f"{OK} replication slots {info.used_slots}/{info.max_replication_slots} used, WAL senders {info.used_wal_senders}/{info.max_wal_senders}"
     )
+    if keep is not None:
+        say(slot_safety_line(keep, pipeline.slot, pipeline.command("snapshot")))
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         mark = OK if t.key_columns and t.can_select else BAD
@@ -130,6 +133,36 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
     say("all checks passed; nothing was changed")
     return int(ExitCode.OK)
+
+
+# What to set when the source keeps WAL for slots without a limit; a size the WAL disk can spare.
+SUGGESTED_WAL_KEEP = "10GB"
+
+
+def wal_keep_limit(conn) -> str | None:
+    """The source's max_slot_wal_keep_size as SHOW prints it ('-1': no limit); None before PG 13."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('max_slot_wal_keep_size', true)")
+        row = cur.fetchone()
+    return row[0] if row and row[0] else None
+
+
+def slot_safety_line(keep: str, slot: str, snapshot_cmd: str) -> str:
+    """The README's safety net (Operations: Slots and WAL retention): a warning, not a failure, when
+    a stopped pipeline's slot may keep WAL until the source's disk is full."""
+    if keep != "-1":
+        return (
+            f"{OK} max_slot_wal_keep_size = {keep}: a slot that falls more than that behind is invalidated "
+            f"(then `{snapshot_cmd}` copies every table again) instead of filling the source's disk"
+        )
+    return (
+        f"{WARN} max_slot_wal_keep_size = -1 (no limit): while the pipeline is stopped or behind, slot {slot} keeps "
+        "every WAL segment it has not acknowledged, until the source's disk is full (an outage of the source)\n"
+        f"       fix: set a limit the WAL disk can spare, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = "
+        f"'{SUGGESTED_WAL_KEEP}'; SELECT pg_reload_conf(); (a managed service: its parameter settings). A slot "
+        "that falls more than that behind is then invalidated (wal_status lost) instead: the changes since are "
+        f"gone from the source, and the pipeline needs a new snapshot (drop the slot, then `{snapshot_cmd}`)"
+    )
 
 
 def captured_schemas(conn, report) -> dict:
