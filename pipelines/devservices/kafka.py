@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cdc.ground.errors import ServiceError
 from pipelines.devservices.base import LOOPBACK, OwnedServerProcess, free_port, port_open, run
@@ -109,6 +110,15 @@ class LocalKafka(OwnedServerProcess):
 
     def env(self) -> dict[str, str]:
         return {"KAFKA_BOOTSTRAP": self.bootstrap}
+
+    @property
+    def admin_bootstrap(self) -> str:
+        """Where this tool's own admin client (readiness check) connects."""
+        return self.bootstrap
+
+    def admin_security(self) -> dict[str, Any]:
+        """kafka-python security settings of that admin client (none: a PLAINTEXT listener)."""
+        return {}
 
     def start(self) -> dict[str, str]:
         if self.running():
@@ -240,17 +250,18 @@ class LocalKafka(OwnedServerProcess):
                     f"Kafka exited with code {self._proc.returncode} while starting (see {self.log_file})\n{self.log_tail()}",
                     "read the log above; a port in use or a data dir from another cluster are the usual causes",
                 )
-            if not port_open(self.port):
+            if not port_open(int(self.admin_bootstrap.rpartition(":")[2])):
                 time.sleep(0.2)
                 continue
             left_ms = max(1000, int((deadline - time.monotonic()) * 1000))
             try:
                 with _quiet_kafka_python():
                     client = KafkaAdminClient(
-                        bootstrap_servers=[self.bootstrap],
+                        bootstrap_servers=[self.admin_bootstrap],
                         client_id="cdc-dev-ready",
                         request_timeout_ms=min(5000, left_ms),
                         bootstrap_timeout_ms=min(5000, left_ms),
+                        **self.admin_security(),
                     )
                     try:
                         client.list_topics()
