@@ -449,6 +449,31 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
     remove_table(load(pipeline), table, say)
 
 
+@cli.group()
+def ddl() -> None:
+    """DDL capture: the event trigger that writes each schema change of a captured table into the WAL."""
+
+
+@ddl.command("install")
+@PIPELINE
+@handle_errors
+def ddl_install(pipeline: Path) -> None:
+    """Install the event trigger (needs a superuser DSN); schema changes then reach the log at their commit."""
+    from pipelines.ddl import run_install
+
+    run_install(load(pipeline), say)
+
+
+@ddl.command("remove")
+@PIPELINE
+@handle_errors
+def ddl_remove(pipeline: Path) -> None:
+    """Remove the event trigger; schema changes then reach the log with each table's next change."""
+    from pipelines.ddl import run_remove
+
+    run_remove(load(pipeline), say)
+
+
 @cli.command()
 @PIPELINE
 @click.option("--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source")
@@ -500,15 +525,21 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1), help="rows to print at most")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per row")
 @click.option("--cuts", "list_only", is_flag=True, help="list the recorded cuts (id, LSN, time, table versions) instead")
+@click.option("--engine", type=click.Choice(["auto", "datafusion", "spark"]), default="auto", show_default=True, help="datafusion: no JVM; spark: Spark SQL; auto: DataFusion, and Spark for a query DataFusion cannot run")
 @handle_errors
-def sql(pipeline: Path, query: str | None, sink_name: str | None, cut: int | None, limit: int, as_json: bool, list_only: bool) -> int:
-    """Spark SQL over a Delta follower, every table as of the same cut (views named like the tables)."""
+def sql(pipeline: Path, query: str | None, sink_name: str | None, cut: int | None, limit: int, as_json: bool, list_only: bool, engine: str) -> int:
+    """SQL over a Delta follower, every table as of the same cut (tables named as in the source)."""
     from pipelines.lakesql import delta_sink, run_sql
-    from pipelines.spark import spark_session
 
     p = load(pipeline)
-    delta_sink(p, sink_name)  # unknown or non-delta sink: exit 2 before Spark starts
-    return run_sql(p, spark_session(p), query, sink_name, cut, limit, as_json, list_only, say, err)
+    delta_sink(p, sink_name)  # unknown or non-delta sink: exit 2 before any engine starts
+
+    def spark():  # started only when Spark runs the query
+        from pipelines.spark import spark_session
+
+        return spark_session(p)
+
+    return run_sql(p, spark, query, sink_name, cut, limit, as_json, list_only, say, err, engine)
 
 
 @cli.command()

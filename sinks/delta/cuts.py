@@ -20,7 +20,8 @@ the same cut. The latest row is the latest complete cut. A table the follower cl
 starts its Delta versions over, so the rows naming it are deleted (`forget_table`): no cut before
 the rebuild can be read any more.
 
-Spark readers: `read_at_cut`, `views_at_cut`; readers without a JVM: `read_at_cut_arrow`.
+Spark readers: `read_at_cut`, `views_at_cut`; readers without a JVM: `read_at_cut_arrow`,
+`tables_at_cut_arrow`, `list_cuts_arrow` (and `cdc sql`, pipelines/lakesql_df.py).
 """
 
 from __future__ import annotations
@@ -213,8 +214,7 @@ def views_at_cut(
 
 
 # ---- reading without Spark (delta-rs) --------------------------------------------------------------
-def cut_record_arrow(base: str | Path, cut: int | None = None) -> CutRecord:
-    """`cut_record` read with delta-rs (the `deltalake` package), no JVM."""
+def _rows_arrow(base: str | Path) -> list[dict[str, Any]]:
     from deltalake import DeltaTable
 
     path = cuts_path(base)
@@ -227,7 +227,18 @@ def cut_record_arrow(base: str | Path, cut: int | None = None) -> CutRecord:
     for r in rows:  # delta-rs gives maps as lists of (key, value)
         r["versions"] = dict(r["versions"])
         r["paths"] = dict(r.get("paths") or {})
-    return _pick(rows, base, cut)
+    return rows
+
+
+def cut_record_arrow(base: str | Path, cut: int | None = None) -> CutRecord:
+    """`cut_record` read with delta-rs (the `deltalake` package), no JVM."""
+    return _pick(_rows_arrow(base), base, cut)
+
+
+def list_cuts_arrow(base: str | Path) -> list[CutRecord]:
+    """`list_cuts` read with delta-rs, no JVM: every recorded cut, newest first."""
+    cuts = [_record(r) for r in _rows_arrow(base)]
+    return sorted(cuts, key=lambda c: (c.applied_at, c.cut_id), reverse=True)
 
 
 def read_at_cut_arrow(base: str | Path, table: str | TableName, cut: int | None = None) -> pyarrow.Table:

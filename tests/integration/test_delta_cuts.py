@@ -138,7 +138,7 @@ def test_readers_pinned_at_a_cut_see_whole_transactions(
     result = runner.invoke(cli, ["sql", str(pipe.file), "--cuts"])
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2, result.output
     result = runner.invoke(cli, ["sql", str(pipe.file), "SELECT * FROM nosuch"])
-    assert result.exit_code == 2 and "error: Spark SQL refused the query" in result.stderr, result.output
+    assert result.exit_code == 2 and "error: DataFusion refused the query" in result.stderr, result.output
     result = runner.invoke(cli, ["sql", str(pipe.file), "--cut", "999", "SELECT 1"])
     assert result.exit_code == 2 and "cut 999 is not recorded" in result.stderr, result.output
 

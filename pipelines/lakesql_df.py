@@ -1,0 +1,65 @@
+"""`cdc sql` without a JVM: DataFusion (delta-rs's `QueryBuilder`, the `deltalake` package) over
+every follower table at its Delta version of one recorded cut (sinks/delta/cuts.py).
+
+DataFusion's SQL is PostgreSQL-like: unquoted names fold to lower case, "double quotes" keep case
+and spaces, `1/2` is integer division. Its reader also follows Delta column mapping (delta-rs's
+Arrow reader does not: issue 33 item 2), so a renamed column reads right here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipelines.lakenames import datafusion_names, quoted, schemas_of
+from sinks.delta.cuts import CutRecord, table_dir
+
+
+class DataFusionRefused(Exception):
+    """DataFusion could not open a table or plan/run the query; `missing_table`: the query names a
+    table the follower does not have (Spark would not find it either)."""
+
+    def __init__(self, message: str, missing_table: bool = False):
+        super().__init__(message)
+        self.missing_table = missing_table
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:500]
+
+
+def query_at_cut(
+    base: str | Path, record: CutRecord, query: str, limit: int
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(column names, at most `limit` rows as Python values) of `query` over the cut's tables."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    qb = QueryBuilder({"datafusion.execution.target_partitions": "2"})  # small reads, a shared machine
+    try:
+        for schema in schemas_of(record.versions):
+            if schema != "public":  # DataFusion's default schema exists already
+                qb.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+        names: Mapping[str, list[str]] = datafusion_names(record.versions)
+        for table, version in sorted(record.versions.items()):
+            dt = DeltaTable(table_dir(base, record, table), version=version)
+            for name in names[table]:
+                qb.register(name, dt)
+    except Exception as exc:  # deltalake raises its own errors: a table feature it cannot read
+        raise DataFusionRefused(f"delta-rs cannot open the tables: {_first_line(exc)}") from None
+    try:
+        reader = pa.RecordBatchReader.from_stream(qb.execute(query))
+        columns = list(reader.schema.names)
+        rows: list[tuple[Any, ...]] = []
+        for batch in reader:  # stop reading once `limit` rows are here
+            # by position, not to_pylist()'s dicts: two output columns may share a name
+            rows.extend(zip(*(c.to_pylist() for c in batch.columns), strict=True))
+            if len(rows) >= limit:
+                return columns, rows[:limit]
+        return columns, rows
+    except Exception as exc:  # planning and execution errors alike
+        message = _first_line(exc)
+        missing = "table '" in message and "' not found" in message
+        raise DataFusionRefused(message, missing_table=missing) from None
