@@ -42,7 +42,11 @@ def report() -> dict[str, Any]:
         try:
             components[name] = check()
         except Exception as exc:  # a broken check must not take the endpoint down: it is not ready
-            components[name] = {"live": True, "ready": False, "reason": f"health check failed: {type(exc).__name__}"}
+            components[name] = {
+                "live": True,
+                "ready": False,
+                "reason": f"health check failed: {type(exc).__name__}",
+            }
     live = all(c.get("live", False) for c in components.values())
     ready = live and all(c.get("ready", False) for c in components.values())
     return {"live": live, "ready": ready, "components": components}
