@@ -32,6 +32,7 @@ import psycopg2
 from psycopg2 import sql
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
+from cdc import health
 from cdc.filters import publication_drift, refused
 from cdc.ground.errors import CdcError, LogError, SourceError
 from cdc.ground.lsn import format_lsn
@@ -61,6 +62,9 @@ _BEGIN = struct.Struct(">QqI")
 _COMMIT = struct.Struct(">BQQq")
 _RELID = struct.Struct(">I")
 _FLUSH_ROWS = 5000  # rows buffered per table before they go to the (still open) log batch
+# /healthz: the read loop moves at least every second while idle, per batch while busy; a loop
+# still for this long is hung (a slow Kafka commit or a catalog query stays well below it)
+STREAM_LIVE_S = 120.0
 
 
 @dataclass
@@ -160,6 +164,9 @@ class StreamReader:
         self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say, pipeline.command)
         self._filter_drift: dict[TableName, str] = {}
         self._acked = 0
+        self._beat = health.Heartbeat(STREAM_LIVE_S)  # /healthz and /readyz (cdc/health.py)
+        self._connected = False
+        self._why = "starting: connecting to the source"
         self._limit = 0
         self._limit_checked = 0.0
         self._durable_counts = (0, 0)  # (events, transactions) durable in the log, for reconnects
@@ -292,6 +299,7 @@ class StreamReader:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old_handlers[sig] = signal.signal(sig, self.request_stop)
         self._rconn = None
+        health.register("stream", self._health)
         try:
             cur = self._start_replication()
             while True:
@@ -316,7 +324,26 @@ class StreamReader:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             self._close_connections()
+            health.unregister("stream")
         return self.stats
+
+    def _health(self) -> dict:
+        """This stream's part of /healthz and /readyz (cdc/health.py)."""
+        age, live = self._beat.age(), self._beat.alive()
+        if not live:
+            reason = f"the read loop has not moved for {age:.0f}s (more than {self._beat.within_s:g}s): hung"
+        elif not self._connected:
+            reason = self._why
+        else:
+            reason = f"streaming from slot {self.pipeline.slot}"
+        return {
+            "live": live,
+            "ready": live and self._connected,
+            "reason": reason,
+            "connected": self._connected,
+            "last_progress_s": round(age, 1),
+            "durable_lsn": format_lsn(self.stats.flushed_lsn or 0),
+        }
 
     # ---- connections and reconnecting ---------------------------------------------------------------
     def _skip_upto(self) -> int:
@@ -340,6 +367,8 @@ class StreamReader:
             },
             status_interval=self.cfg.status_interval_s,
         )
+        self._connected = True
+        self._beat.beat()
         return cur
 
     def _close_connections(self) -> None:
@@ -367,6 +396,7 @@ class StreamReader:
         Returns the new replication cursor, or None when a stop was requested meanwhile."""
         limit = self.cfg.reconnect_timeout_s
         lost = _one_line(exc)
+        self._connected, self._why = False, f"reconnecting to the source (lost: {lost})"
         count_error(self.pipeline.name, "stream", "source_disconnected")
         self.log.rollback()
         # the dropped batch's transactions come again: count them once
@@ -441,6 +471,7 @@ class StreamReader:
     def _pause(self, seconds: float) -> None:
         """tenacity's sleep, cut short by Ctrl-C/SIGTERM."""
         deadline = time.monotonic() + seconds
+        self._beat.beat()  # alive while it waits to reconnect (not ready: _connected is False)
         while not self._stop:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -459,6 +490,7 @@ class StreamReader:
         buffers: dict[int, list[ChangeRow]] = {}
         max_events, max_seconds = self.cfg.batch_max_events, self.cfg.batch_max_seconds
         target = stats.target_lsn
+        beat = self._beat.beat
 
         in_txn = skip = False
         commit_lsn = xid = ts = seq = 0
@@ -488,6 +520,7 @@ class StreamReader:
             stats.batches += 1
             events, txns = self._durable_counts
             self.metrics.committed(stats.events - events, stats.transactions - txns, flushed)
+            beat()
             self._durable_counts = (stats.events, stats.transactions)  # what a reconnect keeps
             batch_events = 0
             last_txn = None
@@ -515,6 +548,7 @@ class StreamReader:
                         cut_lsn, last_cut_time = flushed, now
                     self._ack(cur, flushed)
                     self.metrics.progress(flushed)  # idle but healthy: the position is confirmed
+                    beat()
                     self._watch.poll(self._conn, flushed)
                     if self._rewrites.suspects:
                         self._rewrites.due(flushed)
@@ -562,6 +596,7 @@ class StreamReader:
                 if len(rows) >= _FLUSH_ROWS:
                     log.append(rel.table_id, rows)
                     buffers[rel.table_id] = []
+                    beat()  # a huge transaction is progress too
                 batch_events += 1
             elif kind == 85 or kind == 68:  # 'U' update, 'D' delete
                 if skip:
@@ -577,6 +612,7 @@ class StreamReader:
                 if len(rows) >= _FLUSH_ROWS:
                     log.append(rel.table_id, rows)
                     buffers[rel.table_id] = []
+                    beat()  # a huge transaction is progress too
             elif kind == 66:  # 'B' begin
                 commit_lsn, ts, xid = unpack_begin(p, 1)
                 ts += PG_EPOCH_US
