@@ -42,16 +42,26 @@ def _run(
     child_port: int | None,
     report: Callable[[str, str, int], None],
 ) -> int:
+    from cdc import health
     from pipelines import logformat
     from snapshot.runner import run_snapshot
 
-    result = run_snapshot(pipeline, say=say, progress=not logformat.is_json())  # no bar between JSON lines
+    # /readyz (pipelines/endpoint.py): not ready until the stream runs
+    health.register("snapshot", lambda: {"live": True, "ready": False, "reason": "taking the snapshot"})
+    try:
+        result = run_snapshot(pipeline, say=say, progress=not logformat.is_json())  # no bar between JSON lines
+    finally:
+        health.unregister("snapshot")
     if not result.skipped:
         say(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
     command = [sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)]
     if child_port is not None:
         command += ["--metrics-port", str(child_port), "--metrics-child"]
     child = subprocess.Popen(command, env=logformat.child_env())
+    if child_port is not None:  # the stream's health, read from the child's private endpoint
+        from pipelines.endpoint import child_check
+
+        health.register("stream", child_check(child_port))
     say(f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)")
     # Caught from here on: a SIGTERM while Spark starts (tens of seconds) used to kill this
     # process at once and leave the stream child running, holding the slot.
@@ -78,6 +88,7 @@ def _run(
         raise
     finally:
         code = _stop(child)
+        health.unregister("stream")
         for s, h in old.items():
             signal.signal(s, h)
     if code not in (0, -signal.SIGTERM, -signal.SIGINT):

@@ -59,6 +59,11 @@ class StallGuard:
             with self._lock:
                 self._depth -= 1
 
+    def still_s(self) -> float:
+        """Seconds since the watched apply last moved (0 when no cut is being applied): /healthz."""
+        with self._lock:
+            return time.monotonic() - self._moved if self._depth else 0.0
+
     def _progress(self) -> tuple:
         """What moves while a cut is applied; a broken JVM (the probe raises) moves nothing."""
         mark: tuple = (stages.steps(),)
