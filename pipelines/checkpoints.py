@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.ground.errors import LogError
+from cdc.ground.formats import STATE, VERSION, check_version
 from cdc.ground.private import private_dir, private_open
 
 
@@ -71,6 +72,11 @@ def save_checkpoint(state_path: Path, checkpoint: Checkpoint) -> None:
     write_record(directory, directory / checkpoint.path_name, asdict(checkpoint))
 
 
+# Every state record carries the state format it was written in and the release that wrote it
+# (cdc/ground/formats.py).
+STATE_KEY, WRITER_KEY = "format", "cdc_version"
+
+
 def read_record(path: Path, field: str, owner: str) -> dict | None:
     """A state file's JSON object (None: there is none); ValueError when it is not `owner`'s record
     (its `field` says whose it is), OSError/ValueError when it cannot be read."""
@@ -79,6 +85,8 @@ def read_record(path: Path, field: str, owner: str) -> dict | None:
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or data.get(field) != owner:
         raise ValueError(f"not the record of {owner}")
+    # FormatTooNew when a newer cdc wrote it
+    check_version(STATE, data.pop(STATE_KEY, None), f"state file {path}", data.pop(WRITER_KEY, None))
     return data
 
 
@@ -88,7 +96,7 @@ def write_record(directory: Path, final: Path, data: dict) -> None:
     private_dir(directory)
     tmp = final.with_suffix(".tmp")
     with private_open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
+        json.dump({STATE_KEY: STATE.version, WRITER_KEY: VERSION, **data}, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from cdc.ground.errors import CdcError, ExitCode
+from cdc.ground.formats import VERSION, version_line
 from cdc.ground.secrets import redact
 from pipelines import logformat
 
@@ -139,23 +140,28 @@ def _quiet_exit_on_closed_stdout() -> None:
     sys.exit(128 + 13)
 
 
-def load(path: Path, check_state_dir: bool = True):
+def load(path: Path, check_state_dir: bool = True, upgrade: bool = True):
     from cdc.ground.config import load_pipeline
 
     pipeline = load_pipeline(path)
     logformat.set_pipeline(pipeline.name)
     if check_state_dir:  # every verb stops here (exit 2) rather than failing later with an OSError
         pipeline.check_state_dir()
+        if upgrade:  # README "Upgrading": an older state is stamped in place, a newer one refused (exit 5)
+            from pipelines.upgrade import upgrade_state
+
+            upgrade_state(pipeline, err)
     return pipeline
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="pgcdc", prog_name="cdc")
+@click.version_option(VERSION, prog_name="cdc", message=version_line())
 def cli() -> None:
     """Change-data-capture from PostgreSQL into a compacted log, applied by Spark to followers.
 
     Exit codes: 0 ok, 1 follower differs from source (verify), 2 bad usage or pipeline file,
-    3 source not usable (wal_level, rights, slots, keys...), 4 runtime failure, 130 interrupted
+    3 source not usable (wal_level, rights, slots, keys...), 4 runtime failure, 5 data on disk
+    written by a newer cdc in a format this one cannot read (`cdc --version`), 130 interrupted
     (a continuous command stopped by Ctrl-C/SIGTERM exits 0), 141 the reader of the output went away.
     """
 
@@ -491,6 +497,24 @@ def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
             raise UsageError(f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes")
         click.confirm(f"delete {what}?", abort=True)
     run_teardown(p, drop_slot, say)
+
+
+@cli.command()
+@PIPELINE
+@click.option("--rollback", is_flag=True, help="write the state back in the formats cdc 0.1.0 reads (before going back to it)")
+@handle_errors
+def upgrade(pipeline: Path, rollback: bool) -> None:
+    """Bring the pipeline's state_dir to this release's formats and show them (every verb does the
+    upgrade by itself at start; a state from a newer cdc is refused with exit 5). README "Upgrading"."""
+    from pipelines.upgrade import describe, rollback_state, upgrade_state
+
+    p = load(pipeline, upgrade=False)
+    if rollback:
+        rollback_state(p, say)
+        return
+    if not upgrade_state(p, say):
+        say(f"{p.state_path}: nothing to upgrade")
+    describe(p, say)
 
 
 @cli.command()

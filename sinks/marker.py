@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from cdc.ground.formats import MARKER, VERSION, check_version
+
 
 @dataclass(frozen=True)
 class Marker:
@@ -27,7 +29,8 @@ class Marker:
     cut_id: int
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        # `format`: the marker format (cdc/ground/formats.py); cdc 0.1.0 wrote none and ignores it
+        return json.dumps({"format": MARKER.version, "cdc_version": VERSION, **asdict(self)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes | None) -> Marker | None:
@@ -36,8 +39,14 @@ class Marker:
             return None
         try:
             data = json.loads(text)
+        except ValueError:
+            return None
+        if isinstance(data, dict):  # a newer cdc's marker is refused (FormatTooNew), not taken as lost
+            where = f"the follower marker of pipeline {data.get('pipeline')} sink {data.get('sink')}"
+            check_version(MARKER, data.get("format"), where, data.get("cdc_version"))
+        try:
             return cls(**{k: data[k] for k in ("pipeline", "sink", "log_id", "base", "end", "cut_id")})
-        except (ValueError, TypeError, KeyError):
+        except (TypeError, KeyError):
             return None
 
 

@@ -15,6 +15,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command line or bad pipeline file
     SOURCE = 3  # the source database cannot be used as configured
     RUNTIME = 4  # anything else that went wrong while working
+    FORMAT = 5  # data on disk written by a newer cdc, in a format this one cannot read (cdc/ground/formats.py)
     INTERRUPTED = 130
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import orjson
 
 from cdc.ground.errors import LogError
+from cdc.ground.formats import LOCAL_LOG, VERSION, check_version
 from cdc.ground.private import private_dir, private_file
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
@@ -40,7 +41,7 @@ from cdc.log.base import ChangeRow, Cut, LogReader, LogRecord, LogWriter, TableR
 from cdc.log.history import position_in
 from cdc.pgoutput import UNCHANGED, decode_tuple
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = str(LOCAL_LOG.version)  # meta `format` (cdc/ground/formats.py)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -228,11 +229,14 @@ class LocalLog(LogWriter, LogReader):
         self.readonly = readonly
         self._command = command  # builds the commands of fix: lines (cdc/ground/remedy.py)
         self.db = open_db(self.path, synchronous, readonly, command)
+        self._check_format()
         if not readonly:
             self.db.executescript(_DDL)
             _add_table_columns(self.db)
             if self._meta("format") is None:
                 self._set_meta("format", FORMAT_VERSION)
+            if self._meta("cdc_version") != VERSION:  # the last release that wrote to it
+                self._set_meta("cdc_version", VERSION)
             if self._meta("log_id") is None:
                 self._set_meta("log_id", uuid.uuid4().hex[:12])
         self._in_batch = False
@@ -246,6 +250,15 @@ class LocalLog(LogWriter, LogReader):
         self.db.close()
 
     # ---- meta ------------------------------------------------------------------------------------
+    def _check_format(self) -> None:
+        """FormatTooNew (exit 5) when a newer cdc wrote this log in a format this one cannot read."""
+        try:
+            found = self._meta("format")
+            writer = self._meta("cdc_version")
+        except sqlite3.OperationalError:  # a new, empty database: no meta table yet
+            return
+        check_version(LOCAL_LOG, found, f"the log at {self.path}", writer)
+
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
         return row[0] if row else None

@@ -31,6 +31,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from cdc.envelope import speedups
 from cdc.ground.errors import LogError
+from cdc.ground.formats import KAFKA, VERSION
 from cdc.ground.private import private_open
 from cdc.ground.tables import TableName
 from cdc.log.kafka import client as kc
@@ -223,6 +224,7 @@ class Publisher:
                 "dropped_lsn": st.dropped_lsn if st else None,
             }
         value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
+        value |= {"format": KAFKA.version, "cdc_version": VERSION}  # the topics' format (cdc/ground/formats.py)
         self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), NO_HEADERS)])
 
     # ---- continuous --------------------------------------------------------------------------------

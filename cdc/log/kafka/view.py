@@ -10,6 +10,7 @@ import orjson
 from kafka import TopicPartition
 
 from cdc.ground.errors import LogError
+from cdc.ground.formats import KAFKA, check_version
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.kafka import client as kc
@@ -73,15 +74,22 @@ class KafkaLogView:
             return None
         records = read_topic(self.consumer, topic, end - 1)
         body = orjson.loads(records[-1].value)
+        self._check_format(body)
         self._cut_body = body
         tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
         return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
+
+    def _check_format(self, body: dict) -> None:
+        """FormatTooNew (exit 5) for a cut record a newer cdc wrote (0.1.0's carry no `format`)."""
+        where = f"the Kafka log {cuts_topic(self.prefix)}"
+        check_version(KAFKA, body.get("format"), where, body.get("cdc_version"))
 
     def cut(self, cut_id: int) -> Cut | None:
         """An earlier cut by id, read from the cuts topic (None when it is not there)."""
         for record in reversed(read_topic(self.consumer, cuts_topic(self.prefix))):
             body = orjson.loads(record.value)
             if body["cut_id"] == cut_id:
+                self._check_format(body)
                 tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
                 return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
         return None
