@@ -34,7 +34,8 @@ def unregister(component: str) -> None:
 
 
 def report() -> dict[str, Any]:
-    """{"live", "ready", "components": {name: {...}}}: live/ready only if every component is."""
+    """{"live", "ready", "components": {name: {...}}}: live/ready only if every component is (ready
+    also needs one at least)."""
     with _lock:
         checks = dict(_checks)
     components: dict[str, dict[str, Any]] = {}
@@ -48,7 +49,8 @@ def report() -> dict[str, Any]:
                 "reason": f"health check failed: {type(exc).__name__}",
             }
     live = all(c.get("live", False) for c in components.values())
-    ready = live and all(c.get("ready", False) for c in components.values())
+    # nothing registered yet (starting), or a batch verb (cdc snapshot, cdc apply --once): not ready
+    ready = live and bool(components) and all(c.get("ready", False) for c in components.values())
     return {"live": live, "ready": ready, "components": components}
 
 
