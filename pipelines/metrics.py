@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,6 +24,7 @@ from cdc import metrics
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import UsageError
 from cdc.ground.lsn import parse_lsn
+from pipelines import endpoint
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -226,7 +226,8 @@ def serving(
     if child_port is not None:
         collectors.append(ChildCollector(pipeline, child_port))
     try:
-        server, thread = start_http_server(port, addr=host, registry=Merged(collectors))  # type: ignore[arg-type]
+        # /metrics, and /healthz and /readyz for supervisors (pipelines/endpoint.py)
+        server, thread = endpoint.start(host, port, pipeline.name, Merged(collectors))
     except OSError as exc:
         raise UsageError(
             f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",

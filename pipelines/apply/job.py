@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cdc import metrics
+from cdc import health, metrics
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
@@ -29,6 +29,7 @@ from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Cut, TableRange
 from cdc.log.history import FollowedSchema, followed_schema
+from pipelines.apply.health import ApplyHealth
 from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.apply.stall import StallGuard
@@ -516,14 +517,21 @@ class ApplyJob:
         """Apply every `interval` seconds until SIGINT/SIGTERM (or keep_going() turns False)."""
         interval = interval or self.pipeline.spark.trigger_interval_s
         old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        # /healthz and /readyz on the metrics port (pipelines/apply/health.py)
+        watch = ApplyHealth([s.name for s in self._sinks(only)], interval, self.guard)
+        health.register("apply", watch.check)
         try:
             while not self._stop and keep_going():
                 started = time.monotonic()
+                watch.round_started()
                 runs = self.run_once(only)
+                watch.round_ended(runs)
                 self.report([r for r in runs if not r.up_to_date])
                 while not self._stop and keep_going() and time.monotonic() - started < interval:
+                    watch.idle()
                     time.sleep(min(0.2, interval))
         finally:
+            health.unregister("apply")
             for s, h in old.items():
                 signal.signal(s, h)
 
