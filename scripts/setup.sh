@@ -27,6 +27,8 @@ command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)
 # promtool checks docs/monitoring/alerts.yml, and a real Prometheus scrapes `cdc run` in a test
 # (README "Monitoring"; Debian's package: ~19 MB download, both binaries)
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
+# systemd-analyze checks the example units in examples/systemd (a test; systemd itself never runs here)
+command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
