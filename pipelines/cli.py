@@ -483,20 +483,24 @@ def ddl_remove(pipeline: Path) -> None:
 @cli.command()
 @PIPELINE
 @click.option("--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source")
+@click.option("--delete-topics", is_flag=True, help="log: kafka: also delete the pipeline's topics (<prefix>.*); without it they are kept and named")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @handle_errors
-def teardown(pipeline: Path, drop_slot: bool, yes: bool) -> None:
-    """Delete the pipeline's log and checkpoints (followers' data is left alone)."""
+def teardown(pipeline: Path, drop_slot: bool, delete_topics: bool, yes: bool) -> None:
+    """Delete every captured byte of the pipeline under state_dir: the log (or Kafka's staging log)
+    with its snapshot segments, checkpoints, view state and scratch. Followers' data is left alone,
+    and Kafka topics unless --delete-topics; it says what is left and where."""
     from cdc.ground.errors import UsageError
     from pipelines.teardown import run_teardown
 
-    p = load(pipeline)
+    p = load(pipeline, upgrade=False)  # a state_dir of any format can be torn down
     if not yes:
-        what = f"the log and checkpoints under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
+        what = f"the log and everything of the pipeline's under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
+        what += ", and its Kafka topics" if delete_topics else ""
         if not sys.stdin.isatty():  # cron, CI, a pipe: nobody can answer, so nothing is deleted
             raise UsageError(f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes")
         click.confirm(f"delete {what}?", abort=True)
-    run_teardown(p, drop_slot, say)
+    run_teardown(p, drop_slot, say, delete_topics)
 
 
 @cli.command()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 
 from psycopg2 import sql
@@ -11,30 +10,28 @@ from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError
 from cdc.ground.tables import quote_ident
 from cdc.source import _slot, connect, slot_holder
+from pipelines.teardown_data import kafka_topics, left_in_place, remove_captured
 
 
-def run_teardown(pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None]) -> None:
+def run_teardown(
+    pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None], delete_topics: bool = False
+) -> None:
     if drop_slot:
         conn = connect(pipeline.source.postgres.dsn, application_name="cdc teardown")
         try:
             _drop_source_objects(conn, pipeline, say)
         finally:
             conn.close()
-    if pipeline.log_config.local is not None:
-        log_dir = pipeline.local_log_path
-        if (log_dir / "log.db").exists():
-            shutil.rmtree(log_dir)
-            say(f"deleted the log at {log_dir}")
-    checkpoints = pipeline.state_path / "checkpoints"
-    if checkpoints.exists():
-        shutil.rmtree(checkpoints)
-        say(f"deleted follower checkpoints at {checkpoints}")
+    # the log, the kafka staging log, snapshot segments, checkpoints, view state, scratch: every
+    # captured byte under state_dir but a follower's own directory (pipelines/teardown_data.py)
+    remove_captured(pipeline, say)
+    kafka_topics(pipeline, delete_topics, say)
     if not drop_slot:
         say(
             f"kept replication slot {pipeline.slot} and publication {pipeline.publication} on the source: the slot "
             "holds back WAL until it is dropped (`cdc teardown --drop-slot`)"
         )
-    say("followers' data (Delta tables, indexes, caches) was left in place")
+    say(left_in_place(pipeline))
 
 
 def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:

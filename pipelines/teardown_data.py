@@ -1,0 +1,131 @@
+"""What `cdc teardown` removes of the captured data, and what it says is left (README "CLI reference").
+
+Everything under state_dir is the pipeline's own (the log, the kafka staging log and its
+snapshot segments, checkpoints, the view stage's base and outputs, Spark and verify scratch,
+locks) except a follower's data that a sink keeps there (a Delta path or tantivy index under
+state_dir): all the rest goes, so no captured row stays behind. A local log outside state_dir
+(`log.local.path`) goes too. Kafka topics are deleted only when asked (`--delete-topics`), with
+the pipeline's own Kafka security settings; otherwise they are named as left.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from kafka.errors import KafkaError
+
+from cdc.ground.config import Pipeline
+from cdc.ground.errors import LogError, UsageError
+
+
+def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
+    """sink name -> the directory that holds its data on this machine (Delta, tantivy)."""
+    out: dict[str, Path] = {}
+    for sink in pipeline.sinks:
+        settings = sink.settings
+        if sink.kind == "delta":
+            out[sink.name] = pipeline.path(settings.path).resolve()
+        elif sink.kind == "search" and getattr(settings, "engine", "") == "tantivy":
+            out[sink.name] = (pipeline.path(settings.path) if settings.path else pipeline.state_path / "search").resolve()
+    return out
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
+    """Delete the log (and the staging log) and everything of the pipeline's under state_dir,
+    keeping followers' directories; say what went."""
+    state = pipeline.state_path.resolve()
+    log_dir = pipeline.local_log_path.resolve()
+    kind = "log" if pipeline.log_config.local is not None else "staging log (what `cdc stream` publishes to Kafka)"
+    if (log_dir / "log.db").exists() or (log_dir / "segments").exists():
+        shutil.rmtree(log_dir)
+        say(f"deleted the {kind} at {log_dir} (its database and snapshot segment files)")
+    if not state.is_dir():
+        return
+    keep = [p for p in follower_paths(pipeline).values() if _inside(p, state)]
+    removed = _remove_tree(state, keep)
+    if removed:
+        say(f"deleted under {state}: {', '.join(sorted(removed))}")
+    if not keep and state.is_dir() and not any(state.iterdir()):
+        state.rmdir()
+
+
+def _remove_tree(directory: Path, keep: list[Path]) -> list[str]:
+    """Remove every entry of `directory` except the `keep` directories (and the ones holding them)."""
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        path = entry if entry.is_symlink() else entry.resolve()
+        if any(_inside(path, k) for k in keep):
+            continue  # a follower's own data
+        if any(_inside(k, path) for k in keep):
+            removed += [f"{entry.name}/{name}" for name in _remove_tree(entry, keep)]
+            continue
+        is_dir = entry.is_dir() and not entry.is_symlink()
+        if is_dir:
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        removed.append(entry.name + ("/" if is_dir else ""))
+    return removed
+
+
+def kafka_topics(pipeline: Pipeline, delete: bool, say: Callable[[str], None]) -> None:
+    """With `log: kafka`: delete the pipeline's topics (`delete`), or name them as left."""
+    cfg = pipeline.log_config.kafka
+    if cfg is None:
+        if delete:
+            raise UsageError("--delete-topics: this pipeline has no Kafka log (log: local)", "leave --delete-topics out")
+        return
+    prefix = cfg.topic_prefix or pipeline.name
+    if cfg.format == "debezium":
+        if delete:
+            raise UsageError(
+                f"--delete-topics: the topics {prefix}.* are Debezium's (log.kafka.format: debezium), not this pipeline's",
+                "leave --delete-topics out; delete them with Kafka's own tools if Debezium no longer needs them",
+            )
+        say(f"left Debezium's topics {prefix}.* in Kafka (not this pipeline's)")
+        return
+    from cdc.log.kafka.client import admin, connecting
+
+    client = admin(cfg)
+    try:
+        with connecting(cfg):
+            topics = sorted(t for t in client.list_topics() if t.startswith(prefix + "."))
+        if delete and topics:
+            try:
+                client.delete_topics(topics, timeout_ms=30_000)
+            except KafkaError as exc:
+                raise LogError(
+                    f"Kafka refused to delete the topics {', '.join(topics)}: {type(exc).__name__}: {exc}",
+                    f"grant this pipeline's Kafka user DELETE on the topics {prefix}.* (or have an admin delete "
+                    "them), then run the same `cdc teardown --delete-topics` again",
+                ) from None
+    finally:
+        client.close()
+    servers = cfg.bootstrap_servers if isinstance(cfg.bootstrap_servers, str) else ",".join(cfg.bootstrap_servers)
+    if not topics:
+        say(f"no topics {prefix}.* in Kafka at {servers}")
+    elif delete:
+        say(f"deleted {len(topics)} Kafka topic(s) at {servers}: {', '.join(topics)}")
+    else:
+        say(
+            f"left {len(topics)} Kafka topic(s) at {servers}, holding the captured rows: {', '.join(topics)} "
+            "(delete them with `cdc teardown --delete-topics`)"
+        )
+
+
+def left_in_place(pipeline: Pipeline) -> str:
+    """The followers' data teardown never touches, and where it is."""
+    local = follower_paths(pipeline)
+    parts = []
+    for sink in pipeline.sinks:
+        if sink.name in local:
+            parts.append(f"{sink.name} at {local[sink.name]}")
+        else:
+            parts.append(f"{sink.name} ({sink.kind}, in its own server)")
+    return "followers' data was left in place: " + ("; ".join(parts) if parts else "none configured")

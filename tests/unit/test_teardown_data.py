@@ -1,0 +1,39 @@
+"""What `cdc teardown` deletes under state_dir (pipelines/teardown_data.py): everything of the
+pipeline's, except a follower's own directory kept there; a log outside state_dir too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc.ground.config import load_pipeline
+from pipelines.teardown_data import left_in_place, remove_captured
+from tests.harness import write_pipeline
+
+pytestmark = pytest.mark.unit
+
+
+def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
+    sinks = [
+        {"name": "lake", "delta": {"path": "st/lake"}},
+        {"name": "idx", "search": {"engine": "tantivy", "tables": ["public.t"]}},  # default path: <state_dir>/search
+    ]
+    file = write_pipeline(tmp_path, "postgresql://x@127.0.0.1:1/x", ["public.t"], state_dir="st", sinks=sinks, log={"local": {"path": "elsewhere"}})
+    pipeline = load_pipeline(file)
+    state = tmp_path / "st"
+    for rel in ("lake/public/t/part-0.parquet", "search/public/t/seg", "checkpoints/lake.json", "views/base/x", "spark/code.zip", "verify-1/rows", "locks/apply.lake.lock"):
+        (state / rel).parent.mkdir(parents=True, exist_ok=True)
+        (state / rel).write_bytes(b"row")
+    (tmp_path / "elsewhere" / "segments").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "log.db").write_bytes(b"row")
+    said: list[str] = []
+
+    remove_captured(pipeline, said.append)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "test.yml")
+    assert left == ["st/lake/public/t/part-0.parquet", "st/search/public/t/seg"], left
+    assert f"deleted the log at {(tmp_path / 'elsewhere').resolve()}" in said[0], said
+    assert "checkpoints/" in said[1] and "views/" in said[1] and "verify-1/" in said[1], said
+    assert left_in_place(pipeline) == (
+        f"followers' data was left in place: lake at {(state / 'lake').resolve()}; idx at {(state / 'search').resolve()}"
+    )
