@@ -83,16 +83,20 @@ def start(host: str, port: int, pipeline: str, registry: Any) -> tuple[WSGIServe
 def child_check(port: int, started: float | None = None) -> health.Check:
     """`cdc run`: the stream child's component, from its /healthz on 127.0.0.1:port."""
     started = time.monotonic() if started is None else started
+    answered = False  # the grace ends once it has answered: after that, silence means hung or gone
 
     def check() -> dict[str, Any]:
+        nonlocal answered
         url = f"http://127.0.0.1:{port}/healthz"
         try:
-            with urllib.request.urlopen(url, timeout=3) as response:
-                body = json.loads(response.read())
-        except urllib.error.HTTPError as exc:  # 503: its answer is in the body
-            body = json.loads(exc.read())
+            try:
+                with urllib.request.urlopen(url, timeout=3) as response:
+                    body = json.loads(response.read())
+            except urllib.error.HTTPError as exc:  # 503: its answer is in the body
+                body = json.loads(exc.read())
+            answered = True
         except (OSError, ValueError):
-            if time.monotonic() - started < CHILD_START_GRACE_S:
+            if not answered and time.monotonic() - started < CHILD_START_GRACE_S:
                 return {"live": True, "ready": False, "reason": "the stream child is starting"}
             return {
                 "live": False,
