@@ -18,6 +18,7 @@ from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
 from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
+from pipelines.validate_services import check_services
 from snapshot.chunked import watermark_right
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
@@ -126,6 +127,8 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     for p in shape_problems:
         say(f"{BAD} {p.what}\n       fix: {p.fix}")
     engine_problems = check_engines(pipeline, say)
+    # the Kafka log (sign-in, topic rights), OpenSearch sinks and the Spark master (validate_services.py)
+    engine_problems += check_services(pipeline, [t.table for t in report.tables], say)
     if report.problems or dir_problems or engine_problems or shape_problems or view_problems:
         count = len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems) + view_problems
         say(f"{count} problem(s) found; nothing was changed")
