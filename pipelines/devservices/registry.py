@@ -23,10 +23,25 @@ def _postgres(base: Path, version: int | None = None) -> DevService:
     return LocalPostgres(base / "postgres", version=version)
 
 
-def _kafka(base: Path) -> DevService:
+def _kafka(base: Path, secure: bool | None = None) -> DevService:
+    """`secure`: SASL_SSL/mTLS with generated certificates (kafka_secure.py); None: as the
+    directory was started (a secured broker leaves <dir>/kafka/secure.json)."""
     from pipelines.devservices.kafka import LocalKafka
+    from pipelines.devservices.kafka_secure import SecureKafka
 
-    return LocalKafka(base / "kafka")
+    folder = base / "kafka"
+    was_secure = (folder / "secure.json").exists()
+    if secure is None:
+        secure = was_secure
+    elif secure != was_secure and (folder / "data" / "meta.properties").exists():
+        # its data, users and ports belong to the other kind of broker
+        now, then = ("secured", "plain") if secure else ("plain", "secured")
+        raise UsageError(
+            f"{folder} holds a {then} dev Kafka; it cannot be started {now}",
+            f"cdc dev down kafka, then use another --dir (or remove {folder}), or run `cdc dev up kafka"
+            f"{' --secure' if was_secure else ''}`",
+        )
+    return SecureKafka(folder) if secure else LocalKafka(folder)
 
 
 def _redis(base: Path) -> DevService:
@@ -51,6 +66,11 @@ def _debezium(base: Path) -> DevService:
     from pipelines.devservices.kafka import LocalKafka
     from pipelines.devservices.postgres import LocalPostgres
 
+    if (base / "kafka" / "secure.json").exists():
+        raise UsageError(
+            "debezium runs on the plain dev Kafka, but this --dir's Kafka is the secured one",
+            "use another --dir for Debezium: cdc dev up postgres kafka debezium --dir .cdc/dbz",
+        )
     pg = LocalPostgres(base / "postgres")
     dsn = pg.dsn() if pg.password_file.exists() else ""
     tables = [t.strip() for t in os.environ.get("DEBEZIUM_TABLES", "public.*").split(",") if t.strip()]
@@ -91,17 +111,20 @@ def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
 
 def up(base: Path, services: Iterable[str], pg_version: int | None = None, secure: bool = False) -> dict[str, str]:
     """Start the services; `pg_version`: the PostgreSQL major (default: the newest Debian server);
-    `secure`: spark with authentication and encryption, its secret from $SPARK_SECRET."""
+    `secure`: spark with authentication and encryption, its secret from $SPARK_SECRET; kafka with
+    SASL_SSL and mTLS only (its exports name the password file, CA and client certificate)."""
     names = _chosen(services)
     if pg_version is not None and "postgres" not in names:
         raise UsageError(
             "--version chooses the PostgreSQL major, but postgres is not started",
             "add postgres: cdc dev up postgres --version N",
         )
-    if secure and "spark" not in names:
-        raise UsageError("--secure is for spark, but spark is not started", "cdc dev up spark --secure")
-    secret = os.environ.get("SPARK_SECRET", "") if secure else None
-    if secure and not secret:  # from the environment only: never on a command line or in output
+    if secure and not {"spark", "kafka"} & set(names):
+        raise UsageError(
+            "--secure is for kafka and spark, but neither is started", "cdc dev up kafka --secure (or spark --secure)"
+        )
+    secret = os.environ.get("SPARK_SECRET", "") if secure and "spark" in names else None
+    if secure and "spark" in names and not secret:  # from the environment only: never on a command line or in output
         raise UsageError(
             "cdc dev up spark --secure takes the cluster's secret from $SPARK_SECRET, which is not set",
             'export SPARK_SECRET="$(openssl rand -hex 32)" and write spark.secret: ${SPARK_SECRET} in the pipeline file',
@@ -112,6 +135,8 @@ def up(base: Path, services: Iterable[str], pg_version: int | None = None, secur
             svc = _postgres(base.resolve(), pg_version)
         elif name == "spark":
             svc = _spark(base.resolve(), secret)
+        elif name == "kafka":
+            svc = _kafka(base.resolve(), secure)
         else:
             svc = FACTORIES[name](base.resolve())
         env |= svc.start()
@@ -164,6 +189,14 @@ def access_notes(base: Path, services: Iterable[str]) -> list[str]:
             if not (spark / "conf" / "spark-defaults.conf").exists()
             else f"note: spark listens on 127.0.0.1 and takes only applications with its secret (spark.authenticate, "
             f"RPC encryption; kept in {spark / 'conf' / 'spark-defaults.conf'}, mode 0600)"
+        )
+    kafka = base.resolve() / "kafka"
+    if "kafka" in names and (kafka / "secure.json").exists():
+        names = [n for n in names if n != "kafka"]
+        notes.append(
+            "note: kafka listens on 127.0.0.1 with TLS only: SASL_SSL (SCRAM-SHA-512/256, PLAIN) at KAFKA_BOOTSTRAP, "
+            f"mTLS at KAFKA_MTLS_BOOTSTRAP; other users need ACLs (password in {kafka / 'password'}, keys in "
+            f"{kafka / 'certs'}, owner-only)"
         )
     open_ones = [n for n in names if n in OPEN_ON_LOOPBACK]
     if open_ones:

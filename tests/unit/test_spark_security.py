@@ -63,5 +63,5 @@ def test_dev_up_secure_needs_the_secret_in_the_environment(
     assert run.exit_code == 2, run.output
     assert "$SPARK_SECRET" in run.output and "fix: export SPARK_SECRET=" in run.output, run.output
     run = CliRunner().invoke(cli, ["dev", "up", "redis", "--secure", "--dir", str(tmp_path)])
-    assert run.exit_code == 2 and "--secure is for spark" in run.output, run.output
+    assert run.exit_code == 2 and "--secure is for kafka and spark" in run.output, run.output
     assert not (tmp_path / "spark").exists()  # nothing started
