@@ -32,7 +32,7 @@ import psycopg2
 from psycopg2 import sql
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from cdc import health
+from cdc import ddl, health
 from cdc.filters import publication_drift, refused
 from cdc.ground.errors import CdcError, LogError, SourceError
 from cdc.ground.lsn import format_lsn
@@ -41,7 +41,7 @@ from cdc.keys import key_from_values
 from cdc.log.base import ChangeRow, LogWriter, TableSchema
 from cdc.metrics import StreamMetrics
 from cdc.metrics import error as count_error
-from cdc.pgoutput import UNCHANGED, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
+from cdc.pgoutput import UNCHANGED, Message, Relation, Truncate, decode, decode_tuple, tuple_end, tuple_prefix
 from cdc.pgoutput_encode import encode_tuple
 from cdc.rebase import Rebaser, RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
@@ -62,9 +62,16 @@ _BEGIN = struct.Struct(">QqI")
 _COMMIT = struct.Struct(">BQQq")
 _RELID = struct.Struct(">I")
 _FLUSH_ROWS = 5000  # rows buffered per table before they go to the (still open) log batch
+DDL_CHECK_S = 30.0  # how often an idle stream looks whether the DDL trigger is still there
 # /healthz: the read loop moves at least every second while idle, per batch while busy; a loop
 # still for this long is hung (a slow Kafka commit or a catalog query stays well below it)
 STREAM_LIVE_S = 120.0
+
+
+def _same_columns(a: TableSchema, b: TableSchema) -> bool:
+    return a.key == b.key and [(c.name, c.type_oid, c.typmod) for c in a.columns] == [
+        (c.name, c.type_oid, c.typmod) for c in b.columns
+    ]
 
 
 @dataclass
@@ -171,6 +178,10 @@ class StreamReader:
         self._limit_checked = 0.0
         self._durable_counts = (0, 0)  # (events, transactions) durable in the log, for reconnects
         self.metrics = StreamMetrics(pipeline.name)
+        # DDL capture (cdc/ddl.py): the event trigger's messages carry schema changes at their commit
+        self._ddl_prefix = ddl.prefix(pipeline.name)
+        self._ddl_on = False
+        self._ddl_checked = 0.0
 
     def _snapshot_cmd(self, table: TableName) -> str:
         return self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
@@ -205,6 +216,7 @@ class StreamReader:
             self.say(f"replication slot {self.pipeline.slot} is now a failover slot (source.postgres.failover)")
         for t in report.tables:
             self._keys[t.table] = t.key_columns
+        self._check_ddl(conn, start=True)
         try:  # table_options changed since the publication got them: re-based once streaming (run)
             self._filter_drift = publication_drift(conn, self.pipeline.publication, report.filters)
         except psycopg2.Error as exc:
@@ -273,11 +285,80 @@ class StreamReader:
         table_id = self.log.ensure_table(table)
         # Column identity (attnum), so followers can tell a rename from a drop + add.
         schema = with_attnums(schema, relation_attnums(conn, table, names, self._previous_schema(table)))
+        previous = self._previous_schema(table)
         if not replay:  # rows changed without change events (a rewrite, partitions): re-base (cdc/rebase.py)
-            self._rewrites.check(conn, table, table_id, self._previous_schema(table), schema, catalog, lsn)
+            self._rewrites.check(conn, table, table_id, previous, schema, catalog, lsn)
+        if self._ddl_on and previous is not None and _same_columns(previous, schema):
+            # the trigger's message recorded this version at the DDL's commit, with the fast defaults
+            # as of then: the catalog read now may have lost them to a later rewrite
+            schema = previous
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
         self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx) + 1)
+
+    # ---- DDL capture (cdc/ddl.py) -------------------------------------------------------------------
+    def _check_ddl(self, conn, start: bool = False) -> None:
+        """Whether the event trigger is there: said at start, and when it goes or comes back."""
+        self._ddl_checked = time.monotonic()
+        try:
+            state = ddl.trigger_state(conn, self.pipeline.name)
+        except psycopg2.Error:
+            return  # the catalog connection is gone: the next check tells
+        on = state.complete
+        installed = ddl.load_installed(self.pipeline.state_path) is not None
+        if start or on != self._ddl_on:
+            line, fix = ddl.mode_line(
+                state,
+                installed,
+                self.pipeline.command("ddl install"),
+                self.pipeline.command("ddl remove"),
+            )
+            if fix:
+                self.say(f"warning: {line}\n  fix: {fix}")
+            elif start or on:
+                self.say(line)
+        self._ddl_on = on
+
+    def _ddl_message(self, conn, content: bytes, commit_lsn: int, flush: Callable[[], None]) -> None:
+        """A schema change of a captured table, in its transaction's place among the rows."""
+        try:
+            event = ddl.parse(content)
+        except ddl.DdlMessageError as exc:
+            self.say(f"warning: a DDL capture message at commit {format_lsn(commit_lsn)} was not read ({exc})")
+            return
+        owner = next((s for s in self.log.tables() if s.relid == event.oid and s.state in ("live", "snapshotting")), None)
+        if owner is None:
+            return  # not a table this log captures
+        if event.event == "drop":
+            return  # the table watch marks it dropped once the log is durable past this point
+        if event.event == "rewrite":
+            self._rewrites.rewritten(
+                conn, owner.table, owner.id, commit_lsn, "its rows were rewritten by DDL (a type change or a volatile default)"
+            )
+            return
+        table = TableName(event.schema, event.table)
+        if table != owner.table:  # RENAME TO / SET SCHEMA: followed by OID, or the stream stops (tablewatch)
+            selected = any(s.matches(table) for s in self.selectors)
+            table = self._watch.resolve(event.oid, table, commit_lsn, selected, False)
+        if not event.columns:
+            return
+        key = event.key or self._keys.get(table) or ()
+        if not key or any(k not in [c.name for c in event.columns] for k in key):
+            return  # no usable key: the Relation message with the next change says so
+        self._keys[table] = key
+        schema = build_schema(
+            conn,
+            [(c.name, c.type_oid, c.typmod) for c in event.columns],
+            key,
+            self._types,
+            {c.name: (c.ndims, c.missing) for c in event.columns},
+        )
+        schema = with_attnums(schema, {c.name: c.attnum for c in event.columns})
+        flush()  # rows already buffered keep their old schema version
+        version = self.log.schema_version(owner.id, schema, commit_lsn)
+        if event.oid in self._rels:  # pgoutput sends a Relation message before the next row anyway
+            idx = schema.key_indexes
+            self._rels[event.oid] = _Rel(table, owner.id, version, idx, max(idx) + 1)
 
     def _previous_schema(self, table: TableName) -> TableSchema | None:
         """The log's newest schema of `table` (None for a table it has none for yet)."""
@@ -550,6 +631,8 @@ class StreamReader:
                     self.metrics.progress(flushed)  # idle but healthy: the position is confirmed
                     beat()
                     self._watch.poll(self._conn, flushed)
+                    if time.monotonic() - self._ddl_checked >= DDL_CHECK_S:
+                        self._check_ddl(self._conn)
                     if self._rewrites.suspects:
                         self._rewrites.due(flushed)
                     if self.check_publisher is not None:
@@ -676,7 +759,14 @@ class StreamReader:
                         )
                     )
                     batch_events += 1
-            # 'Y' type, 'O' origin, 'M' logical message: nothing to log (types are resolved from the catalog).
+            elif kind == 77:  # 'M' logical message: the DDL trigger's (cdc/ddl.py); watermarks and others pass
+                if skip or not in_txn:
+                    continue
+                message = decode(p)
+                assert isinstance(message, Message)
+                if message.transactional and message.prefix == self._ddl_prefix:
+                    self._ddl_message(conn, message.content, commit_lsn, flush_buffers)
+            # 'Y' type, 'O' origin: nothing to log (types are resolved from the catalog).
             # Memory stays flat in huge transactions: per-table buffers go to the open batch every _FLUSH_ROWS.
 
         if last_txn is not None and not in_txn:

@@ -36,7 +36,7 @@ from cdc.ground.private import private_dir, private_open
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from cdc.schema import RelationCatalog
+from cdc.schema import RelationCatalog, table_catalog
 
 STATE_FILE = "rebase.json"
 _lock = threading.Lock()
@@ -167,21 +167,26 @@ class RewriteWatch:
         known, now = self.log.meta(key), encode_filenodes(catalog)
         reasons = []
         fresh = [c for c in schema.columns if previous is not None and c.name not in previous.column_names]
-        if not known:  # a log from before baselines were kept, or after a TRUNCATE: what the columns show
-            changed = _type_changes(previous, schema)
-            if changed:
-                reasons.append(f"column type changed ({changed}), which may rewrite every row")
-            lost = _defaults_without_value(conn, catalog.oid, [c.name for c in fresh if c.missing is None])
-            if lost:
-                reasons.append(
-                    f"new column(s) {', '.join(lost)} have a default that rows not written since hold, but the catalog "
-                    "keeps no value for them (a volatile default, or a rewrite cleared it)"
-                )
-        elif known != now:
-            storage = _storage_change(conn, json.loads(known), catalog)
+        rewritten = False
+        if known and known != now:
+            storage = _partition_change(conn, json.loads(known), catalog)
             if storage:
                 self.suspects[table_id] = (table, storage, now, _wal_lsn(conn))
                 return
+            rewritten = _rewritten(json.loads(known), catalog)
+        # A new relfilenode alone (VACUUM FULL, CLUSTER) changes no row: only what the columns show
+        # counts, as for a log without a storage baseline (or after a TRUNCATE).
+        if not known or rewritten:
+            how = "its storage was rewritten (a new relfilenode) and " if rewritten else ""
+            changed = _type_changes(previous, schema)
+            if changed:
+                reasons.append(f"{how}column type changed ({changed}), which may rewrite every row")
+            lost = _defaults_without_value(conn, catalog.oid, [c.name for c in fresh if c.missing is None])
+            if lost:
+                reasons.append(
+                    f"{how}new column(s) {', '.join(lost)} have a default that rows not written since hold, but the "
+                    "catalog keeps no value for them (a volatile default, or a rewrite cleared it)"
+                )
         conflicts = [c.name for c in fresh if c.name in catalog.conflicts]
         if conflicts:
             values = "; ".join(
@@ -194,6 +199,17 @@ class RewriteWatch:
         self.log.set_meta(key, now)
         if reasons:
             self._rebase(table, "; ".join(r for r in reasons if r))
+
+    def rewritten(self, conn, table: TableName, table_id: int, lsn: int, reason: str) -> None:
+        """The DDL trigger said the table's rows are rewritten in the transaction committing at `lsn`
+        (cdc/ddl.py): re-base once the stream has that transaction, not at the table's next change."""
+        state = self.log.table_state(table) if hasattr(self.log, "table_state") else None
+        if state is None or state.snapshot_lsn is None or lsn < state.snapshot_lsn:
+            return  # the table's base is newer than the rewrite
+        if self.rebaser is not None and self.rebaser.busy(table):
+            return
+        catalog = table_catalog(conn, table)
+        self.suspects[table_id] = (table, reason, encode_filenodes(catalog) if catalog else "", lsn)
 
     def _rebase(self, table: TableName, reason: str) -> None:
         if self.rebaser is None:
@@ -247,16 +263,16 @@ def _has_rows(conn, oid: int) -> bool:
         return bool(cur.fetchone()[0])
 
 
-def _storage_change(conn, known: list[list[int]], catalog: RelationCatalog) -> str:
+def _rewritten(known: list[list[int]], catalog: RelationCatalog) -> bool:
+    was = {oid: node for oid, node in known}
+    return any(oid in was and was[oid] != node for oid, node in catalog.filenodes)
+
+
+def _partition_change(conn, known: list[list[int]], catalog: RelationCatalog) -> str:
+    """Partitions detached, dropped or attached with rows: rows that came or went without events."""
     was = {oid: node for oid, node in known}
     now = dict(catalog.filenodes)
-    rewritten = [oid for oid in now if oid in was and was[oid] != now[oid]]
     parts = []
-    if rewritten:
-        parts.append(
-            "its storage was rewritten (a new relfilenode: ALTER COLUMN ... TYPE, ADD COLUMN ... DEFAULT <volatile>, "
-            "VACUUM FULL or CLUSTER), which changes rows without change events and clears fast defaults"
-        )
     if [oid for oid in was if oid not in now]:
         parts.append("a partition was detached or dropped (its rows left without change events)")
     # A new partition that is empty brought no rows; its rows to come are change events.

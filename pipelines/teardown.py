@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 from psycopg2 import sql
 
+from cdc import ddl
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError
 from cdc.ground.tables import quote_ident
 from cdc.source import _slot, connect, slot_holder
+from pipelines.ddl import remove as remove_ddl_capture
 from pipelines.teardown_data import kafka_topics, left_in_place, remove_captured
 
 
@@ -72,6 +74,8 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
             "nothing was changed: " + "; ".join(p for p, _ in problems),
             " ".join(f for _, f in problems) + " Then run the same `cdc teardown --drop-slot` again.",
         )
+    if not ddl.trigger_state(conn, pipeline.name).absent:
+        remove_ddl_capture(conn, pipeline, say)  # its triggers name the publication about to go
     with conn.cursor() as cur:
         if publication is not None:
             cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pipeline.publication)))

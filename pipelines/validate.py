@@ -18,6 +18,7 @@ from cdc.schema import generated_columns
 from cdc.source import Problem, connect, replica_index_without_key
 from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
+from pipelines.ddl import describe as describe_ddl
 from pipelines.validate_services import check_services
 from snapshot.chunked import watermark_right
 
@@ -87,6 +88,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                 report.problems.append(Problem(error.problem, error.fix or ""))
         schemas = captured_schemas(conn, report) if pipeline.views else {}
         keep = wal_keep_limit(conn)
+        ddl_mode = describe_ddl(conn, pipeline)  # with or without the DDL trigger (cdc ddl install)
     finally:
         conn.close()
     info = report.server
@@ -98,6 +100,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     )
     if keep is not None:
         say(slot_safety_line(keep, pipeline.slot, pipeline.command("snapshot")))
+    say(f"{OK} {ddl_mode[0]}" if ddl_mode[1] is None else f"{WARN} {ddl_mode[0]}\n       fix: {ddl_mode[1]}")
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         mark = OK if t.key_columns and t.can_select else BAD

@@ -118,6 +118,15 @@ class LocalLog(_Strict):
     synchronous: Literal["full", "normal"] = Field(
         default="full", description="SQLite fsync policy: full survives power loss, normal survives process crashes"
     )
+    # Cut retention (cdc/log/local.py): the newest keep_cuts always, older ones while a follower's
+    # position (checkpoint, view state) still needs them, up to the bound; past it they go, loudly.
+    keep_cuts: int = Field(default=200, ge=10, description="newest cuts always kept (rewind targets of `cdc reset --to-cut`)")
+    held_cuts_max: int = Field(
+        default=1_000_000, ge=10, description="most cuts a lagging follower may hold back (then the oldest go, with an alarm)"
+    )
+    held_cuts_max_age_s: float = Field(
+        default=86_400, gt=0, description="oldest cut a lagging follower may hold back, in seconds (then older ones go, with an alarm)"
+    )
 
 
 class KafkaLog(_Strict):

@@ -303,8 +303,8 @@ class ApplyJob:
         plans = plan_ranges(ckpt, cut_tables, purged, wanted, hint.replace("{reset}", reset))
         batches = []
         for name, (after, upto, bootstrap) in plans.items():
-            if upto <= after and not bootstrap:
-                continue
+            if upto <= after and not bootstrap and not schema_changed(log, by_name[name], ckpt.lsn, cut_lsn):
+                continue  # a schema change alone (DDL capture, cdc/ddl.py) is applied with no rows
             table = by_name[name]
             st = names[table]
             followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
@@ -544,6 +544,14 @@ def _renamed(before: str, after: str) -> bool:
         return json.loads(text).get("rename") if text else None
 
     return rename(before) != rename(after)
+
+
+def schema_changed(log, table: TableName, after_lsn: int | None, upto_lsn: int) -> bool:
+    """Whether the log has a schema version of `table` since the follower's last cut, up to this
+    one: with DDL capture a rename or new column arrives with no row of the table."""
+    if not after_lsn or not hasattr(log, "schema_history"):
+        return False
+    return any(after_lsn <= since < upto_lsn for _v, since, _s in log.schema_history(table))
 
 
 def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedSchema:

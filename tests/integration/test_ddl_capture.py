@@ -1,0 +1,170 @@
+"""DDL followed as it commits (issue 35): with the event trigger `cdc ddl install` puts in place,
+a schema change of a table that gets no later write reaches the log at its commit and every
+follower with the next `cdc apply --once`, in order with the rows around it.
+
+The Delta follower is read with delta-rs (`deltalake`, no Spark) and compared with the source;
+`cdc verify` must exit 0.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from psycopg2.extensions import make_dsn
+
+from cdc import ddl
+from cdc.ground.config import load_pipeline
+from cdc.ground.tables import TableName
+from tests.fixtures.readers import DELTA_RS_LACKS, delta_reader_features
+from tests.harness import apply_once, cdc, cdc_here, source_rows, sql, verify, write_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def _pipeline(tmp_path: Path, dsn: str, tables: list[str]) -> Path:
+    return write_pipeline(tmp_path, dsn, tables, name="ddlcap", sinks=[{"name": "lake", "delta": {"path": "lake"}}])
+
+
+def _stream(file: Path, *needles: str) -> str:
+    """`cdc stream --until current` as a user runs it (with its re-baser)."""
+    run = cdc("stream", file, "--until", "current")
+    assert run.code == 0, run.out + run.err
+    missing = [n for n in needles if n not in run.out + run.err]
+    assert not missing, (missing, run.out, run.err)
+    return run.out + run.err
+
+
+def _lake(tmp_path: Path, table: str) -> dict[str, dict]:
+    """The Delta table read with delta-rs: {id as text: row}."""
+    from deltalake import DeltaTable
+
+    schema, name = table.split(".")
+    path = tmp_path / "lake" / schema / name
+    assert not delta_reader_features(path) & DELTA_RS_LACKS, "the follower should stay readable by delta-rs"
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {str(r["id"]): r for r in rows}
+
+
+def _same(tmp_path: Path, dsn: str, table: str, columns: list[str]) -> None:
+    lake = _lake(tmp_path, table)
+    source = {k[0]: v for k, v in source_rows(dsn, table, ["id"]).items()}
+    assert set(lake) == set(source), (table, sorted(lake), sorted(source))
+    for key, row in source.items():
+        missing = [c for c in columns if c not in lake[key]]
+        assert not missing, f"{table}: the follower has no column(s) {missing}: {sorted(lake[key])}"
+        got = {c: None if lake[key][c] is None else str(lake[key][c]) for c in columns}
+        want = {c: row[c] for c in columns}
+        assert got == want, (table, key, got, want)
+
+
+def test_ddl_reaches_the_follower_without_a_later_write(pg_any_db: str, tmp_path: Path, spark) -> None:
+    """The issue's test: an update right before a column rename; ADD COLUMN ... DEFAULT then
+    ALTER COLUMN ... TYPE (a rewrite); DDL and rows interleaved in one transaction; a table
+    renamed; no later write to any of them. One `stream --until current`, one `apply --once`."""
+    sql(
+        pg_any_db,
+        "CREATE TABLE dim (id int PRIMARY KEY, v text)",
+        "INSERT INTO dim SELECT g, 'a' || g FROM generate_series(1, 5) g",
+        "CREATE TABLE acc (id int PRIMARY KEY, n int, note text)",
+        "INSERT INTO acc SELECT g, g, 'n' FROM generate_series(1, 6) g",
+        "CREATE TABLE mix (id int PRIMARY KEY, a text)",
+        "INSERT INTO mix SELECT g, 'm' FROM generate_series(1, 4) g",
+        "CREATE TABLE quiet (id int PRIMARY KEY, q text)",
+        "INSERT INTO quiet VALUES (1, 'q')",
+    )
+    file = _pipeline(tmp_path, pg_any_db, ["public.*"])
+    run = cdc_here("ddl", "install", file)
+    assert run.code == 0 and "installed event triggers" in run.out, run.out + run.err
+    run = cdc_here("validate", file)
+    assert "DDL capture: on (event trigger)" in run.out, run.out
+    assert cdc("snapshot", file).code == 0
+    apply_once(file, spark)
+
+    sql(pg_any_db, "UPDATE dim SET v = 'x' WHERE id = 1", "ALTER TABLE dim RENAME COLUMN v TO w")
+    sql(pg_any_db, "ALTER TABLE acc ADD COLUMN tier text DEFAULT 'std'")
+    sql(pg_any_db, "ALTER TABLE acc ALTER COLUMN n TYPE bigint USING n * 10")
+    sql(
+        pg_any_db,
+        "BEGIN; UPDATE mix SET a = 'b' WHERE id = 1; ALTER TABLE mix ADD COLUMN c int DEFAULT 7;"
+        " UPDATE mix SET c = 8 WHERE id = 2; ALTER TABLE mix RENAME COLUMN a TO a2;"
+        " INSERT INTO mix VALUES (10, 'new', 9); ALTER TABLE mix ADD COLUMN d text DEFAULT 'dd'; COMMIT",
+    )
+    sql(pg_any_db, "ALTER TABLE quiet RENAME TO calm")
+    _stream(file, "DDL capture: on", "re-base public.acc: done", "renamed to public.calm")
+    apply_once(file, spark)
+
+    _same(tmp_path, pg_any_db, "public.dim", ["w"])
+    assert _lake(tmp_path, "public.dim")["1"]["w"] == "x"
+    assert "v" not in _lake(tmp_path, "public.dim")["1"]
+    _same(tmp_path, pg_any_db, "public.acc", ["n", "note", "tier"])
+    assert _lake(tmp_path, "public.acc")["3"]["n"] == 30
+    _same(tmp_path, pg_any_db, "public.mix", ["a2", "c", "d"])
+    _same(tmp_path, pg_any_db, "public.calm", ["q"])
+    code, report = verify(file, spark)
+    assert code == 0, report
+
+
+def test_vacuum_full_and_cluster_cause_no_re_base(pg_db: str, tmp_path: Path) -> None:
+    """VACUUM FULL and CLUSTER give the table new storage but change no row: no re-base, also
+    without the trigger (the stream goes by what the columns show)."""
+    sql(
+        pg_db,
+        "CREATE TABLE vt (id int PRIMARY KEY, v text)",
+        "INSERT INTO vt SELECT g, 'a' FROM generate_series(1, 20) g",
+    )
+    file = _pipeline(tmp_path, pg_db, ["public.vt"])
+    assert cdc("snapshot", file).code == 0
+    sql(pg_db, "VACUUM FULL vt", "CLUSTER vt USING vt_pkey", "UPDATE vt SET v = 'b' WHERE id = 1")
+    out = _stream(file, "DDL capture: off")
+    assert "re-bas" not in out, out
+
+
+def test_trigger_dropped_behind_the_tools_back_is_said(pg_db: str, tmp_path: Path) -> None:
+    """`cdc validate` and `cdc stream` say that the trigger went and how to put it back; the
+    stream goes on without it; `cdc teardown --drop-slot` removes the trigger."""
+    sql(pg_db, "CREATE TABLE gone (id int PRIMARY KEY, v text)", "INSERT INTO gone VALUES (1, 'a')")
+    file = _pipeline(tmp_path, pg_db, ["public.gone"])
+    assert cdc_here("ddl", "install", file).code == 0
+    assert cdc("snapshot", file).code == 0
+    sql(pg_db, f"DROP EVENT TRIGGER {ddl.trigger_names('ddlcap')['ddl_command_end']}")
+    run = cdc_here("validate", file)
+    assert run.code == 0, run.out + run.err
+    assert "warn DDL capture: event trigger(s) for ddl_command_end dropped or disabled" in run.out, run.out
+    assert f"fix: run `cdc ddl install {file}` again" in run.out, run.out
+    sql(pg_db, "ALTER TABLE gone ADD COLUMN w int", "UPDATE gone SET w = 1")
+    out = _stream(file, "warning: DDL capture: event trigger(s) for ddl_command_end dropped")
+    assert "fix: run `cdc ddl install" in out, out
+    # the fallback: the column still reaches the log with the table's next change
+    from cdc.log.local import LocalLog
+
+    log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
+    try:
+        assert "w" in log.schema(TableName("public", "gone")).column_names
+    finally:
+        log.close()
+    run = cdc_here("teardown", file, "--drop-slot", "--yes")
+    assert run.code == 0, run.out + run.err
+    names = list(ddl.trigger_names("ddlcap").values())
+    assert sql(pg_db, f"SELECT count(*) FROM pg_event_trigger WHERE evtname IN {tuple(names)}")[0][0] == 0
+
+
+def test_role_without_the_right_keeps_todays_mode(pg_db: str, tmp_path: Path) -> None:
+    """A role that may not create event triggers: `cdc ddl install` changes nothing (exit 3, what
+    to do); `cdc validate` says the pipeline runs without DDL capture and why."""
+    role = "cdc_noddl_" + uuid.uuid4().hex[:8]
+    sql(pg_db, "CREATE TABLE plain (id int PRIMARY KEY)", f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'nd-secret'")
+    sql(pg_db, f"GRANT SELECT ON public.plain TO {role}")
+    try:
+        file = _pipeline(tmp_path, make_dsn(pg_db, user=role, password="nd-secret"), ["public.plain"])
+        run = cdc("ddl", "install", file)
+        assert run.code == 3, run.out + run.err
+        assert f"error: role {role} may not install event triggers" in run.err, run.err
+        assert "fix: run `cdc ddl install" in run.err and "Traceback" not in run.err, run.err
+        assert "nd-secret" not in run.out + run.err
+        run = cdc("validate", file)
+        assert "DDL capture: off (no event trigger)" in run.out, run.out
+        assert f"role {role} may not create event triggers" in run.out, run.out
+    finally:
+        sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
