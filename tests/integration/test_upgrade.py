@@ -1,0 +1,46 @@
+"""Upgrading a pipeline in place (README "Upgrading"): the state_dir cdc 0.1.0 wrote
+(tests/fixtures/data/state-0.1.0: a local log after snapshot + stream + apply, and one more cut its
+Delta follower has not applied) is upgraded at the start of the first verb, and the follower then
+continues exactly: the next apply takes exactly the pending cut, and `cdc verify` finds the
+follower identical to the source (the source rows the fixture ended with, loaded here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cdc.ground.formats import STATE, VERSION
+from tests.fixtures.capture import ok
+from tests.harness import apply_once, sql, verify
+
+pytestmark = pytest.mark.integration
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "data" / "state-0.1.0"
+
+
+def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
+    pg_db: str, tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "p"
+    shutil.copytree(FIXTURE, work)
+    pipe = work / "pipeline.yml"
+    sql(pg_db, *[s for s in (work / "source.sql").read_text().split(";") if s.strip()])
+    monkeypatch.setenv("FIXTURE_DSN", pg_db)
+    ckpt_file = work / "state" / "checkpoints" / "lake.json"
+    before = json.loads(ckpt_file.read_text())
+    assert "format" not in before and before["cut_id"] == 3  # as 0.1.0 left it: cut 5 not applied yet
+
+    run = ok("log", "read", pipe)  # any verb upgrades at start, and says so on stderr
+    assert f"from state format 0 (cdc 0.1.0) to {STATE.version} (cdc {VERSION}), in place" in run.err, run.err
+    assert json.loads(ckpt_file.read_text()) == {"format": STATE.version, "cdc_version": VERSION, **before}
+    assert "upgraded" not in ok("log", "read", pipe).err  # once only
+
+    runs = apply_once(pipe, spark)
+    assert [(r.sink, r.cut_id) for r in runs] == [("lake", 5)], runs
+    after = json.loads(ckpt_file.read_text())
+    assert (after["format"], after["cut_id"], after["tables"]) == (STATE.version, 5, {"public.items": [1, 7]}), after
+    code, report = verify(pipe, spark)
+    assert code == 0, report
