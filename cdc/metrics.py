@@ -111,6 +111,20 @@ APPLY_SUCCESS = Gauge(
     registry=REGISTRY,
 )
 
+CUTS_DROPPED_HELD = Counter(
+    "pgcdc_log_cuts_dropped_held_total",
+    "Times the local log dropped cuts a follower still held (its retention bound was reached)",
+    ["pipeline"],
+    registry=REGISTRY,
+)
+
+APPLY_ERROR = Gauge(
+    "pgcdc_apply_last_error_timestamp_seconds",
+    "Unix time an apply round of the follower last ended with an error (cdc status shows the error)",
+    ["pipeline", "sink"],
+    registry=REGISTRY,
+)
+
 
 def started(pipeline: str, component: str) -> None:
     UP.labels(pipeline, component).set(1)

@@ -98,6 +98,26 @@ class StateCollector:
             "0 if the follower's checkpoint is unreadable or it stopped on lost data",
             ["pipeline", "sink"],
         )
+        f_failing = _gauge(
+            "pgcdc_follower_failing_since_timestamp_seconds",
+            "Unix time the follower's current run of failed apply rounds began (0: its last round ended well)",
+            ["pipeline", "sink"],
+        )
+        f_error = _gauge(
+            "pgcdc_follower_last_error_timestamp_seconds",
+            "Unix time of the follower's last failed apply round while it is failing (cdc status shows the error)",
+            ["pipeline", "sink"],
+        )
+        held = _gauge(
+            "pgcdc_log_cut_retention_alarm",
+            "1 while the local log has dropped cuts a follower still needed (its retention bound was reached)",
+            ["pipeline"],
+        )
+        oldest = _gauge(
+            "pgcdc_log_oldest_cut_timestamp_seconds",
+            "Unix time of the oldest cut the local log keeps (how far back `cdc reset --to-cut` reaches)",
+            ["pipeline"],
+        )
         try:
             data = collect_status(self.pipeline)
         except Exception as exc:  # a failed read must not fail the scrape (the process' own series stay)
@@ -123,8 +143,17 @@ class StateCollector:
         if cut:
             cut_id.add_metric([p], cut["id"])
             cut_lsn.add_metric([p], parse_lsn(cut["lsn"]))
+        kept = data["log"].get("cut_retention")
+        if kept is not None:
+            held.add_metric([p], 1 if kept.get("alarm") else 0)
+            if kept.get("oldest_cut"):
+                oldest.add_metric([p], kept["oldest_cut"]["ts_ms"] / 1000)
         for f in data["followers"]:
             sink = f["sink"]
+            err = f.get("last_error")
+            f_failing.add_metric([p, sink], err["since_ms"] / 1000 if err else 0)
+            if err:
+                f_error.add_metric([p, sink], err["last_ms"] / 1000)
             stopped = "error" in f or (f.get("lost") or {}).get("action") == "stopped"
             f_ok.add_metric([p, sink], 0 if stopped else 1)
             if "error" in f:
@@ -140,7 +169,7 @@ class StateCollector:
             if f.get("lag_s") is not None:
                 f_secs.add_metric([p, sink], f["lag_s"])
         yield from (up, wal, confirmed, lag, retained, active, cut_id, cut_lsn)
-        yield from (f_lsn, f_cut, f_bytes, f_events, f_secs, f_ok)
+        yield from (f_lsn, f_cut, f_bytes, f_events, f_secs, f_ok, f_failing, f_error, held, oldest)
 
 
 class ChildCollector:

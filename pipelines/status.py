@@ -16,6 +16,7 @@ from cdc.log.base import Cut
 from cdc.rebase import load_states
 from cdc.source import connect, current_wal_lsn, slot_state
 from pipelines.checkpoints import Checkpoint, load_checkpoint
+from pipelines.follower_errors import last_error
 
 
 def collect_status(pipeline: Pipeline) -> dict[str, Any]:
@@ -74,6 +75,8 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
                     }
                 )
             log_info["tables"] = tables
+            if hasattr(log, "retention"):  # local: the oldest cut kept, and the bound's alarm (issue 33.1)
+                log_info["cut_retention"] = log.retention()
         finally:
             log.close()
     except CdcError as exc:
@@ -83,6 +86,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
     followers = []
     for sink in pipeline.sinks:
         entry: dict[str, Any] = {"sink": sink.name, "kind": sink.kind}
+        failing = last_error(pipeline.state_path, sink.name)
+        if failing is not None:  # its last apply round failed: what, and since when
+            entry["last_error"] = {k: failing.get(k) for k in ("problem", "fix", "since_ms", "last_ms", "count")}
         try:
             ckpt = load_checkpoint(pipeline.state_path, sink.name, pipeline.file)
         except CdcError as exc:  # one unreadable checkpoint: that follower says so, the others are shown
@@ -221,6 +227,8 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
         )
         for t in log.get("tables", []):
             say(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
+        for line in retention_lines(log):
+            say(f"    {line}")
     for table, r in sorted(data.get("rebases", {}).items()):
         say(f"  {_rebase_line(table, r, snapshot_cmd)}")
     for f in data["followers"]:
@@ -232,11 +240,46 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
             continue
         if f.get("lost"):
             say(f"  {_lost_line(f['sink'], f['lost'])}")
+        if f.get("last_error"):
+            say(f"  {failing_line(f['sink'], f['last_error'])}")
         backlog = backlog_text(f)
         if f["position"] is None:
             say(f"  follower {f['sink']} ({f['kind']}): never applied; {backlog}")
         else:
             say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")
+
+
+def _when(ms: int) -> str:
+    """A time in status lines: UTC, and how long ago."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+    return f"{at}, {max(0.0, time.time() - ms / 1000):.0f}s ago"
+
+
+def retention_lines(log: dict[str, Any]) -> list[str]:
+    """The local log's cut retention: how far back a rewind reaches, and the bound's alarm."""
+    kept = log.get("cut_retention") or {}
+    lines = []
+    oldest = kept.get("oldest_cut")
+    if oldest:
+        lines.append(f"cuts kept from cut {oldest['id']} ({_when(oldest['ts_ms'])}): `cdc reset --to-cut` reaches back that far")
+    alarm = kept.get("alarm")
+    if alarm:
+        who = ", ".join(f"{f} at cut {c}" for f, c in alarm["followers"].items())
+        lines.append(
+            f"CUT RETENTION BOUND REACHED ({_when(alarm['ts_ms'])}): cuts below {alarm['below']} are gone"
+            f" although {who} needed them; fix: raise log.local.held_cuts_max / held_cuts_max_age_s,"
+            " or rebuild that follower (`cdc reset PIPELINE --sink NAME --rebuild --yes`)"
+        )
+    return lines
+
+
+def failing_line(sink: str, err: dict[str, Any]) -> str:
+    """A follower whose last apply round failed: the error and since when."""
+    fix = f"; fix: {err['fix']}" if err.get("fix") else ""
+    return (
+        f"follower {sink} FAILING since {_when(err['since_ms'])} ({err['count']} failed round(s), the last"
+        f" {_when(err['last_ms'])}): {err['problem']}{fix}"
+    )
 
 
 def backlog_text(f: dict[str, Any]) -> str:

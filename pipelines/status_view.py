@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.status import _lost_line, _rebase_line, backlog_text
+from pipelines.status import _lost_line, _rebase_line, backlog_text, failing_line, retention_lines
 
 
 def status_view(data: dict[str, Any], snapshot_cmd: str) -> RenderableType:
@@ -70,15 +70,16 @@ def _log(log: dict[str, Any]) -> RenderableType:
         + (f"cut {cut['id']} at {cut['lsn']} ({cut['age_s']}s ago)" if cut else "empty"),
         style="italic",
     )
+    kept = [Text(line, style="bold red" if "BOUND" in line else "italic") for line in retention_lines(log)]
     if not log.get("tables"):
-        return header
+        return Group(header, *kept) if kept else header
     table = Table()
     table.add_column("table")
     table.add_column("state")
     table.add_column("offsets", justify="right")
     for t in log["tables"]:
         table.add_row(t["table"], t["state"], f"{t['base']}..{t['end']}")
-    return Group(header, table)
+    return Group(header, table, *kept)
 
 
 def _followers(followers: list[dict[str, Any]]) -> RenderableType:
@@ -102,6 +103,8 @@ def _followers(followers: list[dict[str, Any]]) -> RenderableType:
                     style="yellow" if lost.get("action") == "rebuilt" else "bold red",
                 )
             )
+        if f.get("last_error"):
+            notes.append(Text(failing_line(f["sink"], f["last_error"]), style="bold red"))
         backlog = backlog_text(f)
         style = "green" if f.get("events_behind_log") == 0 else "yellow"
         if f["position"] is None:

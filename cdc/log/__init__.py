@@ -22,7 +22,15 @@ def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:
 
     local = pipeline.log_config.local
     synchronous = local.synchronous if local is not None else "full"
-    return LocalLog(pipeline.local_log_path, synchronous, readonly=readonly, command=pipeline.command)
+    log = LocalLog(pipeline.local_log_path, synchronous, readonly=readonly, command=pipeline.command)
+    if local is not None and not readonly:
+        # cuts stay while a follower of this pipeline needs them, up to the bound (cdc/log/holds.py)
+        from cdc.log.holds import holds_reader
+
+        sinks = [s.name for s in pipeline.sinks] + (["_views"] if pipeline.views else [])
+        holds = holds_reader(pipeline.state_path, sinks, [v.name for v in pipeline.views])
+        log.set_retention(local.keep_cuts, local.held_cuts_max, local.held_cuts_max_age_s, holds, pipeline.name)
+    return log
 
 
 def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView | DebeziumLogView:

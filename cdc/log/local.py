@@ -23,11 +23,13 @@ import os
 import shlex
 import shutil
 import sqlite3
+import sys
 import time
 import uuid
-from collections.abc import Collection, Container, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -243,6 +245,8 @@ class LocalLog(LogWriter, LogReader):
         self._snapshot_lsn: dict[int, int] = {}
         self._schemas: dict[tuple[int, int], TableSchema] = {}
         self._latest_version: dict[int, tuple[int, TableSchema]] = {}
+        self.set_retention(KEEP_CUTS, KEEP_CUTS, 0, None)  # no holds: the newest KEEP_CUTS (open_log sets the pipeline's)
+        self._alarmed: dict[str, int] = {}
 
     def close(self) -> None:
         if self._in_batch:
@@ -540,11 +544,79 @@ class LocalLog(LogWriter, LogReader):
         cur = self.db.execute("INSERT INTO cuts(lsn, ts_ms, tables) VALUES (?, ?, ?)", (lsn, ts, orjson.dumps(body).decode()))
         cut_id = int(cur.lastrowid)
         if cut_id % 50 == 0:
-            self.db.execute("DELETE FROM cuts WHERE id <= ?", (cut_id - KEEP_CUTS,))
+            self._prune_cuts(cut_id, ts)
         return Cut(cut_id, lsn, ts, ranges)
 
+    # ---- cut retention (issue 33.1) --------------------------------------------------------------
+    def set_retention(
+        self,
+        keep: int,
+        held_max: int,
+        held_max_age_s: float,
+        holds: Callable[[], dict[str, int]] | None,
+        pipeline: str = "",
+    ) -> None:
+        """Keep the newest `keep` cuts, and older ones from the slowest follower's position on
+        (`holds`: follower -> oldest cut id it needs, cdc/log/holds.py), but never more than
+        `held_max` cuts nor cuts older than `held_max_age_s`: past that bound the oldest go and
+        the alarm (meta `cut_retention_alarm`, a metric, a warning on stderr) names the followers."""
+        self.keep_cuts, self.held_max, self.held_max_age_s, self._holds = keep, held_max, held_max_age_s, holds
+        self._pipeline = pipeline
+
+    def _first_cut_since(self, ts_ms: int) -> int | None:
+        """The oldest cut id written at or after ts_ms (ids are contiguous: cuts only go from the
+        oldest on), by bisection on the primary key, not a scan of a long-held table."""
+        lo, hi = self.db.execute("SELECT min(id), max(id) FROM cuts").fetchone()
+        if lo is None:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = self.db.execute("SELECT id, ts_ms FROM cuts WHERE id >= ? ORDER BY id LIMIT 1", (mid,)).fetchone()
+            if row[1] >= ts_ms:
+                hi = mid
+            else:
+                lo = row[0] + 1
+        return lo
+
+    def _prune_cuts(self, cut_id: int, ts_ms: int) -> None:
+        """Drop the cuts no one holds (inside the open write transaction)."""
+        below = cut_id - self.keep_cuts + 1  # the newest keep_cuts always stay
+        holds = self._holds() if self._holds is not None else {}
+        if holds and min(holds.values()) < below:
+            by_age = self._first_cut_since(ts_ms - int(self.held_max_age_s * 1000)) or below
+            bound = min(below, max(cut_id - self.held_max + 1, by_age))
+            below = max(min(holds.values()), bound)
+        overdue = {f: c for f, c in sorted(holds.items()) if c < below}
+        alarm = orjson.dumps({"ts_ms": ts_ms, "below": below, "followers": overdue}).decode() if overdue else ""
+        if bool(alarm) != bool(self._meta("cut_retention_alarm")) or (overdue and overdue != self._alarmed):
+            self._set_meta("cut_retention_alarm", alarm)
+            if overdue:
+                from cdc import metrics
+
+                metrics.CUTS_DROPPED_HELD.labels(self._pipeline).inc()
+                who = ", ".join(f"{f} (at cut {c})" for f, c in overdue.items())
+                print(
+                    f"warning: the log dropped cuts below {below} that {who} still needed: it reached its bound"
+                    f" (log.local.held_cuts_max {self.held_max:,} cuts / held_cuts_max_age_s {self.held_max_age_s:g} s);"
+                    " such a follower is rebuilt by `cdc reset PIPELINE --sink NAME --rebuild`",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self._alarmed = overdue
+        self.db.execute("DELETE FROM cuts WHERE id < ?", (below,))
+
+    def retention(self) -> dict[str, Any]:
+        """What `cdc status` shows of cut retention: the oldest cut kept (how far back a rewind
+        reaches) and the alarm, if the bound dropped cuts a follower held."""
+        row = self.db.execute("SELECT id, ts_ms FROM cuts ORDER BY id LIMIT 1").fetchone()
+        alarm = self._meta("cut_retention_alarm")
+        out: dict[str, Any] = {"oldest_cut": None if row is None else {"id": row[0], "ts_ms": row[1]}}
+        if alarm:
+            out["alarm"] = orjson.loads(alarm)
+        return out
+
     def cut(self, cut_id: int) -> Cut | None:
-        """An earlier cut by id (the last KEEP_CUTS are kept; None when it is gone or never was)."""
+        """An earlier cut by id (see set_retention for which are kept; None when it is gone or never was)."""
         row = self.db.execute("SELECT id, lsn, ts_ms, tables FROM cuts WHERE id = ?", (cut_id,)).fetchone()
         return None if row is None else self._cut_of(row)
 

@@ -232,10 +232,16 @@ class ApplyJob:
 
     def _record(self, run: SinkRun) -> None:
         """Metrics of one follower's round (README "Monitoring")."""
+        # cdc status shows a follower's last error and since when (pipelines/follower_errors.py)
+        from pipelines.follower_errors import clear_error, record_error
+
         name = self.pipeline.name
         if run.error is not None:
             metrics.error(name, "apply", run.error)
+            metrics.APPLY_ERROR.labels(name, run.sink).set(time.time())
+            record_error(self.pipeline.state_path, run.sink, run.error)
             return
+        clear_error(self.pipeline.state_path, run.sink)
         metrics.APPLY_SUCCESS.labels(name, run.sink).set(time.time())
         if not run.up_to_date:
             metrics.APPLY_CUTS.labels(name, run.sink).inc()
@@ -254,11 +260,14 @@ class ApplyJob:
             if at < ckpt.cut_id:  # the views stand behind this follower: never go back
                 run.cut_id, run.lsn, run.up_to_date = ckpt.cut_id, ckpt.lsn, True
                 return
-            # the tables are applied at the cut the views stand at, so both describe the same cut
-            latest = log.cut(at) if hasattr(log, "cut") else None
+            # the tables are applied at the cut the views stand at, so both describe the same cut:
+            # the view states carry it (no old cut needed from the log), else the log's retention
+            # keeps it (cdc/log/holds.py: the views' state files hold their cut)
+            latest = recorded_cut(views, at, names) or (log.cut(at) if hasattr(log, "cut") else None)
             if latest is None:
                 raise SinkError(
-                    f"sink {sink_cfg.name}: its views stand at cut {at}, which the log no longer has",
+                    f"sink {sink_cfg.name}: its views stand at cut {at}, which the log no longer has"
+                    " (see `cdc status`: the log's cut retention)",
                     f"run `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}` again",
                 )
         if ckpt.pending:
@@ -544,6 +553,17 @@ def _renamed(before: str, after: str) -> bool:
         return json.loads(text).get("rename") if text else None
 
     return rename(before) != rename(after)
+
+
+def recorded_cut(views: dict, at: int, names: dict) -> Cut | None:
+    """The cut the views stand at, as their state files recorded it (pipelines/views/state.py
+    cut_tables); None for states written before they carried it."""
+    for state in views.values():
+        if state.cut_id == at and state.cut_tables:
+            by_name = {str(t): t for t in names}
+            ranges = {by_name[k]: TableRange(b, e) for k, (b, e) in state.cut_tables.items() if k in by_name}
+            return Cut(at, state.lsn, state.ts_ms, ranges)
+    return None
 
 
 def schema_changed(log, table: TableName, after_lsn: int | None, upto_lsn: int) -> bool:

@@ -125,6 +125,7 @@ class BaseAt:
     cut_id: int
     lsn: int
     tables: dict[str, list[Any]]
+    cut_tables: dict[str, list[int]] | None = None  # the whole cut (ViewState.cut_tables)
 
 
 # ---- the stage -----------------------------------------------------------------------------------
@@ -154,6 +155,7 @@ def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: l
         else:
             with sink_lock(pipeline.state_path, OUT_LOCK, job.lock_wait_s, job.say):
                 base = _base_at(spark, pipeline.state_path, base_run.cut_id or 0, base_run.lsn or 0, tables)
+                base = BaseAt(base.cut_id, base.lsn, base.tables, _whole_cut(log, cut, base.cut_id))
                 # one reader of the base tables for every view: each version loaded, each table's
                 # changed rows read from its feed, once per run
                 maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log, job.say)
@@ -187,6 +189,14 @@ def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: li
     return BaseAt(cut_id, lsn, out)
 
 
+def _whole_cut(log, cut: Cut, cut_id: int) -> dict[str, list[int]] | None:
+    """Every table's [base, end offset] at the cut the views are maintained to (the base follower
+    may have applied a newer cut than `cut`, or a pending one): the view states carry it, so their
+    followers never ask the log for an old cut (issue 33.1)."""
+    found = cut if cut.id == cut_id else (log.cut(cut_id) if hasattr(log, "cut") else None)
+    return None if found is None else {str(t): [r.base, r.end] for t, r in found.tables.items()}
+
+
 def _failed(state: Path, name: str, cut_id: int | None, exc: CdcError) -> ViewRun:
     """Record the view's error in its state (the rest of the state stays: the view resumes there)."""
     current = load_view_state(state, name) or ViewState(name)
@@ -211,7 +221,8 @@ class ViewMaintainer:
         try:
             if current.pending and current.pending.get("fingerprint") == plan.fingerprint:
                 pending = current.pending  # the cut a crashed run started: exactly that cut again
-                run = self._cut(current, plan, BaseAt(pending["cut_id"], pending["lsn"], pending["base"]))
+                again = BaseAt(pending["cut_id"], pending["lsn"], pending["base"], pending.get("cut_tables"))
+                run = self._cut(current, plan, again)
                 if run.cut_id == base.cut_id:
                     return run
                 self.say(run.line())  # then on to the latest cut, like a sink's pending cut
@@ -281,6 +292,7 @@ class ViewMaintainer:
             "reason": reason,
             "fingerprint": plan.fingerprint,
             "base": base_tables,
+            "cut_tables": base.cut_tables,
         }
         save_view_state(self.state, current)
         run = ViewRun(name, base.cut_id, mode, reason, epoch, new_epoch)
@@ -316,6 +328,7 @@ class ViewMaintainer:
             mode=run.mode,
             reason=run.reason,
             ts_ms=int(time.time() * 1000),
+            cut_tables=base.cut_tables or {},
         )
         save_view_state(self.state, done)
         return run
@@ -348,6 +361,7 @@ class ViewMaintainer:
         version, at no Spark job. Nothing is written, so there is nothing to redo after a crash."""
         current.cut_id, current.lsn, current.base = base.cut_id, base.lsn, base_tables
         current.mode, current.reason, current.ts_ms = "incremental", "", int(time.time() * 1000)
+        current.cut_tables = base.cut_tables or {}
         save_view_state(self.state, current)
         return ViewRun(plan.name, base.cut_id, "incremental", "", current.epoch)
 

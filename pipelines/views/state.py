@@ -45,6 +45,9 @@ class ViewState:
     mode: str = ""  # how the last cut was maintained: incremental | full
     reason: str = ""  # why full
     ts_ms: int = 0
+    # the whole cut at cut_id (every table's [base, end offset]): a follower of the view applies its
+    # tables at this cut without asking the log for an old cut (issue 33.1)
+    cut_tables: dict[str, list[int]] = field(default_factory=dict)
 
     def failure(self) -> SinkError | None:
         """The error a follower of this view stops with (None: the view is fine)."""
