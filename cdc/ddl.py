@@ -56,24 +56,23 @@ def trigger_names(pipeline_name: str) -> dict[str, str]:
 # The table's columns as of this point of the DDL's transaction (generated columns left out, as
 # pgoutput before 18 and the snapshot leave them out).
 _COLUMNS = """
+    WITH leaves AS (SELECT relid FROM pg_partition_tree(r.objid) WHERE isleaf UNION SELECT r.objid),
+         pk AS (SELECT i.indkey::int2[] AS keynums FROM pg_index i WHERE i.indrelid = r.objid AND i.indisprimary),
+         missing AS (SELECT DISTINCT ON (la.attname) la.attname, m
+                       FROM pg_attribute la CROSS JOIN LATERAL unnest(la.attmissingval::text::text[]) m
+                      WHERE la.attrelid IN (SELECT relid FROM leaves) AND la.atthasmissing)
     SELECT coalesce(json_agg(json_build_array(
              a.attnum, a.attname, a.atttypid, a.atttypmod, a.attndims, a.attnotnull,
-             pg_get_expr(d.adbin, d.adrelid),
-             (SELECT m FROM pg_attribute la, unnest(la.attmissingval::text::text[]) m
-               WHERE la.attrelid IN (SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf UNION SELECT c.oid)
-                 AND la.attname = a.attname AND la.atthasmissing LIMIT 1),
-             a.attnum = ANY(coalesce((SELECT i.indkey::int2[] FROM pg_index i
-                                       WHERE i.indrelid = c.oid AND i.indisprimary), '{}'))
+             pg_get_expr(d.adbin, d.adrelid), mi.m,
+             a.attnum = ANY(coalesce((SELECT keynums FROM pk), '{}'))
            ) ORDER BY a.attnum), '[]'::json),
            (SELECT coalesce(json_agg(ka.attname ORDER BY k.ord), '[]'::json)
-              FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(n, ord)
-              JOIN pg_attribute ka ON ka.attrelid = i.indrelid AND ka.attnum = k.n
-             WHERE i.indrelid = c.oid AND i.indisprimary)
-      FROM pg_class c
-      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+              FROM pk CROSS JOIN LATERAL unnest(pk.keynums) WITH ORDINALITY k(n, ord)
+              JOIN pg_attribute ka ON ka.attrelid = r.objid AND ka.attnum = k.n)
+      FROM pg_attribute a
       LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-     WHERE c.oid = r.objid
-     GROUP BY c.oid"""
+      LEFT JOIN missing mi ON mi.attname = a.attname
+     WHERE a.attrelid = r.objid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''"""
 
 _FUNCTION = """
 CREATE OR REPLACE FUNCTION {fn}() RETURNS event_trigger
