@@ -548,6 +548,23 @@ def upgrade(pipeline: Path, rollback: bool) -> None:
 
 @cli.command()
 @PIPELINE
+@click.option(
+    "--sql",
+    "sql_file",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="file of DDL statements, run in one transaction with the publication's column lists and row filters",
+)
+@handle_errors
+def migrate(pipeline: Path, sql_file: Path) -> None:
+    """Run a schema migration (ALTER COLUMN ... TYPE) on tables captured with a column list or row filter."""
+    from pipelines.migrate import run_migrate
+
+    run_migrate(load(pipeline), sql_file, say)
+
+
+@cli.command()
+@PIPELINE
 @click.option("--sink", "sink_name", required=True, help="the follower to reset (no other is touched)")
 @click.option("--rebuild", is_flag=True, help="start over from the log's base: every table is rebuilt on the next apply")
 @click.option("--to-cut", "to_cut", type=click.IntRange(min=1), help="go back to this earlier cut: the next apply applies every change after it again")

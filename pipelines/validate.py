@@ -108,6 +108,12 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
         captured = report.filters.get(t.table)
         if captured is not None and captured.active:
             say(f"{OK} table {t.table}: captures {captured.describe()} (source.postgres.table_options)")
+            say(
+                f"{WARN} table {t.table}: its publication column list / row filter makes PostgreSQL refuse "
+                "ALTER COLUMN ... TYPE (and DROP, RENAME) of the columns it names\n"
+                f"       fix: run such migrations with `{pipeline.command('migrate', '--sql', 'FILE')}`: one transaction "
+                "takes the table out of the publication, runs FILE, and puts it back with its column list and row filter"
+            )
         if t.table in drift:
             say(
                 f"note: table {t.table}: source.postgres.table_options changed: {drift[t.table]}; the next `cdc stream` "
