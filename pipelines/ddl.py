@@ -15,20 +15,19 @@ from cdc.source import connect
 
 def _no_right(pipeline: Pipeline, user: str, action: str) -> SourceError:
     return SourceError(
-        f"role {user} may not {action} event triggers (PostgreSQL allows it to superusers only); nothing was "
-        "changed, and the pipeline goes on following schema changes with each table's next change",
-        f"run `{pipeline.command(f'ddl {action}')}` with a DSN of a superuser (on a managed service, see the README "
-        "section Schema changes for which role may create event triggers there)",
+        f"role {user} may not {action} event triggers (PostgreSQL allows it to superusers; managed services to "
+        "their admin role, where they allow it at all); nothing was changed, and the pipeline goes on following "
+        "schema changes with each table's next change",
+        f"run `{pipeline.command(f'ddl {action}')}` with a DSN of a superuser, or on a managed service of its admin "
+        "role (README \"Schema changes\": which role may create event triggers on RDS, Cloud SQL, Azure, Supabase)",
     )
 
 
 def run_install(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc ddl install")
     try:
-        allowed, user = ddl.can_create_event_trigger(conn)
-        if not allowed:
-            raise _no_right(pipeline, user, "install")
-        try:
+        _, user = ddl.can_create_event_trigger(conn)
+        try:  # tried, not pre-checked: managed services let their (non-superuser) admin role do it
             with conn, conn.cursor() as cur:  # one transaction: all three triggers or none
                 for statement in ddl.install_statements(pipeline.name, pipeline.publication):
                     cur.execute(statement)
@@ -63,12 +62,13 @@ def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
         ddl.save_installed(pipeline.state_path, False)
         say("no DDL capture event trigger to remove")
         return
-    allowed, user = ddl.can_create_event_trigger(conn)
-    if not allowed:
-        raise _no_right(pipeline, user, "remove")
-    with conn, conn.cursor() as cur:
-        for statement in ddl.remove_statements(pipeline.name):
-            cur.execute(statement)
+    _, user = ddl.can_create_event_trigger(conn)
+    try:
+        with conn, conn.cursor() as cur:
+            for statement in ddl.remove_statements(pipeline.name):
+                cur.execute(statement)
+    except psycopg2.errors.InsufficientPrivilege:
+        raise _no_right(pipeline, user, "remove") from None
     ddl.save_installed(pipeline.state_path, False)
     say(f"removed the DDL capture event triggers of pipeline {pipeline.name}: schema changes now reach the log with each table's next change")
 
@@ -81,5 +81,8 @@ def describe(conn, pipeline: Pipeline) -> tuple[str, str | None]:
     if not state.complete and fix is None:
         allowed, user = ddl.can_create_event_trigger(conn)
         if not allowed:
-            line += f" (role {user} may not create event triggers: a superuser runs `cdc ddl install`)"
+            line += (
+                f" (role {user} is not a superuser: `cdc ddl install` needs one, or a managed service's admin role "
+                "where the service lets it create event triggers)"
+            )
     return line, fix
