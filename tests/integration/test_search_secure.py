@@ -221,3 +221,36 @@ def test_aws_sigv4_signs_every_request(
     finally:
         for key in env:
             executors.pop(key, None)
+
+
+def test_validate_signs_in_to_opensearch(
+    pg_db: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cdc validate` signs in to each OpenSearch sink (issue 34 item 3): ok with the right
+    password and with a client certificate, exit 3 naming the setting with a wrong one, no secret."""
+    node: SecureOpenSearch = request.getfixturevalue("secure_opensearch")
+    sql(pg_db, "CREATE TABLE items (id int PRIMARY KEY, title text)")
+    ca = str(node.certs / "ca.crt")
+    sinks = [
+        search_sink(node, "s", username=USER, password=f"${{{ENV}}}", ca_file=ca),
+        search_sink(
+            node, "m", ca_file=ca, client_cert=str(node.certs / "client.crt"), client_key=str(node.certs / "client.key")
+        ),
+    ]
+    f = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=sinks)
+    monkeypatch.setenv(ENV, PASSWORD)
+    run = cdc("validate", f)
+    assert run.code == 0, run
+    for name in ("s", "m"):
+        assert f"ok   sink {name}: OpenSearch at {node.url}: reachable, signed in (version " in run.out, run.out
+
+    wrong = "wrong-" + PASSWORD
+    monkeypatch.setenv(ENV, wrong)
+    run = cdc("validate", f)
+    assert run.code == 3, run
+    assert (
+        f"FAIL OpenSearch at {node.url} refused the sign-in of sinks[s].search.username {USER!r} (HTTP 401)" in run.out
+    ), run.out
+    assert "fix: check sinks[s].search.username and sinks[s].search.password" in run.out, run.out
+    assert "1 problem(s) found" in run.out, run.out  # the certificate sink still signs in
+    assert wrong not in run.out + run.err and PASSWORD not in run.out + run.err and "Traceback" not in run.err
