@@ -4,8 +4,9 @@ Copy this file into Airflow's dags folder. It defines two DAGs:
 
   cdc_apply        every 10 minutes (env CDC_APPLY_SCHEDULE, a cron line or preset): for each
                    pipeline file, `cdc apply FILE --once` (task `apply`), then `cdc status FILE
-                   --json` checked against the lag threshold (task `check_lag`, runs even when
-                   `apply` failed, so a follower that stays behind raises the alert).
+                   --json` checked against the lag thresholds (task `check_lag`, runs even when
+                   `apply` failed, so a follower that stays behind raises the alert): each
+                   follower's lag, and the slot's (the log behind the source, no stream reading it).
   cdc_log_compact  daily (env CDC_COMPACT_SCHEDULE): `cdc log compact FILE --tombstone-retention R`.
 
 `cdc stream` runs continuously elsewhere (a systemd service); these DAGs only apply and compact.
@@ -20,6 +21,10 @@ AIRFLOW_VAR_<NAME in capitals> on the workers):
   cdc_max_lag_s             lag alert: fail `check_lag` when a follower's lag_s (seconds since
                             the source committed the oldest change it has not applied) is above
                             this. Default 900.
+  cdc_max_slot_lag_bytes    slot lag alert: fail `check_lag` when the replication slot's lag_bytes
+                            (WAL the source wrote that the log does not hold yet) is above this,
+                            when no stream reads the slot, or when the slot or source cannot be
+                            read. Default 256000000 (as the PgcdcSlotLagHigh alert rule).
   cdc_tombstone_retention   `--tombstone-retention` of the compaction. Default 24h.
 
 A non-zero exit of `cdc` fails the task with what the exit code means (`EXIT_CODES`) and the
@@ -172,6 +177,27 @@ def lagging_followers(status: dict[str, Any], max_lag_s: float) -> list[str]:
     return problems
 
 
+def lagging_slot(status: dict[str, Any], max_slot_lag_bytes: float) -> list[str]:
+    """What the lag alert reports about the slot: the log too far behind the source, no stream
+    reading it (`cdc stream` dead: the source keeps WAL for it), or the slot or source unreadable."""
+    name = f"slot {status.get('slot')} of pipeline {status.get('pipeline')}"
+    source = status.get("source") or {}
+    if "error" in source:
+        return [f"{name}: cannot read the source: {source['error']}"]
+    slot = source.get("slot")
+    if slot is None:
+        return [f"{name}: the slot does not exist (run `cdc snapshot` or `cdc run` to create it)"]
+    problems = []
+    if slot.get("lag_bytes") is not None and slot["lag_bytes"] > max_slot_lag_bytes:
+        problems.append(f"{name}: lag {slot['lag_bytes']:,} bytes > {max_slot_lag_bytes:,.0f} bytes of WAL")
+    if not slot.get("active_pid"):
+        problems.append(
+            f"{name}: no stream reads it (is `cdc stream` running?); it retains "
+            f"{slot.get('retained_wal_bytes') or 0:,} bytes of WAL on the source"
+        )
+    return problems
+
+
 class CdcLagCheck(CdcCommand):
     """`cdc status PIPELINE --json`; fails (the lag alert) when a follower lags too far."""
 
@@ -180,6 +206,7 @@ class CdcLagCheck(CdcCommand):
 
     def execute(self, context: Any) -> None:
         max_lag_s = float(setting("cdc_max_lag_s", "900"))
+        max_slot_lag = float(setting("cdc_max_slot_lag_bytes", "256000000"))
         # exit 4 (a checkpoint cannot be read) fails here with the status command's own lines
         status = json.loads(self.run_cdc(self.command(), json_out=True))
         for f in status.get("followers", []):
@@ -189,7 +216,14 @@ class CdcLagCheck(CdcCommand):
                 f.get("lag_s"),
                 f.get("events_behind_log"),
             )
-        problems = lagging_followers(status, max_lag_s)
+        slot = (status.get("source") or {}).get("slot") or {}
+        self.log.info(
+            "slot %s: lag_bytes %s, active %s",
+            status.get("slot"),
+            slot.get("lag_bytes"),
+            bool(slot.get("active_pid")),
+        )
+        problems = lagging_slot(status, max_slot_lag) + lagging_followers(status, max_lag_s)
         if problems:
             raise AirflowException("CDC LAG ALERT: " + "; ".join(problems))
 

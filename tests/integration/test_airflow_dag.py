@@ -10,7 +10,8 @@ Airflow Variables (AIRFLOW_VAR_* in the environment). Its two followers:
   read back with delta-rs; the lag alert does not name it;
 * `cache` (Redis, nobody listens on its port) fails: so `cdc apply` exits 4 and the task fails
   with the exit code's meaning and cdc's own error and fix lines, and the lag alert
-  (`check_lag`, threshold 0 s) fires for that follower, also through the on_failure_callback;
+  (`check_lag`, threshold 0 s) fires for that follower, also through the on_failure_callback,
+  and for the slot (WAL written while no stream reads it: over the 0-byte threshold, and inactive);
 * `cdc_log_compact` compacts the log (its run succeeds).
 
 One `cdc apply` (one Spark start) serves both followers: a failing sink does not stop the others.
@@ -83,6 +84,7 @@ def test_airflow_dags_apply_alert_and_compact(pg_db: str, tmp_path: Path, spark)
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW_VAR_CDC_BIN": str(REPO / ".venv" / "bin" / "cdc"),
         "AIRFLOW_VAR_CDC_MAX_LAG_S": "0",  # any follower with changes to apply is over it
+        "AIRFLOW_VAR_CDC_MAX_SLOT_LAG_BYTES": "0",  # WAL written after the stream stopped is over it
     }
     # Airflow's metadata DB (SQLite in AIRFLOW_HOME) is made while the pipeline is set up
     migrate = subprocess.Popen(
@@ -107,6 +109,8 @@ def test_airflow_dags_apply_alert_and_compact(pg_db: str, tmp_path: Path, spark)
         "UPDATE t SET v = 'x' WHERE id = 1",
     )
     stream_changes(file, pg_db)  # updates, deletes and an older event of key 1 for compaction
+    # the stream is not running now (as if `cdc stream` died): WAL the slot has not confirmed
+    sql(pg_db, "CREATE TABLE not_captured (id int)", "INSERT INTO not_captured SELECT generate_series(1, 100)")
 
     out, _ = migrate.communicate(timeout=600)
     assert migrate.returncode == 0, out
@@ -139,8 +143,12 @@ def test_airflow_dags_apply_alert_and_compact(pg_db: str, tmp_path: Path, spark)
     assert said[0].startswith("  sink cache: FAILED: ") and dead in said[0], said
     assert said[1].startswith("  fix: check that Redis is running"), said
     # the lag alert names the lagging follower only; the failure callback ran for both tasks
-    assert "CDC LAG ALERT: follower cache (redis) of pipeline pipeline: lag " in out
+    assert "CDC LAG ALERT: " in out and "follower cache (redis) of pipeline pipeline: lag " in out
     assert "follower lake (delta) of pipeline" not in out
+    # the slot's lag too: the log behind the source, and no stream reading the slot
+    slot = f"slot {Pipe(dags, file, pg_db, 'pipeline').slot} of pipeline pipeline"
+    assert f"{slot}: lag " in out and " bytes > 0 bytes of WAL" in out, out[-5000:]
+    assert f"{slot}: no stream reads it (is `cdc stream` running?)" in out, out[-5000:]
     assert "CDC ALERT: cdc_apply.apply[0] failed" in out and "CDC ALERT: cdc_apply.check_lag[0] failed" in out
     assert "public.t: events 11 -> 10" in out  # cdc log compact's report: key 1's older event went
 
