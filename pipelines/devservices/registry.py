@@ -33,6 +33,8 @@ def _kafka(base: Path, secure: bool | None = None) -> DevService:
     was_secure = (folder / "secure.json").exists()
     if secure is None:
         secure = was_secure
+    elif not secure and was_secure and not (folder / "data" / "meta.properties").exists():
+        (folder / "secure.json").unlink()  # a secured start that never formatted: plain from now on
     elif secure != was_secure and (folder / "data" / "meta.properties").exists():
         # its data, users and ports belong to the other kind of broker
         now, then = ("secured", "plain") if secure else ("plain", "secured")
@@ -66,11 +68,6 @@ def _debezium(base: Path) -> DevService:
     from pipelines.devservices.kafka import LocalKafka
     from pipelines.devservices.postgres import LocalPostgres
 
-    if (base / "kafka" / "secure.json").exists():
-        raise UsageError(
-            "debezium runs on the plain dev Kafka, but this --dir's Kafka is the secured one",
-            "use another --dir for Debezium: cdc dev up postgres kafka debezium --dir .cdc/dbz",
-        )
     pg = LocalPostgres(base / "postgres")
     dsn = pg.dsn() if pg.password_file.exists() else ""
     tables = [t.strip() for t in os.environ.get("DEBEZIUM_TABLES", "public.*").split(",") if t.strip()]
@@ -137,6 +134,11 @@ def up(base: Path, services: Iterable[str], pg_version: int | None = None, secur
             svc = _spark(base.resolve(), secret)
         elif name == "kafka":
             svc = _kafka(base.resolve(), secure)
+        elif name == "debezium" and (base.resolve() / "kafka" / "secure.json").exists():
+            raise UsageError(
+                "debezium runs on the plain dev Kafka, but this --dir's Kafka is the secured one",
+                "use another --dir for Debezium: cdc dev up postgres kafka debezium --dir .cdc/dbz",
+            )
         else:
             svc = FACTORIES[name](base.resolve())
         env |= svc.start()
