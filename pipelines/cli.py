@@ -355,12 +355,13 @@ def wait(pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, 
 @click.option("--interval", "interval_s", default=2.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between refreshes of --watch")
 @handle_errors
 def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int:
-    """Slot lag, log end and each follower's position (exit 4 if a follower's checkpoint is unreadable)."""
+    """Slot lag, log end and each follower's position (exit 1 if a follower lost data it had applied,
+    4 if a follower's checkpoint is unreadable)."""
     import time
 
     from rich.console import Console
 
-    from pipelines.status import collect_status, print_status
+    from pipelines.status import collect_status, print_status, status_exit
     from pipelines.status_view import status_view
     from pipelines.status_view import watch as watch_live
 
@@ -373,7 +374,7 @@ def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int
             return 0
         data = collect_status(loaded)
         console.print(status_view(data, snapshot_cmd))
-        return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
+        return status_exit(data)
     while True:
         data = collect_status(loaded)
         if as_json:
@@ -383,7 +384,7 @@ def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int
         else:
             print_status(data, say, snapshot_cmd)
         if not watch:
-            return int(ExitCode.RUNTIME) if any("error" in f for f in data["followers"]) else 0
+            return status_exit(data)
         sys.stdout.flush()
         try:
             time.sleep(interval_s)

@@ -15,6 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from pipelines.selfcheck import self_check_line
 from pipelines.status import _lost_line, _rebase_line, backlog_text, failing_line, retention_lines
 
 
@@ -103,6 +104,9 @@ def _followers(followers: list[dict[str, Any]]) -> RenderableType:
                     style="yellow" if lost.get("action") == "rebuilt" else "bold red",
                 )
             )
+        check_line = self_check_line(f)  # the follower's self-check (pipelines/selfcheck.py)
+        if check_line:
+            notes.append(Text(check_line, style="bold red" if "lost" in f["self_check"] else "yellow"))
         if f.get("last_error"):
             notes.append(Text(failing_line(f["sink"], f["last_error"]), style="bold red"))
         backlog = backlog_text(f)

@@ -75,6 +75,9 @@ class Sink(ABC):
 
     # Markers (sinks/marker.py): a sink that keeps them sets `markers` and implements both methods.
     markers: bool = False
+    # True when `has_table` and `read_marker` work on a sink made without a SparkSession (spark=None):
+    # `cdc status` then checks the follower without starting a JVM (pipelines/selfcheck.py)
+    reads_without_spark: bool = False
 
     def read_marker(self, table: TableName) -> str | None:
         """The table's marker text as the engine holds it (None: there is none)."""

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from cdc.ground.formats import MARKER, VERSION, check_version
+
+if TYPE_CHECKING:
+    from cdc.ground.tables import TableName
+    from sinks.base import Sink
 
 
 @dataclass(frozen=True)
@@ -68,3 +73,13 @@ def lost_reason(found: Marker | None, expected: Marker) -> str | None:
             f"{expected.end} (cut {expected.cut_id}): restored from an older backup?"
         )
     return None
+
+
+def why_lost(engine: Sink, table: TableName, expected: Marker | None) -> str | None:
+    """Why the engine no longer holds the table as `expected` says (None: it does). `expected`
+    None: the follower has no markers yet, only the table's presence can be checked."""
+    if not engine.has_table(table):
+        return "the table is gone from the engine (deleted or moved away)"
+    if expected is None:
+        return None
+    return lost_reason(Marker.from_json(engine.read_marker(table)), expected)

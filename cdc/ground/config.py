@@ -466,6 +466,12 @@ class SparkConfig(_Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
     trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+    follower_check_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="continuous apply: seconds between self-checks of a follower with no new cut (its tables and "
+        "markers still in the engine); a new cut and `cdc apply --once` always check; 0 = every round",
+    )
     stall_timeout_s: float = Field(
         default=900.0,
         ge=0,

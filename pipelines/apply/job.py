@@ -42,7 +42,7 @@ from pipelines.sparkerrors import spark_error_line
 from pipelines.stages import stage
 from sinks.base import ApplyStats, Sink
 from sinks.changes import TableBatch
-from sinks.marker import Marker, lost_reason
+from sinks.marker import Marker, why_lost
 from sinks.registry import make_sink
 from sinks.shaping import shape_batch, shape_of, shape_record
 from sinks.viewbatch import ViewBatch, view_table
@@ -107,6 +107,10 @@ class ApplyJob:
         self._stop = False
         self.view_runs: list = []  # the view stage's runs of the last run_once (pipelines/views/maintain.py)
         self.guard: StallGuard | None = None
+        # the self-check of an idle follower (_lost_while_idle): seconds between two (0: every
+        # run, as `--once`), and when each sink's last ran (monotonic; shared with sink threads)
+        self.check_every = 0.0
+        self.checked: dict[str, float] = {}
 
     def guard_stalls(
         self, report: Callable[[str, str, int], None], before_exit: Callable[[], None] = lambda: None
@@ -193,6 +197,7 @@ class ApplyJob:
         spark = clone_session(self.spark)
         spark.sparkContext.setLocalProperty(POOL_PROPERTY, sink_cfg.name)
         job = ApplyJob(self.pipeline, spark, self.say, self.lock_wait_s)
+        job.check_every, job.checked = self.check_every, self.checked
         log = open_log_view(self.pipeline)
         try:
             reader = change_reader(log)
@@ -277,7 +282,8 @@ class ApplyJob:
             cut_id, cut_lsn = latest.id, latest.lsn
             cut_tables = {str(t): r for t, r in latest.tables.items()}
         run.cut_id, run.lsn = cut_id, cut_lsn
-        if cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(views, ckpt):
+        idle = cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(views, ckpt)
+        if idle and not self._lost_while_idle(log, latest, sink_cfg, ckpt, views, by_name):
             run.up_to_date = True
             return
         # followers follow the tables the file names now, not every table the log still holds
@@ -287,9 +293,7 @@ class ApplyJob:
         if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
             # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
-        sink = make_sink(sink_cfg, self.pipeline, self.spark)
-        sink.log_id = getattr(log, "log_id", "")
-        sink.say = self.say
+        sink = self._make_sink(log, sink_cfg)
         sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
         if ckpt.clear:  # `cdc reset --rebuild`: start from nothing (changed rows would survive a replay)
             self.say(f"sink {sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
@@ -300,9 +304,8 @@ class ApplyJob:
                 sink.clear_table(view_table(view))
             ckpt.tables, ckpt.clear = {}, False
         self._rebuild_reshaped(log, sink, sink_cfg, ckpt, wanted, by_name)
-        followed = by_name | {str(view_table(v)): view_table(v) for v in views}
-        held = [n for n in wanted if n in by_name] + [str(view_table(v)) for v in views]
-        self._check_markers(sink, sink_cfg, ckpt, [n for n in held if n in ckpt.tables], followed)
+        held, followed = _held(wanted, views, ckpt, by_name)
+        self._check_markers(sink, sink_cfg, ckpt, held, followed)
         # remedies name this pipeline file and sink, so they run as printed
         hint = getattr(log, "rebuild_hint", None) or (
             f"run `{self.pipeline.command('snapshot')} --tables {{table}}` to give the table a new base; "
@@ -402,6 +405,28 @@ class ApplyJob:
         ckpt.pending = None
         save_checkpoint(state, ckpt)
 
+    def _make_sink(self, log, sink_cfg: SinkConfig) -> Sink:
+        sink = make_sink(sink_cfg, self.pipeline, self.spark)
+        sink.log_id = getattr(log, "log_id", "")
+        sink.say = self.say
+        return sink
+
+    def _lost_while_idle(
+        self, log, latest: Cut, sink_cfg: SinkConfig, ckpt: Checkpoint, views: dict, by_name: dict
+    ) -> bool:
+        """The self-check of a follower with no new cut to apply: an engine wiped while the source is
+        idle (Redis flushed, a Delta table's directory deleted) is found now, not at the next change;
+        True sends the follower through a cut's path, which rebuilds what it lost (_check_markers).
+        The continuous loop checks every `spark.follower_check_interval_s` (a few reads per table,
+        not for every round); `--once` every time."""
+        last = self.checked.get(sink_cfg.name)
+        if last is not None and time.monotonic() - last < self.check_every:
+            return False
+        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
+        held, followed = _held(wanted, views, ckpt, by_name)
+        lost = self._lost_tables(self._make_sink(log, sink_cfg), sink_cfg, ckpt, held, followed)
+        return bool(lost)
+
     def _parallelism(self, sink: Sink) -> int:
         """How many tables of a cut the sink applies at once (`spark.apply_parallelism`)."""
         if not sink.parallel_tables:
@@ -466,20 +491,7 @@ class ApplyJob:
     ) -> None:
         """Does the engine still hold what the checkpoint says this follower applied? (sinks/marker.py)
         Tables it lost are rebuilt from the log's base, or the run stops (on_lost: stop)."""
-
-        def why_lost(slot: Slot[str]) -> str | None:
-            table, engine = by_name[slot.item], sink.in_session(slot.spark)
-            if not engine.has_table(table):
-                return "the table is gone from the engine (deleted or moved away)"
-            if sink.markers and ckpt.markers:
-                base, end = ckpt.tables[slot.item]
-                expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
-                return lost_reason(Marker.from_json(engine.read_marker(table)), expected)
-            return None
-
-        # table by table a few small reads each: side by side like the tables' MERGEs
-        reasons = run_tasks(applied, why_lost, self._parallelism(sink), self.spark, sink_cfg.name)
-        lost = {name: why for name, why in zip(applied, reasons, strict=True) if why is not None}
+        lost = self._lost_tables(sink, sink_cfg, ckpt, applied, by_name)
         if not lost:
             return
         what = "; ".join(f"{t}: {why}" for t, why in sorted(lost.items()))
@@ -501,6 +513,23 @@ class ApplyJob:
             sink.clear_table(by_name[name])  # what is left (an older backup, another pipeline's data) goes
             del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
         ckpt.lost = note | {"action": "rebuilt"}
+
+    def _lost_tables(
+        self, sink: Sink, sink_cfg: SinkConfig, ckpt: Checkpoint, applied: list[str], by_name: dict[str, TableName]
+    ) -> dict[str, str]:
+        """{table: why} for each applied table the engine no longer holds as the checkpoint says."""
+
+        def why(slot: Slot[str]) -> str | None:
+            expected = None
+            if sink.markers and ckpt.markers:
+                base, end = ckpt.tables[slot.item]
+                expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
+            return why_lost(sink.in_session(slot.spark), by_name[slot.item], expected)
+
+        # table by table a few small reads each: side by side like the tables' MERGEs
+        reasons = run_tasks(applied, why, self._parallelism(sink), self.spark, sink_cfg.name)
+        self.checked[sink_cfg.name] = time.monotonic()
+        return {name: reason for name, reason in zip(applied, reasons, strict=True) if reason is not None}
 
     def report(self, runs: list[SinkRun]) -> None:
         for run in runs:
@@ -525,6 +554,7 @@ class ApplyJob:
     ) -> None:
         """Apply every `interval` seconds until SIGINT/SIGTERM (or keep_going() turns False)."""
         interval = interval or self.pipeline.spark.trigger_interval_s
+        self.check_every = self.pipeline.spark.follower_check_interval_s  # idle followers' self-check
         old = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         # /healthz and /readyz on the metrics port (pipelines/apply/health.py)
         watch = ApplyHealth([s.name for s in self._sinks(only)], interval, self.guard)
@@ -543,6 +573,15 @@ class ApplyJob:
             health.unregister("apply")
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def _held(
+    wanted: list[str], views: dict, ckpt: Checkpoint, by_name: dict[str, TableName]
+) -> tuple[list[str], dict[str, TableName]]:
+    """The tables (and view tables) the sink follows and has applied, and every name's TableName."""
+    followed = by_name | {str(view_table(v)): view_table(v) for v in views}
+    held = [n for n in wanted if n in by_name] + [str(view_table(v)) for v in views]
+    return [n for n in held if n in ckpt.tables], followed
 
 
 def _renamed(before: str, after: str) -> bool:

@@ -449,6 +449,7 @@ class OpenSearchSink(SearchSink):
 
     # ---- marker (sinks/marker.py): `_meta.cdc.follower` of the table's index ---------------------
     markers = True
+    reads_without_spark = True  # a client of the engine, no session (sinks/base.py)
 
     def has_table(self, table: TableName) -> bool:
         with self.calls("the index check"):

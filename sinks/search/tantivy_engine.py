@@ -580,6 +580,7 @@ class TantivySink(SearchSink):
 
     # ---- marker (sinks/marker.py): a file next to the generations, which it outlives -------------
     markers = True
+    reads_without_spark = True  # a client of the engine, no session (sinks/base.py)
 
     def has_table(self, table: TableName) -> bool:
         return open_index(self.table_dir(table)) is not None

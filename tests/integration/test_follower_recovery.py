@@ -15,8 +15,10 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from pipelines.cli import cli
 from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs
-from tests.harness import cdc, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import cdc, cdc_popen, source_rows, sql, stream_changes, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -226,12 +228,16 @@ def test_rejected_document_fix_rebuilds_only_that_follower(
 
     def pipeline(code_field: str) -> Path:
         fields = {"fields": {"public.items": {"code": code_field}}}
-        return write_pipeline(tmp_path, pg_db, ["public.items"], sinks=[{"name": "s", "search": settings | fields}])
+        return write_pipeline(
+            tmp_path, pg_db, ["public.items"], sinks=[{"name": "s", "search": settings | fields}]
+        )
 
     file = pipeline("long")  # the codes were numbers so far
     snapshot_and_apply(file)
     base = load_pipeline(file).state_path
-    sql(pg_db, "UPDATE items SET code = 'n/a' WHERE id = 4", "UPDATE items SET title = 'changed' WHERE id = 5")
+    sql(
+        pg_db, "UPDATE items SET code = 'n/a' WHERE id = 4", "UPDATE items SET title = 'changed' WHERE id = 5"
+    )
     stream_changes(file, pg_db)
     code, out = run("apply", file, "--once", "--sink", "s")
     assert code == 4, out
@@ -443,3 +449,115 @@ def test_redis_out_of_memory_is_one_line_with_the_fix(
     code, out = run("apply", file, "--once")
     assert code == 0, out
     assert verify(file, spark, "cache")[0] == 0
+
+
+# ---- lost while the source is idle (issue 34 item 1) ---------------------------------------------
+def lost_while_idle(file: Path, sink: str, what: str) -> None:
+    """With nothing new in the log, `cdc status` finds the loss (exit 1, the fix), and the fix it
+    prints (`cdc apply --once --sink ...`) rebuilds the follower; status is then clean again."""
+    code, out = run("status", file)
+    assert code == 1, out
+    assert f"follower {sink} LOST DATA it had applied (found now): public.items ({what}" in out, out
+    assert f"fix: run `cdc apply {file} --once --sink {sink}`: it rebuilds the lost tables" in out, out
+    assert f"{ROWS:,} events behind the log" in out, out  # the rebuild's backlog: every row from the base
+    code, out = run("status", file, "--json")
+    assert code == 1, out
+    (follower,) = json.loads(out)["followers"]
+    assert follower["self_check"]["lost"]["public.items"].startswith(what), follower
+    assert follower["events_behind_log"] == ROWS, follower
+
+    follow(fix_line(run("status", file)[1]))  # cdc apply ... --once --sink NAME, as printed
+    code, out = run("status", file)
+    assert code == 0, out
+    assert "LOST DATA" not in out and f"follower {sink} lost data at" in out, out  # the rebuild, recorded
+    assert "up to date with the log" in out, out
+
+
+def test_redis_flushed_while_idle_is_found_by_status_and_apply(
+    tmp_path: Path, pg_db: str, redis_db: str, spark
+) -> None:
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db))
+    client = redis.Redis.from_url(redis_db)
+    code, out = run("status", file)
+    assert code == 0 and "LOST DATA" not in out, out  # markers read by status match the checkpoint
+    client.flushall()
+    lost_while_idle(file, "cache", "its marker is gone from the engine")
+    assert len(redis_rows(client, "public.items:")) == ROWS
+    assert verify(file, spark, "cache")[0] == 0
+
+    client.flushall()  # and `apply --once` itself, with no new cut, notices and restores
+    code, out = run("apply", file, "--once", "--sink", "cache")
+    assert code == 0, out
+    assert "lost data it had applied (public.items: its marker is gone" in out, out
+    assert "up to date" not in out, out
+    cached = redis_rows(client, "public.items:")
+    assert {(str(v["id"]),): v["title"] for v in cached.values()} == {
+        k: r["title"] for k, r in source(pg_db).items()
+    }
+    assert verify(file, spark, "cache")[0] == 0
+    code, out = run("apply", file, "--once", "--sink", "cache")
+    assert code == 0 and "sink cache: up to date" in out, out
+
+
+def test_delta_table_deleted_while_idle_is_found_by_status_and_apply(
+    tmp_path: Path, pg_db: str, spark
+) -> None:
+    file = items_applied(tmp_path, pg_db, LAKE)
+    path = table_path(tmp_path / "lake", TableName("public", "items"))
+    code, out = run("status", file)
+    assert code == 0 and "LOST DATA" not in out, out  # the marker read from _delta_log matches
+    shutil.rmtree(path)
+    lost_while_idle(file, "lake", "the table is gone from the engine")
+    rows = delta_rows(spark, path)  # delta-rs
+    assert {k: r["title"] for k, r in rows.items()} == {k: r["title"] for k, r in source(pg_db).items()}
+    assert len(rows) == ROWS
+    assert verify(file, spark)[0] == 0
+
+    shutil.rmtree(path)
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    assert "sink lake: the follower lost data it had applied (public.items: the table is gone" in out, out
+    assert len(delta_rows(spark, path)) == ROWS
+    assert verify(file, spark)[0] == 0
+
+
+def test_cdc_run_finds_a_follower_flushed_while_idle(
+    tmp_path: Path, pg_db: str, redis_db: str, spark
+) -> None:
+    """A running `cdc run` with an idle source rebuilds a flushed Redis follower by itself, within
+    spark.follower_check_interval_s (1 s here)."""
+    make_items(pg_db)
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.items"],
+        sinks=[cache_sink(redis_db)],
+        spark={"master": "local[1]", "trigger_interval_s": 1, "follower_check_interval_s": 1},
+    )
+    client = redis.Redis.from_url(redis_db)
+    proc = cdc_popen("run", file)
+    try:
+        until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the first apply")
+        until(lambda: run("status", file)[0] == 0, proc, "status clean")
+        client.flushall()
+        until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the rebuild")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    assert "sink cache: the follower lost data it had applied (public.items: its marker is gone" in out, out
+    assert verify(file, spark, "cache")[0] == 0
+
+
+def until(check, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    """Poll `check()` until true; fail at once if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"cdc run exited {proc.returncode} before {what}:\n{out}\n{err}")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.5)

@@ -1,0 +1,72 @@
+"""A Delta table's latest table properties read from its `_delta_log` files, without Spark or a JVM
+(`cdc status`'s self-check of a follower, README "Rebuilding and rewinding a follower").
+
+Every commit that changes the table's metadata (creation, schema evolution, the marker's
+`ALTER TABLE ... SET TBLPROPERTIES`) holds a whole `metaData` action, configuration included, so
+the newest one wins: the JSON commits are read newest first and the first `metaData` found is the
+answer. When those commits are gone (log cleanup after a checkpoint) the newest checkpoint's
+Parquet file holds it (read with pyarrow).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+LOG_DIR = "_delta_log"
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.\d{10}\.\d{10})?\.parquet$")
+
+
+class LogUnreadable(Exception):
+    """The table's log holds no readable metadata (a format this reader does not know)."""
+
+
+def is_delta_table(path: str | Path) -> bool:
+    """A directory with a Delta log holding at least one commit or checkpoint."""
+    log = Path(path) / LOG_DIR
+    try:
+        return any(_COMMIT.match(p.name) or _CHECKPOINT.match(p.name) for p in log.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def table_properties(path: str | Path) -> dict[str, str]:
+    """The configuration of the table's newest metaData action; LogUnreadable when none is found."""
+    log = Path(path) / LOG_DIR
+    names = [p.name for p in log.iterdir()]
+    commits = sorted((int(m.group(1)), n) for n in names if (m := _COMMIT.match(n)))
+    checkpoints = sorted((int(m.group(1)), n) for n in names if (m := _CHECKPOINT.match(n)))
+    newest_checkpoint = checkpoints[-1][0] if checkpoints else -1
+    for version, name in reversed(commits):
+        if version <= newest_checkpoint:
+            break  # older commits are in the checkpoint, which is read below
+        found = _metadata_in_commit(log / name)
+        if found is not None:
+            return found
+    if checkpoints:
+        return _metadata_in_checkpoint([log / n for v, n in checkpoints if v == newest_checkpoint])
+    raise LogUnreadable(f"{log}: no metaData action in its commits")
+
+
+def _metadata_in_commit(path: Path) -> dict[str, str] | None:
+    for line in path.read_text().splitlines():
+        if '"metaData"' not in line:  # most lines are add/remove actions: skip them unparsed
+            continue
+        action = json.loads(line)
+        if "metaData" in action:
+            return dict(action["metaData"].get("configuration") or {})
+    return None
+
+
+def _metadata_in_checkpoint(parts: list[Path]) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
+    for part in parts:
+        table = pq.read_table(part, columns=["metaData"])
+        for meta in table.column("metaData").to_pylist():
+            if meta is not None:
+                conf = meta.get("configuration") or []
+                return dict(conf)  # a map column reads as (key, value) pairs
+    raise LogUnreadable(f"{parts[0].parent}: no metaData action in its checkpoint")
