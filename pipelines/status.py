@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
-from cdc.ground.errors import CdcError, ExitCode
+from cdc.ground.errors import CdcError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
@@ -16,7 +16,7 @@ from cdc.log.base import Cut
 from cdc.rebase import load_states
 from cdc.source import connect, current_wal_lsn, slot_state
 from pipelines.checkpoints import Checkpoint, load_checkpoint
-from pipelines.selfcheck import check_follower, self_check_line, without_lost
+from pipelines.ddl import describe as describe_ddl
 from pipelines.follower_errors import last_error
 
 
@@ -32,9 +32,10 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
         try:
             source_lsn = current_wal_lsn(conn)
             state = slot_state(conn, pipeline.slot)
+            ddl_line, ddl_fix = describe_ddl(conn, pipeline)  # with or without the DDL trigger
         finally:
             conn.close()
-        data["source"] = {"current_wal_lsn": format_lsn(source_lsn)}
+        data["source"] = {"current_wal_lsn": format_lsn(source_lsn), "ddl_capture": {"line": ddl_line, "fix": ddl_fix}}
         if state is None:
             data["source"]["slot"] = None
         else:
@@ -52,11 +53,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
 
     log_info: dict[str, Any] = {"kind": "kafka" if pipeline.log_config.kafka else "local"}
     cut = None
-    log_id, log_tables = "", None  # for the followers' self-check
     try:
         log = open_log_view(pipeline)
         try:
-            log_id, log_tables = getattr(log, "log_id", ""), [t.table for t in log.tables()]
             cut = log.latest_cut()
             position = log.stream_position()
             log_info["stream_position"] = format_lsn(position[1]) if position else None
@@ -105,14 +104,8 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             entry["applied_age_s"] = round(time.time() - ckpt.ts_ms / 1000, 1) if ckpt.ts_ms else None
             if cut is not None:
                 entry["lag_bytes_behind_log"] = max(0, cut.lsn - ckpt.lsn)
-        check: dict[str, Any] = {}
-        if ckpt.cut_id and log_tables is not None:  # does the engine still hold what it applied?
-            check = check_follower(pipeline, sink, ckpt, log_id, log_tables)
-            if check:
-                entry["self_check"] = check
         if cut is not None and "error" not in log_info:
-            # a follower that lost tables is behind by their whole backlog (what the rebuild applies)
-            entry.update(follower_lag(pipeline, sink, without_lost(ckpt, check["lost"]) if "lost" in check else ckpt, cut))
+            entry.update(follower_lag(pipeline, sink, ckpt, cut))
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
         if ckpt.lost:
@@ -225,6 +218,9 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
                 f"  source: at {src['current_wal_lsn']}; slot confirmed {slot['confirmed_flush_lsn']}, "
                 f"lag {slot['lag_bytes']:,} bytes, retains {slot['retained_wal_bytes']:,} bytes of WAL, {active}"
             )
+        ddl = src.get("ddl_capture")
+        if ddl:
+            say(f"  {ddl['line']}" + (f"\n    fix: {ddl['fix']}" if ddl["fix"] else ""))
     log = data["log"]
     if "error" in log:
         say(f"  log ({log['kind']}): {log['error']}")
@@ -249,9 +245,6 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
             continue
         if f.get("lost"):
             say(f"  {_lost_line(f['sink'], f['lost'])}")
-        check_line = self_check_line(f)
-        if check_line:
-            say(f"  {check_line}")
         if f.get("last_error"):
             say(f"  {failing_line(f['sink'], f['last_error'])}")
         backlog = backlog_text(f)
@@ -292,16 +285,6 @@ def failing_line(sink: str, err: dict[str, Any]) -> str:
         f"follower {sink} FAILING since {_when(err['since_ms'])} ({err['count']} failed round(s), the last"
         f" {_when(err['last_ms'])}): {err['problem']}{fix}"
     )
-
-
-def status_exit(data: dict[str, Any]) -> int:
-    """4 when a follower's checkpoint cannot be read, 1 when a follower lost data it had applied
-    (found by the self-check; the next apply rebuilds it), else 0."""
-    if any("error" in f for f in data["followers"]):
-        return int(ExitCode.RUNTIME)
-    if any((f.get("self_check") or {}).get("lost") for f in data["followers"]):
-        return int(ExitCode.DIFFERENCE)
-    return int(ExitCode.OK)
 
 
 def backlog_text(f: dict[str, Any]) -> str:
