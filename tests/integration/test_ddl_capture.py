@@ -144,6 +144,12 @@ def test_trigger_dropped_behind_the_tools_back_is_said(pg_db: str, tmp_path: Pat
         assert "w" in log.schema(TableName("public", "gone")).column_names
     finally:
         log.close()
+    run = cdc_here("status", file)
+    assert "DDL capture: event trigger(s) for ddl_command_end dropped or disabled" in run.out, run.out
+    # installed again; the user's DDL never fails because of it, not even without the publication
+    assert cdc_here("ddl", "install", file).code == 0
+    assert "DDL capture: on (event trigger)" in cdc_here("status", file).out
+    sql(pg_db, "DROP PUBLICATION cdc_ddlcap", "ALTER TABLE gone ADD COLUMN z float8 DEFAULT random()")
     run = cdc_here("teardown", file, "--drop-slot", "--yes")
     assert run.code == 0, run.out + run.err
     names = list(ddl.trigger_names("ddlcap").values())
