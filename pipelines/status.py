@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
-from cdc.ground.errors import CdcError
+from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
@@ -18,6 +18,7 @@ from cdc.source import connect, current_wal_lsn, slot_state
 from pipelines.checkpoints import Checkpoint, load_checkpoint
 from pipelines.ddl import describe as describe_ddl
 from pipelines.follower_errors import last_error
+from pipelines.selfcheck import check_follower, self_check_line, without_lost
 
 
 def collect_status(pipeline: Pipeline) -> dict[str, Any]:
@@ -53,9 +54,11 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
 
     log_info: dict[str, Any] = {"kind": "kafka" if pipeline.log_config.kafka else "local"}
     cut = None
+    log_id, log_tables = "", None  # for the followers' self-check
     try:
         log = open_log_view(pipeline)
         try:
+            log_id, log_tables = getattr(log, "log_id", ""), [t.table for t in log.tables()]
             cut = log.latest_cut()
             position = log.stream_position()
             log_info["stream_position"] = format_lsn(position[1]) if position else None
@@ -104,8 +107,14 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             entry["applied_age_s"] = round(time.time() - ckpt.ts_ms / 1000, 1) if ckpt.ts_ms else None
             if cut is not None:
                 entry["lag_bytes_behind_log"] = max(0, cut.lsn - ckpt.lsn)
+        check: dict[str, Any] = {}
+        if ckpt.cut_id and log_tables is not None:  # does the engine still hold what it applied?
+            check = check_follower(pipeline, sink, ckpt, log_id, log_tables)
+            if check:
+                entry["self_check"] = check
         if cut is not None and "error" not in log_info:
-            entry.update(follower_lag(pipeline, sink, ckpt, cut))
+            # a follower that lost tables is behind by their whole backlog (what the rebuild applies)
+            entry.update(follower_lag(pipeline, sink, without_lost(ckpt, check["lost"]) if "lost" in check else ckpt, cut))
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
         if ckpt.lost:
@@ -245,6 +254,9 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
             continue
         if f.get("lost"):
             say(f"  {_lost_line(f['sink'], f['lost'])}")
+        check_line = self_check_line(f)
+        if check_line:
+            say(f"  {check_line}")
         if f.get("last_error"):
             say(f"  {failing_line(f['sink'], f['last_error'])}")
         backlog = backlog_text(f)
@@ -285,6 +297,16 @@ def failing_line(sink: str, err: dict[str, Any]) -> str:
         f"follower {sink} FAILING since {_when(err['since_ms'])} ({err['count']} failed round(s), the last"
         f" {_when(err['last_ms'])}): {err['problem']}{fix}"
     )
+
+
+def status_exit(data: dict[str, Any]) -> int:
+    """4 when a follower's checkpoint cannot be read, 1 when a follower lost data it had applied
+    (found by the self-check; the next apply rebuilds it), else 0."""
+    if any("error" in f for f in data["followers"]):
+        return int(ExitCode.RUNTIME)
+    if any((f.get("self_check") or {}).get("lost") for f in data["followers"]):
+        return int(ExitCode.DIFFERENCE)
+    return int(ExitCode.OK)
 
 
 def backlog_text(f: dict[str, Any]) -> str:
