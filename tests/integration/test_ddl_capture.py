@@ -174,3 +174,26 @@ def test_role_without_the_right_keeps_todays_mode(pg_db: str, tmp_path: Path) ->
         assert f"role {role} is not a superuser" in run.out, run.out
     finally:
         sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+def test_kafka_schemas_topic_gets_the_version_at_the_ddl_commit(pg_db: str, tmp_path: Path, kafka) -> None:
+    """With `log: kafka`, the DDL's schema version is in `_cdc_schemas` after the next `cdc stream
+    --until current`, with no later write to the table (read with a plain Kafka consumer)."""
+    import orjson
+
+    from tests.fixtures.kafka_log import make_kpipe
+    from tests.fixtures.kafka_log import snapshot as kafka_snapshot
+    from tests.fixtures.kafka_log import stream_until_current as kafka_stream
+    from tests.fixtures.topics import topic_records
+
+    sql(pg_db, "CREATE TABLE kd (id int PRIMARY KEY, v text)", "INSERT INTO kd VALUES (1, 'a')")
+    pipe = make_kpipe(tmp_path, pg_db, ["public.kd"], kafka.bootstrap)
+    assert cdc_here("ddl", "install", pipe.file).code == 0
+    kafka_snapshot(pipe)
+    sql(pg_db, "ALTER TABLE kd RENAME COLUMN v TO w", "ALTER TABLE kd ADD COLUMN tier text DEFAULT 'std'")
+    kafka_stream(pipe)
+    versions = [orjson.loads(r.value) for r in topic_records(kafka.bootstrap, pipe.schemas_topic)]
+    newest = max((v for v in versions if v["table"] == "public.kd"), key=lambda v: v["version"])
+    columns = {c[0]: c for c in newest["schema"]["columns"]}  # [name, type oid, typmod, ndims, missing, attnum]
+    assert set(columns) == {"id", "w", "tier"}, columns
+    assert columns["w"][5] == 2 and columns["tier"][4] == "std", columns
