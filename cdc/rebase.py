@@ -1,7 +1,7 @@
 """Noticing that a table's rows changed without row-level change events, so the log must re-base it.
 
 Some DDL and maintenance rewrites a table: ALTER COLUMN ... TYPE (with or without USING),
-ADD COLUMN ... DEFAULT <volatile>, VACUUM FULL, CLUSTER. Logical decoding sends no row for a
+ADD COLUMN ... DEFAULT <volatile> (VACUUM FULL and CLUSTER rewrite storage, not rows). Logical decoding sends no row for a
 rewrite, and a rewrite also clears the fast defaults (`attmissingval`) an earlier ADD COLUMN
 left, which the stream reads from the catalog only when it gets to that ADD COLUMN, possibly
 after the rewrite. Attaching or detaching a partition adds or removes rows the same silent way.
@@ -11,11 +11,14 @@ saying otherwise.
 Every rewrite gives the table's storage a new relfilenode. The log keeps the relfilenodes of
 the table's leaves (the table itself, or its leaf partitions) as of its snapshot; whenever the
 stream gets a table's columns (a Relation message: the first change of a table in a session
-and the first after any DDL on it), it compares them with the catalog. A difference that no
-decoded TRUNCATE explains means the table may have been rewritten: the stream re-bases it (a
-snapshot of that one table into the log at a new consistent point, as `cdc snapshot --tables`
-does, which the stream's own events then continue). False alarms (VACUUM FULL of unchanged
-rows, a new partition filled since) only cost that snapshot.
+and the first after any DDL on it), it compares them with the catalog. Partitions detached or
+attached with rows re-base the table at once. A new relfilenode alone (VACUUM FULL, CLUSTER)
+changes no row and re-bases nothing: only what the columns show counts then (a column type
+changed, or a new column with a DEFAULT whose value the catalog no longer keeps), as for a log
+without a storage baseline. With DDL capture (cdc/ddl.py) the `table_rewrite` trigger says so
+at the DDL's commit (`RewriteWatch.rewritten`), and the re-base starts once the stream has that
+transaction. A re-base is a snapshot of that one table into the log at a new consistent point,
+as `cdc snapshot --tables` does, which the stream's own events then continue.
 
 The state of each re-base is kept in <state_dir>/rebase.json for `cdc status` and for a stream
 restarted before a re-base finished (it starts it again).
