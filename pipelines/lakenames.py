@@ -3,7 +3,8 @@
 Every table answers to its source name, qualified or not, with PostgreSQL's rules: `public.orders`,
 `orders`, `"Sales"."Order Items"` (unquoted names fold to lower case, quoted ones keep capitals and
 spaces). A bare name is the table's name when one schema has it; when two schemas share a name the
-bare name is `schema_table` (`sales_orders`), as before qualified names were accepted.
+bare name is `schema_table` (`sales_orders`), as before qualified names were accepted; a bare
+name no such alias has is looked up in `public`, PostgreSQL's default schema.
 
 DataFusion (the default engine) is given each table under its qualified name, so its own SQL
 resolves them. Spark's temp views have one-part names, so for Spark the query is rewritten
@@ -36,7 +37,8 @@ def quoted(name: str) -> str:
 
 def datafusion_names(tables: Iterable[str]) -> dict[str, list[str]]:
     """{schema.table: the names DataFusion registers it under}: `"schema"."table"` and, in the
-    default schema `public`, its bare name unless a captured public table has that name."""
+    default schema `public`, its bare name (when that is another name) unless a captured public
+    table has that name."""
     tables = sorted(tables)
     parsed = {t: TableName.parse(t) for t in tables}
     public = {n.name for n in parsed.values() if n.schema == "public"}
@@ -44,7 +46,7 @@ def datafusion_names(tables: Iterable[str]) -> dict[str, list[str]]:
     for t, bare in bare_names(tables).items():
         n = parsed[t]
         names = [f"{quoted(n.schema)}.{quoted(n.name)}"]
-        if n.schema != "public" and bare not in public:
+        if (n.schema, n.name) != ("public", bare) and bare not in public:
             names.append(f"{quoted('public')}.{quoted(bare)}")
         out[t] = names
     return out
@@ -89,7 +91,8 @@ def spark_query(query: str, views: Mapping[str, str]) -> str:
         if db is None:
             if node.name.lower() in ctes or node.name in bare.values():
                 continue
-            view = _match_bare(node.name, bare)
+            # else as PostgreSQL (and DataFusion) resolve it: a table of the default schema public
+            view = _match_bare(node.name, bare) or _match(TableName("public", node.name), by_name)
         else:
             view = _match(TableName(db.name, node.name), by_name)
         if view is None:

@@ -108,7 +108,8 @@ def test_limit_and_cut_not_recorded(lake: Path) -> None:
 
 def test_datafusion_names() -> None:
     names = datafusion_names(["public.orders", "sales.orders", "sales.items", "public.sales_items"])
-    assert names["public.orders"] == ['"public"."orders"']
+    assert names["public.orders"] == ['"public"."orders"', '"public"."public_orders"']
+    assert names["public.sales_items"] == ['"public"."sales_items"']
     assert names["sales.orders"] == ['"sales"."orders"', '"public"."sales_orders"']
     assert names["sales.items"] == ['"sales"."items"', '"public"."items"']
 
