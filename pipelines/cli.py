@@ -195,7 +195,7 @@ def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progre
 
     only = [t.strip() for t in _split_tables(tables)] if tables else None
     loaded = load(pipeline)
-    with serving(loaded, "snapshot", metrics_port, say):
+    with serving(loaded, "snapshot", metrics_port, say, one_shot=True):
         progress = not no_progress and not logformat.is_json()  # no bar between JSON lines
         result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
     if not result.skipped:
@@ -246,7 +246,7 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
     from snapshot.rebase import ThreadRebaser
 
     loaded = load(pipeline)
-    with serving(loaded, "stream", metrics_port, say, internal=metrics_child):
+    with serving(loaded, "stream", metrics_port, say, internal=metrics_child, one_shot=until is not None):
         # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
         stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
@@ -286,7 +286,7 @@ def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: 
     for name in sink_names:
         p.sink(name)  # unknown sink: exit 2 before Spark starts
     sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
-    with serving(p, "apply", metrics_port, say), reporting():  # stage lines on stderr (pipelines/stages.py)
+    with serving(p, "apply", metrics_port, say, one_shot=once), reporting():  # stage lines on stderr (pipelines/stages.py)
         job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
         job.guard_stalls(report_error)
         if not once:

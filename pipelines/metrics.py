@@ -225,6 +225,17 @@ class Merged:
         yield from families.values()
 
 
+def _in_use(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (a bind would fail)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds: TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -240,10 +251,21 @@ def serving(
     *,
     child_port: int | None = None,
     internal: bool = False,
+    one_shot: bool = False,
 ) -> Iterator[int | None]:
     """Serve the metrics for the block when `port` (or the pipeline file's metrics.port) is set.
-    `internal`: the private endpoint of `cdc run`'s stream child (no state gauges: the parent has them)."""
+    `internal`: the private endpoint of `cdc run`'s stream child (no state gauges: the parent has them).
+    `one_shot`: a verb that ends by itself (`snapshot`, `apply --once`, `stream --until`) beside a
+    running `cdc run`, which holds the file's port: the file's port in use is skipped with a note
+    (the running process serves the pipeline's gauges); only an explicit --metrics-port must bind."""
     metrics.started(pipeline.name, component)
+    if port is None and one_shot and pipeline.metrics.port is not None and _in_use(pipeline.metrics.host, pipeline.metrics.port):
+        say(
+            f"metrics: port {pipeline.metrics.port} (metrics.port) is in use, by a running `cdc run` or `cdc stream`"
+            " of this pipeline it seems: this command serves no metrics (pass --metrics-port to serve them)"
+        )
+        yield None
+        return
     port = port or pipeline.metrics.port
     if port is None:
         yield None

@@ -133,6 +133,9 @@ class ApplyJob:
         return [self.pipeline.sink(name) for name in ([only] if isinstance(only, str) else only)]
 
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
+        from pipelines.apply.filewatch import follow_file_tables
+
+        follow_file_tables(self)  # a table added to the file beside a running `cdc run` (issue 33.4)
         sinks = self._sinks(only)
         try:
             if self.guard is None:
