@@ -69,11 +69,17 @@ class TableVerdict:
     excused: int = 0  # differ, but changed after the verification point
     samples: list[str] = field(default_factory=list)
     missing_columns: list[str] = field(default_factory=list)  # the source has them, the follower does not
+    # (old name, new name): renamed in the source, the follower still has the old name (compared under it)
+    renamed_columns: list[tuple[str, str]] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)  # said on the report: columns no follower can have
 
     @property
     def identical(self) -> bool:
-        return self.missing == self.extra == self.different == 0 and not self.missing_columns
+        return (
+            self.missing == self.extra == self.different == 0
+            and not self.missing_columns
+            and not self.renamed_columns
+        )
 
 
 @dataclass
@@ -103,15 +109,23 @@ class SourceCopy:
     # log does not know yet (added since the table's last change): a follower lacks those.
     schemas: dict[TableName, TableSchema]
     generated: dict[TableName, list[str]] = field(default_factory=dict)  # not compared (see source_columns)
+    # new name -> old name of columns renamed in the source since the log last saw the table
+    renamed: dict[TableName, dict[str, str]] = field(default_factory=dict)
 
 
-def source_columns(cur, table: TableName, schema: TableSchema) -> tuple[tuple[Column, ...], list[str]]:
+def source_columns(
+    cur, table: TableName, schema: TableSchema
+) -> tuple[tuple[Column, ...], list[str], dict[str, str]]:
     """The columns to compare for `table` as the source has it now (at the verification point):
     the log's columns the source still has, then the source's columns the log does not know,
     except generated ones, which PostgreSQL before 18 does not publish (and 18 only with
-    publish_generated_columns): those no follower has, and they are returned to be named."""
+    publish_generated_columns): those no follower has, and they are returned to be named. Also
+    returned: new name -> old name of each log column the source has renamed since (the same
+    attnum under another name): the log learns of a rename with the table's next change, so a
+    follower still has the old name until then."""
     cur.execute(
-        "SELECT a.attname, a.atttypid, a.atttypmod, a.attndims, a.attgenerated <> '' FROM pg_attribute a"
+        "SELECT a.attname, a.atttypid, a.atttypmod, a.attndims, a.attgenerated <> '', a.attnum"
+        " FROM pg_attribute a"
         " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         (table.schema, table.name),
@@ -121,11 +135,18 @@ def source_columns(cur, table: TableName, schema: TableSchema) -> tuple[tuple[Co
     known = set(schema.column_names)
     cols = [c for c in schema.columns if c.name in present]
     cols += [
-        Column(name, oid, mod, dims)
-        for name, oid, mod, dims, generated in rows
+        Column(name, oid, mod, dims, attnum=attnum)
+        for name, oid, mod, dims, generated, attnum in rows
         if not generated and name not in known
     ]
-    return tuple(cols), [name for name, _o, _m, _d, generated in rows if generated and name not in known]
+    now = {attnum: name for name, _o, _m, _d, _g, attnum in rows}
+    renamed = {
+        now[c.attnum]: c.name
+        for c in schema.columns
+        if c.attnum and c.name not in present and now.get(c.attnum) not in (None, *known)
+    }
+    generated = [name for name, _o, _m, _d, gen, _a in rows if gen and name not in known]
+    return tuple(cols), generated, renamed
 
 
 def copy_source(
@@ -142,6 +163,7 @@ def copy_source(
     files: dict[TableName, Path] = {}
     restricted: dict[TableName, TableSchema] = {}
     generated: dict[TableName, list[str]] = {}
+    renamed: dict[TableName, dict[str, str]] = {}
     types = TypeCache()
     slot = f"cdc_verify_{secrets.token_hex(4)}"
     with slot_with_snapshot(dsn, slot, temporary=True, server_version=server_version) as snap:
@@ -151,7 +173,7 @@ def copy_source(
             with conn.cursor() as cur:
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snap.snapshot_name,))
                 for table, schema in schemas.items():
-                    cols, generated[table] = source_columns(cur, table, schema)
+                    cols, generated[table], renamed[table] = source_columns(cur, table, schema)
                     captured = filters.get(table) or CaptureFilter(table)
                     cols = tuple(c for c in cols if captured.keeps(c.name))
                     known = {**schema.types}
@@ -168,7 +190,7 @@ def copy_source(
             conn.rollback()
         finally:
             conn.close()
-        return SourceCopy(snap.consistent_point, files, restricted, generated)
+        return SourceCopy(snap.consistent_point, files, restricted, generated, renamed)
 
 
 def unstreamed_changes(
@@ -223,18 +245,27 @@ def compare(
     follower: DataFrame | None,
     excused: DataFrame | None,
     table: str,
+    renamed: dict[str, str] | None = None,
 ) -> TableVerdict:
+    """`renamed`: new name -> old name of source columns renamed since the log last saw the table;
+    a follower that has the old name and not the new one is compared under the old name."""
     verdict = TableVerdict(table)
     names = [c.name for c in schema.columns]
     keys = list(schema.key)
     if follower is None:
         follower = source.limit(0)
-    missing_cols = [n for n in names if n not in follower.columns]
+    old = {
+        n: o
+        for n, o in (renamed or {}).items()
+        if n in names and n not in follower.columns and o in follower.columns
+    }
+    verdict.renamed_columns = [(o, n) for n, o in old.items()]
+    missing_cols = [n for n in names if n not in follower.columns and n not in old]
     verdict.missing_columns = missing_cols
     follower = follower.select(
         *(
-            F.col(q(n)).cast(source.schema[n].dataType).alias(n)
-            if n in follower.columns
+            F.col(q(old.get(n, n))).cast(source.schema[n].dataType).alias(n)
+            if n in follower.columns or n in old
             else F.lit(None).cast(source.schema[n].dataType).alias(n)
             for n in names
         )
@@ -451,6 +482,7 @@ def _verify_sink(
                         current,
                         excused,
                         str(table),
+                        source.renamed.get(table),
                     )
                 )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
@@ -559,6 +591,16 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
                     f"    column(s) the follower does not have: {', '.join(t.missing_columns)} (added in the source; the log "
                     f"learns of a new column with the table's next change; `{snap}` brings it at once, then "
                     f"`{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`)"
+                )
+            if t.renamed_columns:
+                say(
+                    f"    column(s) the follower has under their old name: "
+                    f"{', '.join(f'{o} (now {n})' for o, n in t.renamed_columns)}; their values were compared "
+                    "under the old name. The column was renamed in the source after the table's last change "
+                    "the log has: the table's next change (at once with `cdc ddl install`, which brings a "
+                    f"DDL to the log at its commit) brings the rename to the log, and `"
+                    f"{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`"
+                    " to the follower; no rebuild is needed"
                 )
             if not t.identical and (t.missing or t.extra or t.different):
                 say(f"    missing {t.missing:,}, extra {t.extra:,}, different {t.different:,}; first keys:")
