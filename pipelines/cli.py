@@ -168,12 +168,13 @@ def cli() -> None:
 
 @cli.command()
 @PIPELINE
+@click.option("--spark-views", "spark_views", is_flag=True, help="check derived views with Spark (types, functions) too, not only their tables and columns (starts a JVM)")
 @handle_errors
-def validate(pipeline: Path) -> int:
+def validate(pipeline: Path, spark_views: bool) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
     from pipelines.validate import run_validate
 
-    return run_validate(load(pipeline, check_state_dir=False), say)
+    return run_validate(load(pipeline, check_state_dir=False), say, spark_views)
 
 
 @cli.command()
@@ -408,6 +409,32 @@ def search(pipeline: Path, table: str, query: str, sink_name: str | None, limit:
         click.echo(line)
 
 
+@cli.command()
+@PIPELINE
+@click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="port to listen on (0: any free port, printed)")
+@click.option("--tokens", "tokens", type=click.Path(path_type=Path), help="file of `sha256:<digest> TABLES` lines (default: $CDC_SERVE_TOKENS_FILE; plus $CDC_SERVE_TOKENS)")
+@click.option("--sink", "sink", help="serve what this sink gets: its tables, columns, masks and renames")
+@click.option("--tls-cert", type=click.Path(path_type=Path), help="PEM certificate: serve HTTPS (with --tls-key)")
+@click.option("--tls-key", type=click.Path(path_type=Path), help="PEM private key of --tls-cert")
+@click.option("--example", is_flag=True, help="serve the example page (examples/serve/index.html) at /")
+@click.option("--heartbeat", "heartbeat_s", default=15.0, show_default=True, type=click.FloatRange(min=0.05), help="seconds between heartbeat events of an idle stream")
+@click.option("--client-queue", "queue", default=256, show_default=True, type=click.IntRange(1), help="transactions buffered per SSE client; a client further behind is cut off with its position")
+@click.option("--ring", default=1024, show_default=True, type=click.IntRange(1), help="recent transactions per table kept in memory for resuming clients")
+@click.option("--poll", "poll_s", default=0.1, show_default=True, type=click.FloatRange(min=0.01), help="seconds between looks at the log's latest cut")
+@handle_errors
+def serve(pipeline: Path, bind: str, port: int, tokens: Path | None, sink: str | None, tls_cert: Path | None, tls_key: Path | None, example: bool, heartbeat_s: float, queue: int, ring: int, poll_s: float) -> int:
+    """Serve the captured tables to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""
+    from pipelines.serve.app import Options
+    from pipelines.serve.server import serve as run_server
+
+    options = Options(heartbeat_s=heartbeat_s, queue=queue)
+    return run_server(
+        load(pipeline), bind=bind, port=port, tokens=tokens, sink=sink, tls_cert=tls_cert, tls_key=tls_key,
+        example=example, options=options, poll_s=poll_s, ring=ring, say=say,
+    )  # fmt: skip
+
+
 @cli.group()
 def log() -> None:
     """Inspect and maintain the log."""
@@ -454,31 +481,6 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
             raise UsageError("cdc log remove-table deletes the table's events from the log", "pass --yes")
         click.confirm(f"remove {table} and its events from the log (followers keep their copy)?", abort=True)
     remove_table(load(pipeline), table, say)
-
-
-@cli.group()
-def ddl() -> None:
-    """DDL capture: the event trigger that writes each schema change of a captured table into the WAL."""
-
-
-@ddl.command("install")
-@PIPELINE
-@handle_errors
-def ddl_install(pipeline: Path) -> None:
-    """Install the event trigger (needs a superuser DSN); schema changes then reach the log at their commit."""
-    from pipelines.ddl import run_install
-
-    run_install(load(pipeline), say)
-
-
-@ddl.command("remove")
-@PIPELINE
-@handle_errors
-def ddl_remove(pipeline: Path) -> None:
-    """Remove the event trigger; schema changes then reach the log with each table's next change."""
-    from pipelines.ddl import run_remove
-
-    run_remove(load(pipeline), say)
 
 
 @cli.group()

@@ -28,6 +28,8 @@ command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)  # builds the C spe
 command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)
 # systemd-analyze checks the example units in examples/systemd (a test; systemd itself never runs here)
 command -v systemd-analyze >/dev/null 2>&1 || need_pkgs+=(systemd)
+# the example page of `cdc serve` is tested in a real headless browser (Debian's chromium)
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing Debian packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

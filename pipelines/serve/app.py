@@ -1,0 +1,348 @@
+"""The HTTP routes of `cdc serve` (README "Change feed"), on Starlette; uvicorn serves them.
+
+  GET /v1/tables                          the tables this token may read, with their positions
+  GET /v1/tables/{name}                   initial rows as of a cut, paged (?limit=, then `next`)
+  GET /v1/tables/{name}/changes?from=N    live changes as Server-Sent Events (or Last-Event-ID: N)
+  GET /v1/tables/{name}/poll?from=N       the same as long-poll JSON (?timeout=S, ?limit=)
+  GET /metrics                            Prometheus (no data: no token needed)
+  GET /                                   the example page, with --example
+Every data route needs `Authorization: Bearer TOKEN` (or ?access_token= for EventSource, which
+cannot send headers; the access log is off, so it is not written anywhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import make_asgi_app
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+
+from cdc.ground.errors import UsageError
+from cdc.metrics import REGISTRY
+from pipelines.serve import metrics
+from pipelines.serve.feed import Control, Hub, Subscriber, TableFeed
+from pipelines.serve.filters import Filter, parse_filter
+from pipelines.serve.logview import Change, Txn, latest, read_txns, state_at, version_at
+from pipelines.serve.tokens import Grant, authorize
+
+READ_TXNS = 500  # transactions per catch-up read from the log
+
+
+@dataclass
+class Options:
+    heartbeat_s: float = 15.0
+    queue: int = 256  # transactions per SSE client before it is cut off as slow
+    page_max: int = 10_000
+    example: Path | None = None
+    states_cached: int = 4
+
+
+def _json(status: int, body: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _control_body(feed: TableFeed, control: Control, position: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"control": "must-refetch" if control.refetch else control.reason, "reason": control.reason}
+    body |= {"message": control.message, "table": feed.name}
+    if position is not None:
+        body["position"] = position
+    return body
+
+
+def _txn_body(feed: TableFeed, txn: Txn, changes: list[Change]) -> bytes:
+    return orjson.dumps(
+        {"table": feed.name, "lsn": txn.lsn, "position": txn.last, "changes": [orjson.Fragment(c.envelope) for c in changes]}
+    )
+
+
+class Feeds:
+    def __init__(self, hub: Hub, grants: list[Grant], options: Options):
+        self.hub = hub
+        self.grants = grants
+        self.options = options
+        self.states: OrderedDict[tuple[str, int], tuple[int, int, list[Change]]] = OrderedDict()
+        self.keys: dict[str, tuple[str, ...]] = {}
+
+    # ---- auth ---------------------------------------------------------------------------------------
+    def grant(self, request: Request) -> Grant | Response:
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else request.query_params.get("access_token")
+        grant = authorize(self.grants, token)
+        if grant is None:
+            metrics.REFUSED.labels(metrics.PIPELINE.name, "401").inc()
+            why = "no bearer token" if not token else "the token is not known"
+            return Response(
+                orjson.dumps({"error": why, "fix": "send Authorization: Bearer <token> (or ?access_token= for EventSource)"}),
+                401,
+                {"WWW-Authenticate": 'Bearer realm="cdc serve"'},
+                media_type="application/json",
+            )
+        return grant
+
+    def feed(self, request: Request) -> tuple[TableFeed, Grant] | Response:
+        grant = self.grant(request)
+        if isinstance(grant, Response):
+            return grant
+        name = request.path_params["name"]
+        feed = self.hub.feeds.get(name)
+        if feed is None:
+            return _json(404, {"error": f"no table {name!r} in this feed", "fix": "GET /v1/tables lists the tables you may read"})
+        if not grant.allows(feed.table):
+            metrics.REFUSED.labels(metrics.PIPELINE.name, "403").inc()
+            return _json(403, {"error": f"this token may not read {name}", "fix": "ask for a token that lists the table"})
+        return feed, grant
+
+    async def filter(self, request: Request, feed: TableFeed) -> Filter:
+        if feed.name not in self.keys:
+            schema = await asyncio.to_thread(self.hub.access.call, lambda log: log.schema(feed.table))
+            self.keys[feed.name] = schema.key
+        return parse_filter(list(request.query_params.multi_items()), self.keys[feed.name])
+
+    # ---- routes -------------------------------------------------------------------------------------
+    async def tables(self, request: Request) -> Response:
+        grant = self.grant(request)
+        if isinstance(grant, Response):
+            return grant
+        rows = [
+            {"name": f.name, "table": str(f.table), "position": f.position}
+            for f in self.hub.feeds.values()
+            if grant.allows(f.table)
+        ]
+        return _json(200, {"tables": rows})
+
+    async def initial(self, request: Request) -> Response:
+        found = self.feed(request)
+        if isinstance(found, Response):
+            return found
+        feed, _ = found
+        try:
+            flt = await self.filter(request, feed)
+            limit = min(int(request.query_params.get("limit", "1000")), self.options.page_max)
+            page = int(request.query_params.get("page", "0"))
+            cut_id = request.query_params.get("cut")
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        if cut_id is None:
+            cut_id, lsn, position, rows = await self._state(feed)
+        else:
+            cached = self.states.get((feed.name, int(cut_id)))
+            if cached is None:
+                return _json(409, _control_body(feed, Control("compacted", "this cut's rows are no longer kept; start again without ?cut="), None))
+            lsn, position, rows = cached
+        if not flt.empty:
+            rows = [r for r in rows if flt.matches(r.doc)]
+        chunk = rows[page * limit : (page + 1) * limit]
+        nxt = None
+        if (page + 1) * limit < len(rows):
+            params = dict(request.query_params) | {"cut": str(cut_id), "page": str(page + 1), "limit": str(limit)}
+            params.pop("access_token", None)
+            nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
+        body = {
+            "table": feed.name,
+            "cut": {"id": int(cut_id), "lsn": lsn},
+            "position": position,
+            "rows": [orjson.Fragment(r.envelope) for r in chunk],
+            "next": nxt,
+        }
+        return _json(200, body)
+
+    async def _state(self, feed: TableFeed) -> tuple[int, int, int, list[Change]]:
+        def compute(log):
+            cut, _ = latest(log)
+            rng = cut.tables.get(feed.table) if cut else None
+            if cut is None or rng is None:
+                return None
+            key = (feed.name, cut.id)
+            if key in self.states:
+                return (cut.id, *self.states[key])
+            return cut.id, cut.lsn, rng.end, state_at(log, self.hub.renderer, feed.shape, rng.base, rng.end)
+
+        found = await asyncio.to_thread(self.hub.access.call, compute)
+        if found is None:
+            return 0, 0, 0, []
+        cut_id, lsn, position, rows = found
+        self.states[(feed.name, cut_id)] = (lsn, position, rows)
+        self.states.move_to_end((feed.name, cut_id))
+        while len(self.states) > self.options.states_cached:
+            self.states.popitem(last=False)
+        return cut_id, lsn, position, rows
+
+    def _position(self, request: Request) -> int:
+        text = request.query_params.get("from") or request.headers.get("last-event-id")
+        if text is None:
+            raise UsageError("no position", "pass ?from=<position> (the `position` of the initial rows) or Last-Event-ID")
+        return int(text)
+
+    async def check(self, feed: TableFeed, position: int) -> tuple[Control | None, int | None]:
+        """Whether a client may continue from `position`; the schema version in force there."""
+
+        def look(log):
+            cut, states = latest(log)
+            state, rng = states.get(feed.table), (cut.tables.get(feed.table) if cut else None)
+            if state is None or rng is None or state.base is None:
+                return Control("unknown-position", f"{feed.name} is not in the log now"), None
+            if position < state.base:
+                return Control("rebuilt", f"position {position} is before {feed.name}'s current snapshot; fetch its rows anew"), None
+            if position < state.purged_below:
+                return Control("compacted", f"the log no longer holds every change after position {position}; fetch the rows anew"), None
+            if position > rng.end:
+                return Control("unknown-position", f"position {position} is past the log's end ({rng.end}); fetch the rows anew"), None
+            return None, version_at(log, feed.table, position)
+
+        return await asyncio.to_thread(self.hub.access.call, look)
+
+    async def catch_up(self, feed: TableFeed, position: int, version: int | None) -> tuple[list[Txn], int, Control | None]:
+        """Transactions after `position` up to the feed's position: from memory, or from the log."""
+        txns = feed.since(position)
+        upto = feed.position
+        if txns is None:
+            batch = await asyncio.to_thread(
+                self.hub.access.call, lambda log: read_txns(log, self.hub.renderer, feed.shape, position, upto, READ_TXNS * 10)
+            )
+            if batch.rebuilt:
+                return batch.txns, batch.position, Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew")
+            txns, upto = batch.txns, batch.position
+        for i, txn in enumerate(txns):
+            if version is not None and txn.version != version:
+                end = txns[i - 1].last if i else position
+                return txns[:i], end, Control("schema-changed", f"the columns of {feed.name} changed; fetch its rows anew")
+        return txns, upto, None
+
+    async def changes(self, request: Request) -> Response:
+        found = self.feed(request)
+        if isinstance(found, Response):
+            return found
+        feed, _ = found
+        try:
+            position = self._position(request)
+            flt = await self.filter(request, feed)
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        return EventSourceResponse(self._stream(feed, position, flt), send_timeout=30, headers={"Cache-Control": "no-store"})
+
+    async def _stream(self, feed: TableFeed, position: int, flt: Filter) -> AsyncIterator[ServerSentEvent]:
+        control, version = await self.check(feed, position)
+        sub: Subscriber | None = None
+        try:
+            while control is None and sub is None:
+                if position > feed.position:  # the feed has not read as far as this client's cut yet
+                    await feed.changed(self.options.heartbeat_s)
+                    continue
+                sub = feed.subscribe(position, self.options.queue)
+                if sub is not None:
+                    break
+                txns, upto, control = await self.catch_up(feed, position, version)
+                for txn in txns:
+                    event = self._event(feed, txn, flt)
+                    if event is not None:
+                        yield event
+                    position = txn.last
+                if control is None:
+                    position = max(position, upto)
+            while sub is not None and control is None:
+                if sub.queue.empty() and sub.control is not None:
+                    control = sub.control
+                    break
+                try:
+                    txn = await asyncio.wait_for(sub.queue.get(), self.options.heartbeat_s)
+                except TimeoutError:
+                    yield ServerSentEvent(orjson.dumps({"position": position}).decode(), event="heartbeat", id=str(position))
+                    continue
+                if txn is None:
+                    continue
+                event = self._event(feed, txn, flt)
+                if event is not None:
+                    yield event
+                position = txn.last
+            if control is not None:
+                body = _control_body(feed, control, position if not control.refetch else None)
+                yield ServerSentEvent(orjson.dumps(body).decode(), event="control", id=str(position) if not control.refetch else None)
+        finally:
+            if sub is not None:
+                feed.unsubscribe(sub)
+
+    def _event(self, feed: TableFeed, txn: Txn, flt: Filter) -> ServerSentEvent | None:
+        changes = txn.changes if flt.empty else [c for c in txn.changes if flt.matches(c.doc)]
+        if not changes:
+            return None
+        metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, feed.name).inc(len(changes))
+        return ServerSentEvent(_txn_body(feed, txn, changes).decode(), event="change", id=str(txn.last))
+
+    async def poll(self, request: Request) -> Response:
+        found = self.feed(request)
+        if isinstance(found, Response):
+            return found
+        feed, _ = found
+        try:
+            position = self._position(request)
+            flt = await self.filter(request, feed)
+            timeout = min(float(request.query_params.get("timeout", "20")), 60.0)
+            limit = int(request.query_params.get("limit", "100"))
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        control, version = await self.check(feed, position)
+        events: list[Any] = []
+        if control is None:
+            if position >= feed.position:
+                await feed.changed(timeout)
+            if position <= feed.position:
+                txns, upto, control = await self.catch_up(feed, position, version)
+                if len(txns) > limit:
+                    txns, upto = txns[:limit], txns[limit - 1].last
+                for txn in txns:
+                    changes = txn.changes if flt.empty else [c for c in txn.changes if flt.matches(c.doc)]
+                    if changes:
+                        metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, feed.name).inc(len(changes))
+                        events.append({"id": txn.last, "event": "change", "data": orjson.Fragment(_txn_body(feed, txn, changes))})
+                    position = txn.last
+                if control is None:
+                    position = max(position, upto)
+        body = {"position": position, "events": events, "control": None}
+        if control is not None:
+            body["control"] = _control_body(feed, control, None)
+        return _json(200, body)
+
+
+def _bad(exc: Exception) -> Response:
+    if isinstance(exc, UsageError):
+        return _json(400, {"error": exc.problem, "fix": exc.fix})
+    return _json(400, {"error": f"bad parameter: {exc}", "fix": "from, page, limit and timeout are numbers"})
+
+
+def build_app(hub: Hub, grants: list[Grant], options: Options) -> Starlette:
+    feeds = Feeds(hub, grants, options)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await hub.start()
+        task = asyncio.create_task(hub.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    routes: list[Any] = [
+        Route("/v1/tables", feeds.tables),
+        Route("/v1/tables/{name}", feeds.initial),
+        Route("/v1/tables/{name}/changes", feeds.changes),
+        Route("/v1/tables/{name}/poll", feeds.poll),
+        Mount("/metrics", app=make_asgi_app(REGISTRY)),
+        Route("/healthz", lambda request: _json(200 if hub.error is None else 503, {"ok": hub.error is None, "error": hub.error})),
+    ]
+    if options.example is not None:
+        page = options.example
+        routes.append(Route("/", lambda request: FileResponse(page, media_type="text/html")))
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,116 @@
+"""Run `cdc serve`: check the options, bind, run uvicorn; record the running server for `cdc status`."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cdc.ground.config import Pipeline, pipeline_tables
+from cdc.ground.errors import UsageError
+from pipelines.serve import metrics
+from pipelines.serve.app import Options, build_app
+from pipelines.serve.feed import Hub
+from pipelines.serve.logview import LogAccess, latest
+from pipelines.serve.shape import table_shapes
+from pipelines.serve.tokens import load_grants
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve" / "index.html"
+
+
+def servers_dir(pipeline: Pipeline) -> Path:
+    return pipeline.state_path / "serve"
+
+
+def running_servers(pipeline: Pipeline) -> list[dict]:
+    """The `cdc serve` processes of this pipeline that still run (their files; stale ones skipped)."""
+    found = []
+    for path in sorted(servers_dir(pipeline).glob("*.json")):
+        try:
+            info = json.loads(path.read_text())
+            os.kill(int(info["pid"]), 0)
+        except (OSError, ValueError, KeyError):
+            continue
+        found.append(info)
+    return found
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(
+    pipeline: Pipeline,
+    *,
+    bind: str,
+    port: int,
+    tokens: Path | None,
+    sink: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    example: bool,
+    options: Options,
+    poll_s: float,
+    ring: int,
+    say: Callable[[str], None],
+) -> int:
+    import uvicorn
+
+    if pipeline.log_config.kafka is not None:
+        raise UsageError(
+            "cdc serve reads the local log; this pipeline's log is Kafka (not served yet)",
+            "read the Kafka topics with a Kafka consumer, or use a pipeline with log: local",
+        )
+    if (tls_cert is None) != (tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together", "pass both files (PEM) or neither")
+    for path in (tls_cert, tls_key):
+        if path is not None and not path.is_file():
+            raise UsageError(f"TLS file {path} does not exist", "pass the PEM certificate and key files")
+    grants = load_grants(tokens)
+    access = LogAccess(pipeline)
+    if not pipeline.local_log_path.exists():
+        raise UsageError("the pipeline has no log yet", f"run `{pipeline.command('snapshot')}` first")
+    cut, _ = access.call(latest)
+    sink_cfg = pipeline.sink(sink) if sink else None
+    shapes = table_shapes(pipeline, sink_cfg, pipeline_tables(pipeline, sorted(cut.tables, key=str) if cut else []))
+    metrics.PIPELINE.name = pipeline.name
+    if example:
+        options.example = EXAMPLE
+    hub = Hub(access, shapes, pipeline.name, poll_s, ring)
+    app = build_app(hub, grants, options)
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}", "choose a free port with --port") from None
+    port = sock.getsockname()[1]
+    scheme = "https" if tls_cert else "http"
+    host = f"[{bind}]" if ":" in bind else bind
+    url = f"{scheme}://{host}:{port}"
+    if not _loopback(bind) and tls_cert is None:
+        say(f"warning: serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)")
+    say(f"serving {len(shapes)} table(s) of {pipeline.name} at {url}/v1/tables" + (f" (example page: {url}/)" if example else ""))
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,  # a URL may carry ?access_token=: never written anywhere
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None,
+        timeout_graceful_shutdown=2,
+    )
+    record = servers_dir(pipeline) / f"{os.getpid()}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"pid": os.getpid(), "url": url, "tables": len(shapes), "started": int(time.time())}))
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        record.unlink(missing_ok=True)
+    return 0
