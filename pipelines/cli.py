@@ -168,13 +168,12 @@ def cli() -> None:
 
 @cli.command()
 @PIPELINE
-@click.option("--spark-views", "spark_views", is_flag=True, help="check derived views with Spark (types, functions) too, not only their tables and columns (starts a JVM)")
 @handle_errors
-def validate(pipeline: Path, spark_views: bool) -> int:
+def validate(pipeline: Path) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
     from pipelines.validate import run_validate
 
-    return run_validate(load(pipeline, check_state_dir=False), say, spark_views)
+    return run_validate(load(pipeline, check_state_dir=False), say)
 
 
 @cli.command()
@@ -481,6 +480,31 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
             raise UsageError("cdc log remove-table deletes the table's events from the log", "pass --yes")
         click.confirm(f"remove {table} and its events from the log (followers keep their copy)?", abort=True)
     remove_table(load(pipeline), table, say)
+
+
+@cli.group()
+def ddl() -> None:
+    """DDL capture: the event trigger that writes each schema change of a captured table into the WAL."""
+
+
+@ddl.command("install")
+@PIPELINE
+@handle_errors
+def ddl_install(pipeline: Path) -> None:
+    """Install the event trigger (needs a superuser DSN); schema changes then reach the log at their commit."""
+    from pipelines.ddl import run_install
+
+    run_install(load(pipeline), say)
+
+
+@ddl.command("remove")
+@PIPELINE
+@handle_errors
+def ddl_remove(pipeline: Path) -> None:
+    """Remove the event trigger; schema changes then reach the log with each table's next change."""
+    from pipelines.ddl import run_remove
+
+    run_remove(load(pipeline), say)
 
 
 @cli.group()
