@@ -29,11 +29,15 @@ STATE = Format("state", 1, "state_dir JSON records: follower checkpoints, view-s
 LOCAL_LOG = Format("local_log", 1, "the local log and the kafka staging log: log.db meta `format`, segment files")
 KAFKA = Format("kafka", 1, "Kafka topics: records, `_cdc_schemas`, `_cdc_cuts` cut records (key `format`)")
 MARKER = Format("marker", 1, "follower markers in the engines (Delta `cdc.follower`, Redis, tantivy, OpenSearch)")
-FORMATS = (STATE, LOCAL_LOG, KAFKA, MARKER)
+DELTA_CUTS = Format("delta_cuts", 1, "the Delta sink's `_cdc_cuts` table: columns `format`, `cdc_version` of each row")
+FORMATS = (STATE, LOCAL_LOG, KAFKA, MARKER, DELTA_CUTS)
 
 # The formats each release wrote (README "Upgrading" shows the same table).
 # 0.1.0 stamped only the local log; its other formats are 0, the same layouts without the stamp.
-RELEASES = {"0.1.0": {"state": 0, "local_log": 1, "kafka": 0, "marker": 0}, VERSION: {f.name: f.version for f in FORMATS}}
+RELEASES = {
+    "0.1.0": {"state": 0, "local_log": 1, "kafka": 0, "marker": 0, "delta_cuts": 0},
+    VERSION: {f.name: f.version for f in FORMATS},
+}
 
 
 class FormatTooNew(CdcError):

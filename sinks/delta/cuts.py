@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import UsageError
+from cdc.ground.formats import DELTA_CUTS, VERSION, check_version
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from sinks.delta.paths import table_path
@@ -41,9 +42,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 CUTS_DIR = "_cdc_cuts"
+# `format`/`cdc_version` (cdc/ground/formats.py DELTA_CUTS) came with 0.2.0: rows of 0.1.0 have
+# them null (format 0, the same columns otherwise); the first append adds them (mergeSchema).
 _DDL = (
     "cut_id bigint, lsn bigint, lsn_text string, log_id string, versions map<string, bigint>, "
-    "paths map<string, string>, applied_at timestamp"
+    "paths map<string, string>, applied_at timestamp, format int, cdc_version string"
 )
 
 
@@ -67,6 +70,9 @@ def cuts_path(base: str | Path) -> str:
 
 
 def _record(r: dict[str, Any]) -> CutRecord:
+    # a row a newer cdc wrote in a format this one cannot read: FormatTooNew (exit 5)
+    where = f"cut {r.get('cut_id')} in {CUTS_DIR}"
+    check_version(DELTA_CUTS, r.get("format"), where, r.get("cdc_version"))
     versions = dict(r["versions"])
     paths = dict(r.get("paths") or {})
     return CutRecord(int(r["cut_id"]), int(r["lsn"]), r["log_id"], versions, paths, utc(r["applied_at"]))
@@ -112,8 +118,9 @@ def record_cut(
     if again and _recorded(spark, path, log_id, cut_id):
         return
     now = dt.datetime.now(dt.UTC)  # aware: Spark stores the instant whatever its time zone
-    row = [(cut_id, lsn, format_lsn(lsn), log_id, versions, paths, now)]
-    spark.createDataFrame(row, _DDL).write.format("delta").mode("append").save(path)
+    row = [(cut_id, lsn, format_lsn(lsn), log_id, versions, paths, now, DELTA_CUTS.version, VERSION)]
+    frame = spark.createDataFrame(row, _DDL)
+    frame.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
 
 def _recorded(spark: SparkSession, path: str, log_id: str, cut_id: int) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.formats import STATE, VERSION
+from cdc.ground.formats import DELTA_CUTS, STATE, VERSION
 from tests.fixtures.capture import ok
 from tests.harness import apply_once, sql, verify
 
@@ -44,3 +44,6 @@ def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
     assert (after["format"], after["cut_id"], after["tables"]) == (STATE.version, 5, {"public.items": [1, 7]}), after
     code, report = verify(pipe, spark)
     assert code == 0, report
+    # the lake's _cdc_cuts of 0.1.0 got the format columns with the new cut's row (its old row: null)
+    cuts = spark.read.format("delta").load(str(work / "lake" / "_cdc_cuts")).orderBy("cut_id").collect()
+    assert [(r.cut_id, r.format, r.cdc_version) for r in cuts] == [(3, None, None), (5, DELTA_CUTS.version, VERSION)], cuts

@@ -102,3 +102,16 @@ def test_state_from_the_future_refused_cleanly(old_state: Path) -> None:
         assert f"is in state format {STATE.version + 1}, written by cdc 9.0.0; this cdc {VERSION}" in run.err, run.err
         assert "  fix: run cdc 9.0.0 or newer" in run.err and "Traceback" not in run.err, run.err
     assert json.loads(ckpt.read_text())["format"] == STATE.version + 1  # untouched
+
+
+def test_delta_cut_rows_of_0_1_0_read_and_newer_refused() -> None:
+    import datetime as dt
+
+    from cdc.ground.formats import DELTA_CUTS
+    from sinks.delta.cuts import _record
+
+    row = {"cut_id": 3, "lsn": 1, "log_id": "l", "versions": {"public.t": 1}, "paths": {}, "applied_at": dt.datetime.now(dt.UTC)}
+    assert _record(row).cut_id == 3 and _record({**row, "format": None}).cut_id == 3  # 0.1.0's rows
+    assert _record({**row, "format": DELTA_CUTS.version, "cdc_version": VERSION}).cut_id == 3
+    with pytest.raises(FormatTooNew, match=r"cut 3 in _cdc_cuts is in delta_cuts format 2, written by cdc 0.9.0"):
+        _record({**row, "format": 2, "cdc_version": "0.9.0"})
