@@ -251,6 +251,24 @@ class DdlMessageError(ValueError):
     """A message with the pipeline's prefix that is not a DDL message this version reads."""
 
 
+def catalog_event(conn, oid: int) -> DdlEvent | None:
+    """The table's columns as the catalog has them now, in the form of a DDL message (the idle-table
+    schema check of a stream without DDL capture); None when the table is gone."""
+    query = (
+        "SELECT s.*, n.nspname, c.relname FROM (SELECT %s::oid AS objid) r"
+        f" CROSS JOIN LATERAL ({_COLUMNS}) s JOIN pg_class c ON c.oid = r.objid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    )
+    with conn.cursor() as cur:
+        cur.execute(query, (oid,))
+        row = cur.fetchone()
+    if row is None:
+        return None
+    cols, key, schema, table = row
+    body = {"v": FORMAT, "event": "ddl", "oid": oid, "schema": schema, "table": table, "columns": cols, "key": key}
+    return parse(json.dumps(body).encode())
+
+
 def parse(content: bytes) -> DdlEvent:
     try:
         body: dict[str, Any] = json.loads(bytes(content))

@@ -182,6 +182,7 @@ class StreamReader:
         self._ddl_prefix = ddl.prefix(pipeline.name)
         self._ddl_on = False
         self._ddl_checked = 0.0
+        self._idle_checked = time.monotonic()  # the idle-table schema check (no DDL capture)
 
     def _snapshot_cmd(self, table: TableName) -> str:
         return self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
@@ -340,6 +341,12 @@ class StreamReader:
         if table != owner.table:  # RENAME TO / SET SCHEMA: followed by OID, or the stream stops (tablewatch)
             selected = any(s.matches(table) for s in self.selectors)
             table = self._watch.resolve(event.oid, table, commit_lsn, selected, False)
+        self._new_version(conn, event, owner.id, table, commit_lsn, flush)
+
+    def _new_version(
+        self, conn, event: ddl.DdlEvent, table_id: int, table: TableName, lsn: int, flush: Callable[[], None]
+    ) -> None:
+        """Record the event's columns as the table's schema version at `lsn`."""
         if not event.columns:
             return
         key = event.key or self._keys.get(table) or ()
@@ -355,10 +362,53 @@ class StreamReader:
         )
         schema = with_attnums(schema, {c.name: c.attnum for c in event.columns})
         flush()  # rows already buffered keep their old schema version
-        version = self.log.schema_version(owner.id, schema, commit_lsn)
+        version = self.log.schema_version(table_id, schema, lsn)
         if event.oid in self._rels:  # pgoutput sends a Relation message before the next row anyway
             idx = schema.key_indexes
-            self._rels[event.oid] = _Rel(table, owner.id, version, idx, max(idx) + 1)
+            self._rels[event.oid] = _Rel(table, table_id, version, idx, max(idx) + 1)
+
+    def _idle_schema_check(self, conn, flushed: int) -> bool:
+        """Without DDL capture: tables whose catalog columns differ from the log's latest schema get
+        the catalog's columns as a new version at `flushed`, but only when the stream has decoded
+        every transaction committed before the catalog was read (nothing of any table is pending,
+        so no row still to come predates the catalog's state). Column changes only: a renamed
+        table still waits for its next change. Returns whether a version was recorded."""
+        self._idle_checked = time.monotonic()
+        if self._ddl_on:
+            return False
+        found: list[tuple[ddl.DdlEvent, int, TableName]] = []
+        try:
+            for st in self.log.tables():
+                if st.state != "live" or st.relid is None:
+                    continue
+                previous = self._previous_schema(st.table)
+                event = ddl.catalog_event(conn, st.relid)
+                if event is None or previous is None:
+                    continue
+                now = [(c.name, c.type_oid, c.typmod) for c in event.columns]
+                if now != [(c.name, c.type_oid, c.typmod) for c in previous.columns]:
+                    found.append((event, st.id, st.table))
+            if not found:
+                return False
+            with conn.cursor() as cur:
+                cur.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+                after = int(cur.fetchone()[0])
+        except psycopg2.Error:
+            return False  # the catalog connection is gone: the next check tells
+        if after > flushed:
+            return False  # WAL written since may hold rows with the old columns: not safe now
+        for event, table_id, table in found:
+            previous = self._previous_schema(table)
+            self._new_version(conn, event, table_id, table, flushed, lambda: None)
+            catalog = table_catalog(conn, table)
+            new = self._previous_schema(table)
+            if new is not None and previous is not None:
+                self._rewrites.check(conn, table, table_id, previous, new, catalog, flushed)
+            self.say(
+                f"{table}: its columns changed in the source with no change since (no DDL capture): the log has them "
+                f"at {format_lsn(flushed)} ({', '.join(c.name for c in event.columns)})"
+            )
+        return True
 
     def _previous_schema(self, table: TableName) -> TableSchema | None:
         """The log's newest schema of `table` (None for a table it has none for yet)."""
@@ -633,6 +683,11 @@ class StreamReader:
                     self._watch.poll(self._conn, flushed)
                     if time.monotonic() - self._ddl_checked >= DDL_CHECK_S:
                         self._check_ddl(self._conn)
+                    reached = target is not None and self._acked >= target
+                    due = reached or time.monotonic() - self._idle_checked >= DDL_CHECK_S
+                    if due and self._idle_schema_check(self._conn, flushed):
+                        log.commit(flushed, None)  # a cut, so followers apply the versions
+                        cut_lsn, last_cut_time = flushed, time.monotonic()
                     if self._rewrites.suspects:
                         self._rewrites.due(flushed)
                     if self.check_publisher is not None:
@@ -722,6 +777,8 @@ class StreamReader:
                     commit_batch()
                     batch_started = time.monotonic()
                 if reached and self._acked >= target:
+                    if self._idle_schema_check(self._conn, flushed):  # `--until`: idle tables too
+                        log.commit(flushed, None)
                     break
                 if self._stop:
                     if last_txn is not None:

@@ -613,7 +613,8 @@ def schema_changed(log, table: TableName, after_lsn: int | None, upto_lsn: int) 
     one: with DDL capture a rename or new column arrives with no row of the table."""
     if not after_lsn or not hasattr(log, "schema_history"):
         return False
-    return any(after_lsn <= since < upto_lsn for _v, since, _s in log.schema_history(table))
+    # <= upto: the idle-table check records a version at the cut's own position
+    return any(after_lsn <= since <= upto_lsn for _v, since, _s in log.schema_history(table))
 
 
 def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedSchema:

@@ -197,3 +197,23 @@ def test_kafka_schemas_topic_gets_the_version_at_the_ddl_commit(pg_db: str, tmp_
     columns = {c[0]: c for c in newest["schema"]["columns"]}  # [name, type oid, typmod, ndims, missing, attnum]
     assert set(columns) == {"id", "w", "tier"}, columns
     assert columns["w"][5] == 2 and columns["tier"][4] == "std", columns
+
+
+def test_idle_table_schema_check_without_the_trigger(pg_db: str, tmp_path: Path) -> None:
+    """Without DDL capture, a stream with nothing pending compares the catalog of each captured
+    table with the log's latest schema: a rename and a new column with a default on a table that
+    gets no later write reach the log (attnum and default kept) by the end of `stream --until current`."""
+    from cdc.log.local import LocalLog
+
+    sql(pg_db, "CREATE TABLE idle (id int PRIMARY KEY, v text)", "INSERT INTO idle VALUES (1, 'a')")
+    file = _pipeline(tmp_path, pg_db, ["public.idle"])
+    assert cdc("snapshot", file).code == 0
+    sql(pg_db, "ALTER TABLE idle RENAME COLUMN v TO w", "ALTER TABLE idle ADD COLUMN tier text DEFAULT 'std'")
+    out = _stream(file, "DDL capture: off", "public.idle: its columns changed in the source with no change since")
+    assert "re-bas" not in out, out
+    log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
+    try:
+        columns = {c.name: c for c in log.schema(TableName("public", "idle")).columns}
+    finally:
+        log.close()
+    assert set(columns) == {"id", "w", "tier"} and columns["w"].attnum == 2 and columns["tier"].missing == "std", columns

@@ -58,7 +58,8 @@ def test_a_schema_version_alone_makes_a_table_worth_applying(tmp_path: Path) -> 
         log.schema_version(tid, TableSchema((Column("id", 23, -1, attnum=1), Column("w", 25, -1, attnum=2)), ("id",)), 500)
         assert schema_changed(log, t, 400, 600)  # a version at 500, between the follower's cut and this one
         assert not schema_changed(log, t, 501, 900)
-        assert not schema_changed(log, t, 200, 500)  # the cut ends before the version's commit
+        assert not schema_changed(log, t, 200, 499)  # the cut ends before the version's commit
+        assert schema_changed(log, t, 500, 500)  # recorded at the cut's own position (idle-table check)
         assert not schema_changed(log, t, None, 900)  # a follower that bootstraps takes the newest anyway
     finally:
         log.close()
