@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 
 from cdc.ground.errors import UsageError
 from cdc.metrics import REGISTRY
@@ -339,7 +339,7 @@ def build_app(hub: Hub, grants: list[Grant], options: Options) -> Starlette:
         Route("/v1/tables/{name}", feeds.initial),
         Route("/v1/tables/{name}/changes", feeds.changes),
         Route("/v1/tables/{name}/poll", feeds.poll),
-        Mount("/metrics", app=make_asgi_app(REGISTRY)),
+        Route("/metrics", lambda request: Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)),
         Route("/healthz", lambda request: _json(200 if hub.error is None else 503, {"ok": hub.error is None, "error": hub.error})),
     ]
     if options.example is not None:

@@ -4,14 +4,17 @@ One database, pipeline and stream for the module; servers come and go."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 
 import httpx
+import orjson
 import pytest
 
 from tests.fixtures.capture import Pipe, make_pipe, snapshot, start_stream, stop_stream
-from tests.fixtures.serve import OTHER_TOKEN, Server, initial_rows, module_database, sse, start_server
-from tests.harness import sql
+from tests.fixtures.serve import OTHER_TOKEN, TOKEN, Server, initial_rows, module_database, sse, start_server
+from tests.harness import cdc, sql
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +64,114 @@ def test_auth_refused(server: Server) -> None:
     assert refused.status_code == 403 and "may not read" in refused.json()["error"]
     assert httpx.get(server.url + "/v1/tables/public.items/changes?from=0", timeout=10).status_code == 401
     assert server.get("/v1/tables", token=OTHER_TOKEN).json() == {"tables": []}
+
+
+def _insert_txns(dsn: str, first: int, count: int) -> None:
+    sql(dsn, *[f"INSERT INTO items VALUES ({i}, 'n{i}', {i})" for i in range(first, first + count)])
+
+
+def _ids(events) -> list[int]:
+    return [c["after"]["id"] for e in events if e.event == "change" for c in e.data["changes"]]
+
+
+def test_filters_and_long_poll(pipe: Pipe, server: Server) -> None:
+    body, rows = initial_rows(server, "public.items", where="qty>=20")
+    assert sorted(r["after"]["id"] for r in rows) == [1, 20, 21, 22, 23, 24, 25]  # id 1 has qty 100
+    position = body["position"]
+    sql(pipe.dsn, "INSERT INTO items VALUES (100, 'a', 5)", "INSERT INTO items VALUES (101, 'b', 50)")
+    got = []
+    while len(got) < 1:  # long-poll until the matching transaction comes
+        answer = server.get("/v1/tables/public.items/poll", **{"from": position, "timeout": 10, "where": "qty>=20"}).json()
+        assert answer["control"] is None
+        got += answer["events"]
+        position = answer["position"]
+    assert [c["after"]["id"] for e in got for c in e["data"]["changes"]] == [101]
+    with sse(server, "public.items", key="100", **{"from": body["position"]}) as stream:
+        assert _ids(stream.until(lambda e: e.event == "change")) == [100]
+
+
+def test_resume_after_disconnect_and_server_restart(pipe: Pipe, server: Server) -> None:
+    body, _ = initial_rows(server, "public.items")
+    start = body["position"]
+    _insert_txns(pipe.dsn, 200, 5)
+    with sse(server, "public.items", **{"from": start}) as stream:
+        first = stream.until(lambda e: e.event == "change" and 202 in _ids([e]))
+    assert _ids(first) == [200, 201, 202]
+    last_id = first[-1].id
+    _insert_txns(pipe.dsn, 205, 3)
+    with sse(server, "public.items", last_event_id=last_id) as stream:  # a browser's reconnect
+        second = stream.until(lambda e: e.event == "change" and 207 in _ids([e]))
+    assert _ids(second) == [203, 204, 205, 206, 207]  # no gap, no double
+    # a new server (its ring empty): the same position resumes from the log; then 20 more transactions
+    # than the ring holds (8) are read from the log by the client's own request
+    other = start_server(pipe.file, "--heartbeat", "0.5", "--ring", "8")
+    try:
+        _insert_txns(pipe.dsn, 208, 20)
+        with sse(other, "public.items", last_event_id=last_id) as stream:
+            third = stream.until(lambda e: e.event == "change" and 227 in _ids([e]))
+        assert _ids(third) == list(range(203, 228))
+        ids = [int(e.id) for e in third if e.event == "change"]
+        assert ids == sorted(set(ids))
+        with sse(other, "public.items", **{"from": start}) as stream:
+            beat = stream.until(lambda e: e.event == "heartbeat")
+        assert _ids(beat) == list(range(200, 228)) and int(beat[-1].id) == ids[-1]
+    finally:
+        other.stop()
+
+
+def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> None:
+    body, _ = initial_rows(server, "public.big")
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        f"GET /v1/tables/public.big/changes?from={body['position']} HTTP/1.0\r\nHost: x\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    time.sleep(0.5)  # subscribed; now it reads nothing while 40 transactions of 200 kB arrive (queue: 4)
+    sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, repeat(md5('{i}'), 6250))" for i in range(40)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(s["table"] == "public.big" for s in server.get("/v1/tables").json()["tables"] if s["position"] > body["position"]):
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    data = b""
+    sock.settimeout(30)
+    while b"event: control" not in data or b"\n\n" not in data.split(b"event: control")[1].replace(b"\r\n", b"\n"):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    text = data.decode(errors="replace")
+    assert "event: control" in text, text[-500:]
+    control = text.split("event: control", 1)[1]
+    assert '"reason":"slow-client"' in control
+    before = text.split("event: control")[0].splitlines()
+    offsets = [int(line.split(":", 1)[1]) for line in before if line.startswith("id:")]
+    got = [c["after"]["id"] for line in before if line.startswith("data:") for c in orjson.loads(line[5:]).get("changes", [])]
+    resume = orjson.loads(next(line[5:] for line in control.splitlines() if line.startswith("data:")))["position"]
+    assert len(got) < 40 and resume == offsets[-1]
+    with sse(server, "public.big", **{"from": resume}) as stream:
+        rest = stream.until(lambda e: e.event == "change" and 39 in _ids([e]))
+    assert got + _ids(rest) == list(range(40))  # every transaction once, in order: before the cut, then the rest
+    assert server.get("/metrics", token=None).text.count('pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0') == 1
+
+
+def test_compaction_forces_a_restart_control_event(pipe: Pipe, server: Server) -> None:
+    body, _ = initial_rows(server, "public.items")
+    old = body["position"]
+    sql(pipe.dsn, "DELETE FROM items WHERE id = 2")
+    deadline = time.monotonic() + 30
+    while server.get("/v1/tables/public.items").json()["position"] == old and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cdc("log", "compact", pipe.file, "--tombstone-retention", "0s").code == 0
+    with sse(server, "public.items", **{"from": old}) as stream:
+        ev = stream.next()
+    assert ev.event == "control" and ev.data["control"] == "must-refetch" and ev.data["reason"] == "compacted"
+    answer = server.get("/v1/tables/public.items/poll", **{"from": old}).json()
+    assert answer["control"]["reason"] == "compacted" and answer["events"] == []
+    body, rows = initial_rows(server, "public.items")  # starting over works
+    assert 2 not in [r["after"]["id"] for r in rows]
