@@ -113,7 +113,7 @@ def _kafka_rights(client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[T
             problems += _fail(say, f"{where}: {user} may not create topic(s) the log needs: {', '.join(refused)}", acl_fix)
         else:
             say(f"{OK} {where}: {len(missing)} topic(s) to be created by `cdc stream` (CREATE allowed)")
-    if not problems:
+    if not problems and len(topics) > len(missing):
         say(f"{OK} {where}: {user} may {'read' if cfg.format == 'debezium' else 'write and read'} the log's {len(topics) - len(missing)} existing topic(s)")
     return problems
 
