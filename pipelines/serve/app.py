@@ -150,6 +150,7 @@ class Feeds:
             nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
         body = {
             "table": feed.name,
+            "key": list(self.keys[feed.name]),
             "cut": {"id": int(cut_id), "lsn": lsn},
             "position": position,
             "rows": [orjson.Fragment(r.envelope) for r in chunk],
@@ -179,7 +180,8 @@ class Feeds:
         return cut_id, lsn, position, rows
 
     def _position(self, request: Request) -> int:
-        text = request.query_params.get("from") or request.headers.get("last-event-id")
+        # Last-Event-ID first: an EventSource reconnects to its first URL (an old ?from=) with the newer id
+        text = request.headers.get("last-event-id") or request.query_params.get("from")
         if text is None:
             raise UsageError("no position", "pass ?from=<position> (the `position` of the initial rows) or Last-Event-ID")
         return int(text)

@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.fixtures.browser import chromium
 from tests.fixtures.capture import Pipe, make_pipe, snapshot, start_stream, stop_stream
 from tests.fixtures.serve import OTHER_TOKEN, TOKEN, Server, initial_rows, module_database, sse, start_server
 from tests.harness import cdc, sql
@@ -39,7 +40,7 @@ def pipe(pg, tmp_path_factory) -> Iterator[Pipe]:
 
 @pytest.fixture(scope="module")
 def server(pipe: Pipe) -> Iterator[Server]:
-    srv = start_server(pipe.file, "--heartbeat", "0.5", "--client-queue", "4", "--ring", "8")
+    srv = start_server(pipe.file, "--heartbeat", "0.5", "--client-queue", "4", "--ring", "8", "--example")
     yield srv
     srv.stop()
 
@@ -158,6 +159,29 @@ def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> No
         rest = stream.until(lambda e: e.event == "change" and 39 in _ids([e]))
     assert got + _ids(rest) == list(range(40))  # every transaction once, in order: before the cut, then the rest
     assert server.get("/metrics", token=None).text.count('pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0') == 1
+
+
+def test_example_page_in_a_real_browser(pipe: Pipe, server: Server) -> None:
+    """Debian's chromium shows the example page: a write at the source changes the row in the DOM;
+    a reload resumes from the saved position (no event twice) and keeps following."""
+    with chromium() as open_page:
+        page = open_page()
+        page.goto(f"{server.url}/#token={TOKEN}&table=public.items")
+        page.wait("document.getElementById('status').textContent === 'live'", what="status live")
+        assert page.eval("document.getElementById('row-3') !== null")
+        sql(pipe.dsn, "INSERT INTO items VALUES (500, 'from the source', 1)")
+        page.wait("(document.getElementById('row-500') || {}).textContent?.includes('from the source')", what="row 500")
+        sql(pipe.dsn, "UPDATE items SET name = 'changed' WHERE id = 500")
+        page.wait("document.getElementById('row-500').textContent.includes('changed')", what="row 500 changed")
+        page.reload()
+        page.wait("document.getElementById('status').textContent === 'live'", what="status live after reload")
+        sql(pipe.dsn, "UPDATE items SET name = 'after reload' WHERE id = 500")
+        page.wait("document.getElementById('row-500').textContent.includes('after reload')", what="row 500 after reload")
+        seen = page.eval("JSON.parse(sessionStorage.getItem('cdc-serve:public.items')).seen")
+        assert len(seen) >= 3 and seen == sorted(set(seen))  # every event id once, in order, across the reload
+        shown = page.eval("document.querySelectorAll('#rows tr').length")
+    _, rows = initial_rows(server, "public.items")
+    assert shown == len(rows)
 
 
 def test_compaction_forces_a_restart_control_event(pipe: Pipe, server: Server) -> None:
