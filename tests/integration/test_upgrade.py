@@ -10,11 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
+import orjson
 import pytest
+from kafka import KafkaProducer
 
-from cdc.ground.formats import DELTA_CUTS, STATE, VERSION
+from cdc.ground.formats import DELTA_CUTS, KAFKA, STATE, VERSION
 from tests.fixtures.capture import ok
-from tests.harness import apply_once, sql, verify
+from tests.fixtures.kafka_log import make_kpipe
+from tests.fixtures.kafka_log import snapshot as snapshot_kafka
+from tests.fixtures.topics import topic_records
+from tests.harness import apply_once, cdc, sql, verify
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +52,27 @@ def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
     # the lake's _cdc_cuts of 0.1.0 got the format columns with the new cut's row (its old row: null)
     cuts = spark.read.format("delta").load(str(work / "lake" / "_cdc_cuts")).orderBy("cut_id").collect()
     assert [(r.cut_id, r.format, r.cdc_version) for r in cuts] == [(3, None, None), (5, DELTA_CUTS.version, VERSION)], cuts
+
+
+def test_kafka_cut_record_from_the_future_refused_cleanly(pg_db: str, tmp_path: Path, kafka) -> None:
+    """A cut record a newer cdc published (its `format` above this cdc's kafka format) stops the
+    readers of the topics with exit 5 naming both versions, instead of misreading the records
+    (`cdc status` shows it in its log line)."""
+    sql(pg_db, "CREATE TABLE public.t (id int PRIMARY KEY, v text)", "INSERT INTO public.t VALUES (1, 'a')")
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap, sinks=[])
+    snapshot_kafka(pipe)
+    assert ok("log", "read", pipe.file).out.strip()  # this release reads its own records
+
+    latest = orjson.loads(topic_records(kafka.bootstrap, pipe.cuts_topic)[-1].value)
+    assert (latest["format"], latest["cdc_version"]) == (KAFKA.version, VERSION)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    future = {**latest, "cut_id": latest["cut_id"] + 1, "format": KAFKA.version + 1, "cdc_version": "0.9.0"}
+    producer.send(pipe.cuts_topic, key=b"cut", value=orjson.dumps(future)).get(timeout=30)
+    producer.close()
+
+    said = f"is in kafka format {KAFKA.version + 1}, written by cdc 0.9.0; this cdc {VERSION} reads kafka format {KAFKA.version}"
+    run = cdc("log", "read", pipe.file)
+    assert run.code == 5 and said in run.err and "  fix: run cdc 0.9.0 or newer" in run.err, run
+    status = cdc("status", pipe.file)  # status reports a log it cannot read in its log line, as ever
+    assert f"log (kafka): the Kafka log {pipe.cuts_topic} {said}" in status.out, status
+    assert "Traceback" not in run.out + run.err + status.out + status.err
