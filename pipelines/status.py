@@ -123,6 +123,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
     data["followers"] = followers
     # tables re-based (or to be re-based) because their rows changed without change events
     data["rebases"] = load_states(pipeline.state_path)
+    from pipelines.serve.registry import running_servers  # `cdc serve` processes of this pipeline
+
+    data["servers"] = running_servers(pipeline.state_path)
     return data
 
 
@@ -264,6 +267,8 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
             say(f"  follower {f['sink']} ({f['kind']}): never applied; {backlog}")
         else:
             say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")
+    for srv in data.get("servers", []):
+        say(f"  serve: {srv['url']} (pid {srv['pid']}, {srv['tables']} table(s), since {_when(srv['started'] * 1000)})")
 
 
 def _when(ms: int) -> str:

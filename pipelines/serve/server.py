@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -16,27 +14,11 @@ from pipelines.serve import metrics
 from pipelines.serve.app import Options, build_app
 from pipelines.serve.feed import Hub
 from pipelines.serve.logview import LogAccess, latest
+from pipelines.serve.registry import record_server
 from pipelines.serve.shape import table_shapes
 from pipelines.serve.tokens import load_grants
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve" / "index.html"
-
-
-def servers_dir(pipeline: Pipeline) -> Path:
-    return pipeline.state_path / "serve"
-
-
-def running_servers(pipeline: Pipeline) -> list[dict]:
-    """The `cdc serve` processes of this pipeline that still run (their files; stale ones skipped)."""
-    found = []
-    for path in sorted(servers_dir(pipeline).glob("*.json")):
-        try:
-            info = json.loads(path.read_text())
-            os.kill(int(info["pid"]), 0)
-        except (OSError, ValueError, KeyError):
-            continue
-        found.append(info)
-    return found
 
 
 def _loopback(host: str) -> bool:
@@ -106,9 +88,7 @@ def serve(
         ssl_keyfile=str(tls_key) if tls_key else None,
         timeout_graceful_shutdown=2,
     )
-    record = servers_dir(pipeline) / f"{os.getpid()}.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"pid": os.getpid(), "url": url, "tables": len(shapes), "started": int(time.time())}))
+    record = record_server(pipeline.state_path, {"url": url, "tables": len(shapes), "started": int(time.time())})
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

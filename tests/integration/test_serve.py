@@ -161,6 +161,20 @@ def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> No
     assert server.get("/metrics", token=None).text.count('pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0') == 1
 
 
+def test_status_lists_the_server_and_metrics_count(pipe: Pipe, server: Server) -> None:
+    run = cdc("status", pipe.file)
+    assert f"serve: {server.url} (pid {server.proc.pid}, 2 table(s)" in run.out, run.out
+    body, _ = initial_rows(server, "public.items")
+    sql(pipe.dsn, "INSERT INTO items VALUES (300, 'counted', 1)")
+    answer = server.get("/v1/tables/public.items/poll", **{"from": body["position"], "timeout": 20}).json()
+    assert [c["after"]["id"] for e in answer["events"] for c in e["data"]["changes"]] == [300]
+    server.get("/v1/tables", token=None)
+    text = server.get("/metrics", token=None).text
+    sent = [line for line in text.splitlines() if line.startswith('pgcdc_serve_events_sent_total{pipeline="test",table="public.items"}')]
+    assert sent and float(sent[0].split()[-1]) > 0
+    assert 'pgcdc_serve_requests_refused_total{code="401",pipeline="test"}' in text
+
+
 def test_example_page_in_a_real_browser(pipe: Pipe, server: Server) -> None:
     """Debian's chromium shows the example page: a write at the source changes the row in the DOM;
     a reload resumes from the saved position (no event twice) and keeps following."""
