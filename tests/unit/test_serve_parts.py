@@ -1,0 +1,96 @@
+"""`cdc serve` parts without services: tokens, subscription filters, a sink's shaping of rows."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from cdc.ground.errors import UsageError
+from cdc.ground.tables import TableName
+from cdc.log.base import Column, LogRecord, TableSchema
+from cdc.pgoutput import UNCHANGED
+from pipelines.serve.filters import parse_filter
+from pipelines.serve.shape import TableShape, mask_text
+from pipelines.serve.tokens import authorize, load_grants, parse_env, parse_file
+
+pytestmark = pytest.mark.unit
+
+ORDERS = TableName("public", "orders")
+
+
+def test_tokens_hashed_in_a_file_and_plain_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    digest = hashlib.sha256(b"file-token-0123456789").hexdigest()
+    file = tmp_path / "tokens"
+    file.write_text(f"# reader of orders\nsha256:{digest} public.orders\n")
+    monkeypatch.setenv("CDC_SERVE_TOKENS", "env-token-0123456789=public.*")
+    grants = load_grants(file)
+    file_grant = authorize(grants, "file-token-0123456789")
+    assert file_grant is not None and file_grant.allows(ORDERS) and not file_grant.allows(TableName("public", "users"))
+    env_grant = authorize(grants, "env-token-0123456789")
+    assert env_grant is not None and env_grant.allows(TableName("public", "users"))
+    assert not env_grant.allows(TableName("other", "users"))
+    assert authorize(grants, "wrong-token") is None and authorize(grants, None) is None
+    assert not any("0123456789" in g.name for g in grants)  # the names used in messages carry no token
+
+
+def test_no_token_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CDC_SERVE_TOKENS", raising=False)
+    monkeypatch.delenv("CDC_SERVE_TOKENS_FILE", raising=False)
+    with pytest.raises(UsageError, match="no token"):
+        load_grants(None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["plain-token public.orders", "sha256:abc public.orders", f"sha256:{'0' * 64}", f"sha256:{'0' * 64} not_a_table"],
+)
+def test_token_file_lines_refused(text: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_file(text, "tokens")
+    assert "plain-token" not in err.value.problem  # the line's token is never repeated
+
+
+def test_env_tokens_need_tables_and_length() -> None:
+    with pytest.raises(UsageError):
+        parse_env("short=public.orders")
+    with pytest.raises(UsageError):
+        parse_env("long-enough-token-0123=")
+    assert parse_env("long-enough-token-0123=*")[0].selectors is None
+
+
+def test_filters() -> None:
+    by_key = parse_filter([("key", "7")], ("id",))
+    assert by_key.matches({"op": "c", "after": {"id": 7}, "before": None})
+    assert not by_key.matches({"op": "c", "after": {"id": 8}, "before": None})
+    assert by_key.matches({"op": "d", "after": None, "before": {"id": 7}})
+    where = parse_filter([("where", "qty>=10"), ("where", "status=open")], ("id",))
+    assert where.matches({"op": "u", "after": {"id": 1, "qty": 12, "status": "open"}})
+    assert not where.matches({"op": "u", "after": {"id": 1, "qty": 9, "status": "open"}})
+    # a row leaving the filter is seen when the event has its old row
+    assert where.matches({"op": "u", "after": {"id": 1, "qty": 9, "status": "shut"}, "before": {"id": 1, "qty": 12, "status": "open"}})
+    assert parse_filter([("where", "flag=true")], ("id",)).matches({"op": "c", "after": {"flag": True}})
+    assert parse_filter([("where", "n!=null")], ("id",)).matches({"op": "c", "after": {"n": 1}})
+    assert parse_filter([("from", "1")], ("id",)).empty
+    with pytest.raises(UsageError):
+        parse_filter([("key", "1")], ("a", "b"))
+    with pytest.raises(UsageError):
+        parse_filter([("where", "no operator")], ("id",))
+
+
+def test_shape_keeps_key_drops_and_masks_columns() -> None:
+    schema = TableSchema((Column("id", 23, -1), Column("email", 25, -1), Column("secret", 25, -1), Column("note", 25, -1)), ("id",))
+    rec = LogRecord(ORDERS, 5, 100, 1, "u", b"", ["1", "a@b.c", "s", UNCHANGED], None, None, schema, 1, 0, 100)
+    shape = TableShape(ORDERS, "orders", None, frozenset({"secret"}), {"email": "hash", "note": "redact"}, "k" * 16)
+    out = shape.apply(rec)
+    assert out.schema.column_names == ["id", "email", "note"] and out.schema.key == ("id",)
+    assert out.values == ["1", mask_text("hash", "k" * 16, "a@b.c"), UNCHANGED]  # unchanged stays unchanged
+    assert rec.values[1] == "a@b.c"  # the shared record is not changed for other feeds
+
+
+def test_masks_equal_the_sinks() -> None:
+    shaping = pytest.importorskip("sinks.shaping")
+    for kind in ("hash", "redact", "null"):
+        assert mask_text(kind, "x" * 16, "value") == shaping.mask_text(kind, "x" * 16, "value")
+    assert shaping.REDACTED == "[redacted]"
