@@ -507,31 +507,6 @@ def ddl_remove(pipeline: Path) -> None:
     run_remove(load(pipeline), say)
 
 
-@cli.group()
-def ddl() -> None:
-    """DDL capture: the event trigger that writes each schema change of a captured table into the WAL."""
-
-
-@ddl.command("install")
-@PIPELINE
-@handle_errors
-def ddl_install(pipeline: Path) -> None:
-    """Install the event trigger (needs a superuser DSN); schema changes then reach the log at their commit."""
-    from pipelines.ddl import run_install
-
-    run_install(load(pipeline), say)
-
-
-@ddl.command("remove")
-@PIPELINE
-@handle_errors
-def ddl_remove(pipeline: Path) -> None:
-    """Remove the event trigger; schema changes then reach the log with each table's next change."""
-    from pipelines.ddl import run_remove
-
-    run_remove(load(pipeline), say)
-
-
 @cli.command()
 @PIPELINE
 @click.option("--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source")
