@@ -12,12 +12,13 @@ from cdc.ground.errors import SourceError
 from cdc.ground.tables import quote_ident
 from cdc.source import _slot, connect, slot_holder
 from pipelines.ddl import remove as remove_ddl_capture
-from pipelines.teardown_data import kafka_topics, left_in_place, remove_captured
+from pipelines.teardown_data import find_topics, finish_topics, left_in_place, remove_captured
 
 
 def run_teardown(
     pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None], delete_topics: bool = False
 ) -> None:
+    topics = find_topics(pipeline, delete_topics)  # before any change: --delete-topics needs the broker
     if drop_slot:
         conn = connect(pipeline.source.postgres.dsn, application_name="cdc teardown")
         try:
@@ -27,7 +28,7 @@ def run_teardown(
     # the log, the kafka staging log, snapshot segments, checkpoints, view state, scratch: every
     # captured byte under state_dir but a follower's own directory (pipelines/teardown_data.py)
     remove_captured(pipeline, say)
-    kafka_topics(pipeline, delete_topics, say)
+    finish_topics(topics, delete_topics, say)
     if not drop_slot:
         say(
             f"kept replication slot {pipeline.slot} and publication {pipeline.publication} on the source: the slot "

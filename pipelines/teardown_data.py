@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kafka.errors import KafkaError
 
-from cdc.ground.config import Pipeline
-from cdc.ground.errors import LogError, UsageError
+from cdc.ground.config import KafkaLog, Pipeline
+from cdc.ground.errors import CdcError, LogError, UsageError
 
 
 def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
@@ -74,49 +75,82 @@ def _remove_tree(directory: Path, keep: list[Path]) -> list[str]:
     return removed
 
 
-def kafka_topics(pipeline: Pipeline, delete: bool, say: Callable[[str], None]) -> None:
-    """With `log: kafka`: delete the pipeline's topics (`delete`), or name them as left."""
+@dataclass
+class Topics:
+    """The pipeline's Kafka topics as found before anything was deleted."""
+
+    cfg: KafkaLog
+    prefix: str
+    servers: str
+    names: list[str] | None  # None: they could not be listed (why)
+    why: str = ""
+
+
+def find_topics(pipeline: Pipeline, delete: bool) -> Topics | None:
+    """With `log: kafka`, the topics `<prefix>.*` (None for another log). Runs before teardown
+    changes anything: with `delete`, a broker it cannot reach or sign in to stops it there (exit
+    3 or 4, nothing changed); without, the topics are then named by their prefix only."""
     cfg = pipeline.log_config.kafka
     if cfg is None:
         if delete:
             raise UsageError("--delete-topics: this pipeline has no Kafka log (log: local)", "leave --delete-topics out")
-        return
+        return None
     prefix = cfg.topic_prefix or pipeline.name
+    servers = cfg.bootstrap_servers if isinstance(cfg.bootstrap_servers, str) else ",".join(cfg.bootstrap_servers)
     if cfg.format == "debezium":
         if delete:
             raise UsageError(
                 f"--delete-topics: the topics {prefix}.* are Debezium's (log.kafka.format: debezium), not this pipeline's",
                 "leave --delete-topics out; delete them with Kafka's own tools if Debezium no longer needs them",
             )
-        say(f"left Debezium's topics {prefix}.* in Kafka (not this pipeline's)")
-        return
+        return Topics(cfg, prefix, servers, None, "they are Debezium's, not this pipeline's")
     from cdc.log.kafka.client import admin, connecting
 
-    client = admin(cfg)
     try:
-        with connecting(cfg):
-            topics = sorted(t for t in client.list_topics() if t.startswith(prefix + "."))
-        if delete and topics:
-            try:
-                client.delete_topics(topics, timeout_ms=30_000)
-            except KafkaError as exc:
-                raise LogError(
-                    f"Kafka refused to delete the topics {', '.join(topics)}: {type(exc).__name__}: {exc}",
-                    f"grant this pipeline's Kafka user DELETE on the topics {prefix}.* (or have an admin delete "
-                    "them), then run the same `cdc teardown --delete-topics` again",
-                ) from None
-    finally:
-        client.close()
-    servers = cfg.bootstrap_servers if isinstance(cfg.bootstrap_servers, str) else ",".join(cfg.bootstrap_servers)
-    if not topics:
-        say(f"no topics {prefix}.* in Kafka at {servers}")
-    elif delete:
-        say(f"deleted {len(topics)} Kafka topic(s) at {servers}: {', '.join(topics)}")
-    else:
+        client = admin(cfg)  # the pipeline's own security settings (README Security)
+        try:
+            with connecting(cfg):
+                names = sorted(t for t in client.list_topics() if t.startswith(prefix + "."))
+        finally:
+            client.close()
+    except CdcError as exc:
+        if delete:
+            raise
+        return Topics(cfg, prefix, servers, None, f"they could not be listed: {exc.problem}")
+    return Topics(cfg, prefix, servers, names)
+
+
+def finish_topics(topics: Topics | None, delete: bool, say: Callable[[str], None]) -> None:
+    """Delete the topics found (`delete`), or say they are left, with their names and broker."""
+    if topics is None:
+        return
+    if topics.names is None:
+        say(f"left the Kafka topics {topics.prefix}.* at {topics.servers} ({topics.why})")
+        return
+    if not topics.names:
+        say(f"no topics {topics.prefix}.* in Kafka at {topics.servers}")
+        return
+    listed = ", ".join(topics.names)
+    if not delete:
         say(
-            f"left {len(topics)} Kafka topic(s) at {servers}, holding the captured rows: {', '.join(topics)} "
+            f"left {len(topics.names)} Kafka topic(s) at {topics.servers}, holding the captured rows: {listed} "
             "(delete them with `cdc teardown --delete-topics`)"
         )
+        return
+    from cdc.log.kafka.client import admin
+
+    client = admin(topics.cfg)
+    try:
+        client.delete_topics(topics.names, timeout_ms=30_000)
+    except KafkaError as exc:
+        raise LogError(
+            f"Kafka refused to delete the topics {listed}: {type(exc).__name__}: {exc}",
+            f"grant this pipeline's Kafka user DELETE on the topics {topics.prefix}.* (or have an admin delete "
+            "them), then run `cdc teardown --delete-topics` again",
+        ) from None
+    finally:
+        client.close()
+    say(f"deleted {len(topics.names)} Kafka topic(s) at {topics.servers}: {listed}")
 
 
 def left_in_place(pipeline: Pipeline) -> str:

@@ -18,7 +18,7 @@ from tests.fixtures.capture import stream_until_current as stream_local
 from tests.fixtures.kafka_log import make_kpipe
 from tests.fixtures.kafka_log import snapshot as snapshot_kafka
 from tests.fixtures.kafka_log import stream_until_current as stream_kafka
-from tests.harness import sql
+from tests.harness import cdc, sql
 
 pytestmark = pytest.mark.integration
 
@@ -90,8 +90,55 @@ def test_teardown_kafka_log_leaves_no_captured_row_and_deletes_topics_when_asked
 
 def test_teardown_delete_topics_refused_for_a_local_log(pg_db: str, tmp_path: Path) -> None:
     pipe = make_pipe(tmp_path, pg_db, ["public.t"])
-    from tests.harness import cdc
-
     run = cdc("teardown", pipe.file, "--delete-topics", "--yes")
     assert run.code == 2 and "error: --delete-topics: this pipeline has no Kafka log" in run.err, run
     no_traceback(run)
+
+
+def test_teardown_delete_topics_over_sasl_ssl_with_the_pipelines_security(
+    pg_db: str, tmp_path: Path, secure_kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--delete-topics signs in as the pipeline does (SASL_SSL, SCRAM); a login Kafka refuses stops
+    teardown before it changes anything (exit 3, naming the setting, no secret printed)."""
+    broker = secure_kafka
+    monkeypatch.delenv("KAFKA_PASSWORD_FILE", raising=False)
+    monkeypatch.setenv("KAFKA_PASSWORD", broker.password)
+    security = {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_username": broker.user,
+        "sasl_password": "${KAFKA_PASSWORD}",
+        "ssl_cafile": str(broker.ca_file),
+    }
+    needle = capture_distinctive(pg_db)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], broker.bootstrap, sinks=[], **security)
+    snapshot_kafka(pipe)
+    state = tmp_path / ".cdc" / pipe.name
+    topics = {pipe.topic("public.t"), pipe.cuts_topic, pipe.schemas_topic}
+
+    monkeypatch.setenv("KAFKA_PASSWORD", "wrong-" + broker.password)
+    run = cdc("teardown", pipe.file, "--drop-slot", "--delete-topics", "--yes")
+    assert run.code == 3 and "wrong log.kafka.sasl_password" in run.err, run
+    assert broker.password not in run.out + run.err
+    no_traceback(run)
+    assert files_holding(state, needle) and slot_info(pg_db, pipe.slot) is not None  # nothing changed
+
+    monkeypatch.setenv("KAFKA_PASSWORD", broker.password)
+    run = ok("teardown", pipe.file, "--drop-slot", "--delete-topics", "--yes")
+    assert f"deleted 3 Kafka topic(s) at {broker.bootstrap}" in run.out, run.out
+    assert files_holding(state.parent, needle) == [] and slot_info(pg_db, pipe.slot) is None
+    admin = KafkaAdminClient(
+        bootstrap_servers=broker.bootstrap,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username=broker.user,
+        sasl_plain_password=broker.password,
+        ssl_cafile=str(broker.ca_file),
+    )
+    try:
+        deadline = time.monotonic() + 60  # the broker deletes topics asynchronously
+        while topics & set(admin.list_topics()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not topics & set(admin.list_topics()), admin.list_topics()
+    finally:
+        admin.close()
