@@ -444,12 +444,22 @@ class SinkConfig(_Strict):
         description="when the engine lost data this follower had applied (its marker is gone or behind): "
         "rebuild the table from the log's base, or stop with the remedy",
     )
+    dropped_columns: Literal["keep", "null", "drop"] = Field(
+        default="keep",
+        description="a column the source drops: keep its last values, set it NULL in every row, or drop it "
+        "from the follower (delta mode scd1 and redis; README Schema changes)",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SinkConfig:
         kinds = [k for k in ("delta", "search", "redis") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError("give exactly one sink kind: `delta`, `search` or `redis`")
+        if self.dropped_columns != "keep" and (self.search is not None or (self.delta and self.delta.mode == "scd2")):
+            raise ValueError(
+                "dropped_columns: null and drop are for delta sinks with mode scd1 and redis sinks "
+                "(scd2 keeps every version's values, search keeps the field): use keep"
+            )
         return self
 
     @property

@@ -288,3 +288,35 @@ return each_row(function(v)
 end)
 """
 )
+
+# A column the source dropped, with `dropped_columns: null | drop`: KEYS are row keys; ARGV[1] 'null'
+# or 'drop', ARGV[2..] the columns' quoted names. Each cached row gets the member set to null, or
+# loses it (other members' text, order and the TTL kept). Returns the rows changed.
+RETIRE = (
+    _COMMON
+    + _EACH_ROW
+    + r"""
+return each_row(function(v)
+  local names, values = members(v)
+  local kept_names, kept_values, changed = {}, {}, false
+  for j = 1, #names do
+    local hit = false
+    for k = 2, #ARGV do
+      if names[j] == ARGV[k] then hit = true end
+    end
+    if hit and ARGV[1] == 'drop' then
+      changed = true
+    else
+      if hit and values[j] ~= 'null' then
+        values[j] = 'null'
+        changed = true
+      end
+      kept_names[#kept_names + 1] = names[j]
+      kept_values[#kept_values + 1] = values[j]
+    end
+  end
+  if not changed then return nil end
+  return join(kept_names, kept_values)
+end)
+"""
+)

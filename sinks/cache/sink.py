@@ -250,6 +250,20 @@ class RedisSink(Sink):
             for chunk in self._scan(client, keys):
                 self._redis("writing to", script, keys=chunk, args=args)
 
+    def _retire_columns(self, client: Any, keys: TableKeys, batch: TableBatch) -> None:
+        """`dropped_columns: null | drop`: the columns the source dropped in this cut set to null in,
+        or removed from, every cached row of the table (idempotent: a replayed cut changes nothing more)."""
+        how = self.config.dropped_columns
+        names = sorted(batch.retired)
+        row = self.spark.range(1).select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names))).first()
+        quoted = [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]  # as to_json writes the names
+        script = client.register_script(scripts.RETIRE)
+        changed = 0
+        for chunk in self._scan(client, keys):
+            changed += int(self._redis("writing to", script, keys=chunk, args=[how, *quoted]))
+        what = "set to null in" if how == "null" else "removed from"
+        self.say(f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)")
+
     def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
         names = [c.name for c in batch.schema.columns]
         wanted = [n for n in batch.defaults if n in names]
@@ -283,6 +297,8 @@ class RedisSink(Sink):
         if cut is not None:
             stats.deleted += self._truncate(client, keys, cut)
         counts = self._write(batch, changes, keys)
+        if batch.retired and self.config.dropped_columns != "keep":
+            self._retire_columns(client, keys, batch)  # after the cut's writes (scripts.RETIRE)
         stats.inserted += counts["inserted"]
         stats.updated += counts["updated"]
         stats.deleted += counts["deleted"]

@@ -350,6 +350,13 @@ class DeltaSink(Sink):
             retry_conflicts(lambda: target.delete(older))
         # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
         metrics = retry_conflicts(lambda: self._merge(target, batch, changes, cut_id))
+        if batch.retired and self.config.dropped_columns != "keep":  # sinks/delta/dropped.py
+            from sinks.delta.dropped import retire_columns
+
+            done = retire_columns(self.spark, path, sorted(batch.retired), self.config.dropped_columns)
+            if done:
+                how = "set NULL in every row" if self.config.dropped_columns == "null" else "dropped from the table"
+                self.say(f"sink {self.name}: {batch.table}: column(s) {', '.join(done)} dropped at the source: {how}")
         if metrics is not None:
             stats.inserted = int(metrics["num_inserted_rows"])
             stats.updated = int(metrics["num_updated_rows"])

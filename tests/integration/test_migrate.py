@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from cdc.filters import published
+from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.session import libpq_options
+from pipelines.validate import run_validate
 from tests.fixtures.capture import log_read, no_traceback
 from tests.fixtures.lake import apply_ok, delta_df, make_pipe, snapshot, verified
 from tests.harness import cdc, flush_wal, sql
@@ -61,6 +63,10 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
     pipe.file.write_text(yaml.safe_dump(doc, sort_keys=False))
     snapshot(pipe)
     apply_ok(pipe, spark)
+    lines: list[str] = []
+    assert run_validate(load_pipeline(pipe.file), lines.append) == 0, lines
+    warned = "\n".join(lines)
+    assert "warn table public.users: its publication column list" in warned and "cdc migrate" in warned, warned
     assert _published_columns(pg_db, f"cdc_{pipe.name}") == ("id", "name", "login_count")
 
     # the problem: PostgreSQL refuses the routine migration
