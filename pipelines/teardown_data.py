@@ -49,17 +49,36 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     if not state.is_dir():
         return
     keep = [p for p in follower_paths(pipeline).values() if _inside(p, state)]
-    removed = _remove_tree(state, keep)
+    own = None
+    if _inside(Path(pipeline.file).resolve(), state):
+        # state_dir also holds the pipeline file (`state_dir: .`): other files of the user's may be
+        # there too, so only the entries cdc writes go, and the others are named as left
+        own = [p for p in state.iterdir() if p.name in OWN_ENTRIES or p.name.startswith(OWN_PREFIXES)]
+    removed = _remove_tree(state, keep, own)
     if removed:
         say(f"deleted under {state}: {', '.join(sorted(removed))}")
+    if own is not None:
+        others = sorted(p.name for p in state.iterdir() if not any(_inside(p.resolve(), k) for k in keep))
+        if others:
+            say(f"left under {state}, which also holds the pipeline file, what cdc did not write: {', '.join(others)}")
     if not keep and state.is_dir() and not any(state.iterdir()):
         state.rmdir()
 
 
-def _remove_tree(directory: Path, keep: list[Path]) -> list[str]:
-    """Remove every entry of `directory` except the `keep` directories (and the ones holding them)."""
+# What cdc writes directly under state_dir (README Security "What is stored where"), for a
+# state_dir shared with the pipeline file; anything else there is the user's.
+OWN_ENTRIES = frozenset(
+    {"log", "staging", "checkpoints", "views", "spark", "locks", "debezium", "chunked", "errors", "serve",
+     "rebase.json", "rebase.tmp", "ddl.json", "search"}
+)
+OWN_PREFIXES = ("verify-", "cdc-code-")
+
+
+def _remove_tree(directory: Path, keep: list[Path], only: list[Path] | None = None) -> list[str]:
+    """Remove every entry of `directory` (or of `only`) except the `keep` directories (and the
+    ones holding them)."""
     removed = []
-    for entry in sorted(directory.iterdir()):
+    for entry in sorted(directory.iterdir() if only is None else only):
         path = entry if entry.is_symlink() else entry.resolve()
         if any(_inside(path, k) for k in keep):
             continue  # a follower's own data

@@ -37,3 +37,17 @@ def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
     assert left_in_place(pipeline) == (
         f"followers' data was left in place: lake at {(state / 'lake').resolve()}; idx at {(state / 'search').resolve()}"
     )
+
+
+def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(tmp_path: Path) -> None:
+    file = write_pipeline(tmp_path, "postgresql://x@127.0.0.1:1/x", ["public.t"], state_dir=".", sinks=[])
+    pipeline = load_pipeline(file)
+    for rel in ("log/log.db", "log/segments/t1/s1/c00000.copy", "checkpoints/lake.json", "rebase.json", "verify-ab/rows", "notes.txt", "mine/data"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"row")
+    said: list[str] = []
+
+    remove_captured(pipeline, said.append)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["mine/data", "notes.txt", "test.yml"], left
+    assert said[-1] == f"left under {tmp_path.resolve()}, which also holds the pipeline file, what cdc did not write: mine, notes.txt, test.yml", said
