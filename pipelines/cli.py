@@ -168,12 +168,13 @@ def cli() -> None:
 
 @cli.command()
 @PIPELINE
+@click.option("--spark-views", "spark_views", is_flag=True, help="check derived views with Spark (types, functions) too, not only their tables and columns (starts a JVM)")
 @handle_errors
-def validate(pipeline: Path) -> int:
+def validate(pipeline: Path, spark_views: bool) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
     from pipelines.validate import run_validate
 
-    return run_validate(load(pipeline, check_state_dir=False), say)
+    return run_validate(load(pipeline, check_state_dir=False), say, spark_views)
 
 
 @cli.command()

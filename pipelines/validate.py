@@ -33,7 +33,8 @@ def private_paths(pipeline: Pipeline) -> dict[str, Path]:
     return {k: p for k, p in paths.items() if p.is_dir()}
 
 
-def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bool = False) -> int:
+    """`spark_views`: every derived view analysed by Spark too (else only those sqlglot cannot resolve)."""
     sinks = ", ".join(f"{s.name} ({s.kind})" for s in pipeline.sinks) or "none"
     log = "kafka" if pipeline.log_config.kafka else f"local at {pipeline.local_log_path}"
     say(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
@@ -127,7 +128,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None]) -> int:
                 "follower leave them out and `cdc verify` names them as not compared; compute them in a view (`views:`) "
                 "if a follower needs them"
             )
-    view_problems = check_views(pipeline, schemas, say)
+    view_problems = check_views(pipeline, schemas, say, spark_views)
     for note in report.notes:
         say(f"note: {note}")
     for p in report.problems:
@@ -190,13 +191,16 @@ def captured_schemas(conn, report) -> dict:
     return schemas
 
 
-def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None]) -> int:
-    """Each derived view analysed (pipelines/views/sql.py) and run by Spark on empty tables of the
+def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], spark_check: bool = False) -> int:
+    """Each derived view analysed (pipelines/views/sql.py) and its columns resolved against the
     captured schemas (no source row is read): a line per view saying whether it is maintained
     incrementally or recomputed each cut and why; FAIL lines (the count returned) for views that
-    cannot work. Spark is started only for a pipeline with views."""
+    cannot work. Columns are resolved by sqlglot (pipelines/views/namecheck.py, no JVM); a view it
+    cannot resolve, or all views with `spark_check`, is run by Spark on empty tables, whose verdict
+    (and message) counts."""
     if not pipeline.views:
         return 0
+    from pipelines.views.namecheck import check_names, output_names
     from pipelines.views.sql import analyse
 
     columns = {t: s.column_names for t, s in schemas.items()}
@@ -211,25 +215,33 @@ def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None]) -
         except UsageError as exc:
             problems += 1
             say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
-    if plans:
-        from pipelines.spark import spark_session
-        from pipelines.views.check import struct_of, view_schema
-
-        spark = spark_session(None, master="local[1]")  # not the pipeline's cluster: nothing runs
-        structs = {t: struct_of(s) for t, s in schemas.items()}
-        for plan in plans:
-            unusable = [str(t) for t in plan.tables if t not in structs]
-            if unusable:
-                say(f"note: view {plan.name}: not checked: {', '.join(unusable)} cannot be used at the source (above)")
-                continue
+    spark = None
+    for plan in plans:
+        followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or ["no sink follows it"]
+        unusable = [str(t) for t in plan.tables if t not in schemas]
+        if unusable:
+            say(f"note: view {plan.name}: not checked: {', '.join(unusable)} cannot be used at the source (above)")
+            continue
+        names = None if spark_check else output_names(plan, columns)
+        if names is not None:
             try:
-                out = view_schema(spark, plan, structs)
+                check_names(plan, names)
+            except UsageError:
+                names = None  # Spark names the problem (its column names are the followers')
+        if names is None:
+            if spark is None:
+                from pipelines.spark import spark_session
+                from pipelines.views.check import struct_of, view_schema
+
+                spark = spark_session(None, master="local[1]")  # not the pipeline's cluster: nothing runs
+                structs = {t: struct_of(s) for t, s in schemas.items()}
+            try:
+                names = view_schema(spark, plan, structs).fieldNames()
             except UsageError as exc:
                 problems += 1
                 say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
                 continue
-            followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or ["no sink follows it"]
-            say(f"{OK} {plan.describe()} ({len(out.fields)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
+        say(f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
     return problems
 
 
@@ -237,13 +249,14 @@ def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
     """Sinks' table_options naming a column the table does not have (as captured), or a rule a key
     column cannot take: found here, before `cdc apply` stops on them (sinks/shaping.py)."""
     from cdc.log.base import Column, TableSchema
-    from sinks.shaping import shape_of
 
     problems: list[Problem] = []
     for sink in pipeline.sinks:
         for t in report.tables:
             if sink.settings.options_for(t.table) is None or not t.key_columns:
                 continue
+            from sinks.shaping import shape_of  # imports pyspark (types, no JVM): only when needed
+
             captured = report.filters.get(t.table)
             cols = tuple(
                 Column(c.name, c.type_oid, c.typmod)

@@ -15,12 +15,10 @@ from cdc.ground.errors import UsageError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
+from pipelines.views.namecheck import check_names
 from pipelines.views.sql import ViewPlan
 from sinks.sparktypes import spark_type
 
-# Characters plain Delta column names cannot hold (column mapping off): an unnamed expression such
-# as count(1) gets Spark's generated name with parentheses
-_NOT_IN_NAMES = set(" ,;{}()\n\t=")
 _serial = itertools.count()
 
 
@@ -66,29 +64,4 @@ def view_schema(
 
 
 def check_columns(plan: ViewPlan, schema: T.StructType) -> None:
-    seen: dict[str, str] = {}
-    for f in schema.fields:
-        if f.name.lower() in seen:
-            raise UsageError(
-                f"view {plan.name}: it outputs the column {f.name} twice",
-                "give each output column its own name with AS",
-            )
-        seen[f.name.lower()] = f.name
-        if set(f.name) & _NOT_IN_NAMES:
-            raise UsageError(
-                f"view {plan.name}: its output column {f.name!r} has no plain name (followers name fields by it)",
-                f"name it with AS, e.g. {f.name} AS {_suggest(f.name)}",
-            )
-    for k in plan.key:
-        if k.lower() not in seen:
-            raise UsageError(
-                f"view {plan.name}: key column {k!r} is not a column of the view (it outputs {', '.join(f.name for f in schema.fields)})",
-                "name output columns in `key`, or add the column to the SELECT list",
-            )
-
-
-def _suggest(name: str) -> str:
-    plain = "".join(ch if ch.isalnum() else "_" for ch in name.lower()).strip("_")
-    while "__" in plain:
-        plain = plain.replace("__", "_")
-    return plain or "value"
+    check_names(plan, [f.name for f in schema.fields])

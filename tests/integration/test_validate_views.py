@@ -1,6 +1,6 @@
 """`cdc validate` with derived views (issue 20.1, README "Derived views"): each view is analysed by
-sqlglot and run by Spark on empty tables of the captured schemas, without reading or changing the
-source; a line per view says whether it is maintained incrementally or recomputed and why, and a view
+sqlglot, its columns resolved by sqlglot against the captured schemas (Spark, on empty tables, only
+for a view sqlglot cannot resolve: issue 33 item 6), without reading or changing the source; a line per view says whether it is maintained incrementally or recomputed and why, and a view
 that cannot work (a table not captured, a key column it does not output, a column the table does not
 have) is a FAIL line with its fix and exit 2."""
 
@@ -12,6 +12,7 @@ import pytest
 
 from cdc.ground.config import load_pipeline
 from pipelines.validate import run_validate
+from tests.fixtures.nojvm import cdc_watched
 from tests.harness import sql, write_pipeline
 
 pytestmark = pytest.mark.integration
@@ -65,6 +66,10 @@ def test_validate_views(pg_db: str, tmp_path: Path, spark) -> None:
     assert "ok   view order_docs: incremental (3 columns, key id; sinks: lake)" in out, out
     assert "ok   view customer_revenue: incremental (3 columns, key customer_id; sinks: lake)" in out, out
     assert "ok   view latest: full recomputation each cut: LIMIT/OFFSET" in out, out
+    # views sqlglot resolves are checked without Spark: `cdc validate` starts no JVM
+    run, jvm, _pyspark = cdc_watched("validate", tmp_path / "good.yml")
+    assert run.code == 0 and not jvm, run
+    assert "ok   view order_docs: incremental (3 columns, key id; sinks: lake)" in run.out, run.out
 
     # views that cannot work, each a FAIL line with its fix, next to one that can (still checked):
     # a table the pipeline does not capture (it exists in the source), a key column the view does not
