@@ -421,7 +421,7 @@ def search(pipeline: Path, table: str, query: str, sink_name: str | None, limit:
 @click.option("--heartbeat", "heartbeat_s", default=15.0, show_default=True, type=click.FloatRange(min=0.05), help="seconds between heartbeat events of an idle stream")
 @click.option("--client-queue", "queue", default=256, show_default=True, type=click.IntRange(1), help="transactions buffered per SSE client; a client further behind is cut off with its position")
 @click.option("--ring", default=1024, show_default=True, type=click.IntRange(1), help="recent transactions per table kept in memory for resuming clients")
-@click.option("--poll", "poll_s", default=0.1, show_default=True, type=click.FloatRange(min=0.01), help="seconds between looks at the log's latest cut")
+@click.option("--poll", "poll_s", default=0.02, show_default=True, type=click.FloatRange(min=0.01), help="seconds between looks at the log's latest cut")
 @handle_errors
 def serve(pipeline: Path, bind: str, port: int, tokens: Path | None, sink: str | None, tls_cert: Path | None, tls_key: Path | None, example: bool, heartbeat_s: float, queue: int, ring: int, poll_s: float) -> int:
     """Serve the captured tables to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""

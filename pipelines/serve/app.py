@@ -37,6 +37,7 @@ from pipelines.serve.logview import Change, Txn, latest, read_txns, state_at, ve
 from pipelines.serve.tokens import Grant, authorize
 
 READ_TXNS = 500  # transactions per catch-up read from the log
+SEND_BATCH = 256  # queued transactions sent in one write
 
 
 @dataclass
@@ -58,6 +59,10 @@ def _control_body(feed: TableFeed, control: Control, position: int | None) -> di
     if position is not None:
         body["position"] = position
     return body
+
+
+def _sse(ident: int, data: bytes) -> bytes:
+    return b"id: %d\nevent: change\ndata: %s\n\n" % (ident, data)
 
 
 def _txn_body(feed: TableFeed, txn: Txn, changes: list[Change]) -> bytes:
@@ -233,7 +238,7 @@ class Feeds:
             return _bad(exc)
         return EventSourceResponse(self._stream(feed, position, flt), send_timeout=30, headers={"Cache-Control": "no-store"})
 
-    async def _stream(self, feed: TableFeed, position: int, flt: Filter) -> AsyncIterator[ServerSentEvent]:
+    async def _stream(self, feed: TableFeed, position: int, flt: Filter) -> AsyncIterator[ServerSentEvent | bytes]:
         control, version = await self.check(feed, position)
         sub: Subscriber | None = None
         try:
@@ -245,11 +250,11 @@ class Feeds:
                 if sub is not None:
                     break
                 txns, upto, control = await self.catch_up(feed, position, version)
-                for txn in txns:
-                    event = self._event(feed, txn, flt)
-                    if event is not None:
-                        yield event
-                    position = txn.last
+                chunk = self._wire(feed, txns, flt)
+                if chunk:
+                    yield chunk
+                if txns:
+                    position = txns[-1].last
                 if control is None:
                     position = max(position, upto)
             while sub is not None and control is None:
@@ -257,16 +262,21 @@ class Feeds:
                     control = sub.control
                     break
                 try:
-                    txn = await asyncio.wait_for(sub.queue.get(), self.options.heartbeat_s)
+                    first = await asyncio.wait_for(sub.queue.get(), self.options.heartbeat_s)
                 except TimeoutError:
                     yield ServerSentEvent(orjson.dumps({"position": position}).decode(), event="heartbeat", id=str(position))
                     continue
-                if txn is None:
-                    continue
-                event = self._event(feed, txn, flt)
-                if event is not None:
-                    yield event
-                position = txn.last
+                # what else is queued goes out in the same write: one send per wake-up, not per transaction
+                txns = [first] if first is not None else []
+                while len(txns) < SEND_BATCH and not sub.queue.empty():
+                    txn = sub.queue.get_nowait()
+                    if txn is not None:
+                        txns.append(txn)
+                chunk = self._wire(feed, txns, flt)
+                if chunk:
+                    yield chunk
+                if txns:
+                    position = txns[-1].last
             if control is not None:
                 body = _control_body(feed, control, position if not control.refetch else None)
                 yield ServerSentEvent(orjson.dumps(body).decode(), event="control", id=str(position) if not control.refetch else None)
@@ -274,12 +284,25 @@ class Feeds:
             if sub is not None:
                 feed.unsubscribe(sub)
 
-    def _event(self, feed: TableFeed, txn: Txn, flt: Filter) -> ServerSentEvent | None:
-        changes = txn.changes if flt.empty else [c for c in txn.changes if flt.matches(c.doc)]
-        if not changes:
-            return None
-        metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, feed.name).inc(len(changes))
-        return ServerSentEvent(_txn_body(feed, txn, changes).decode(), event="change", id=str(txn.last))
+    def _wire(self, feed: TableFeed, txns: list[Txn], flt: Filter) -> bytes:
+        """The `change` events of these transactions as SSE bytes; unfiltered ones are encoded once
+        per transaction and shared by every subscriber."""
+        parts = []
+        sent = 0
+        for txn in txns:
+            if flt.empty:
+                if txn.wire is None:
+                    txn.wire = _sse(txn.last, _txn_body(feed, txn, txn.changes))
+                parts.append(txn.wire)
+                sent += len(txn.changes)
+                continue
+            changes = [c for c in txn.changes if flt.matches(c.doc)]
+            if changes:
+                parts.append(_sse(txn.last, _txn_body(feed, txn, changes)))
+                sent += len(changes)
+        if sent:
+            feed.sent_counter().inc(sent)
+        return b"".join(parts)
 
     async def poll(self, request: Request) -> Response:
         found = self.feed(request)
@@ -305,7 +328,7 @@ class Feeds:
                 for txn in txns:
                     changes = txn.changes if flt.empty else [c for c in txn.changes if flt.matches(c.doc)]
                     if changes:
-                        metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, feed.name).inc(len(changes))
+                        feed.sent_counter().inc(len(changes))
                         events.append({"id": txn.last, "event": "change", "data": orjson.Fragment(_txn_body(feed, txn, changes))})
                     position = txn.last
                 if control is None:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from cdc.envelope import EnvelopeRenderer
 from cdc.ground.tables import TableName
@@ -64,6 +65,12 @@ class TableFeed:
     subscribers: set[Subscriber] = field(default_factory=set)
     ready: bool = False  # the first cut was read
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _sent: Any = None
+
+    def sent_counter(self):  # the labelled child, looked up once
+        if self._sent is None:
+            self._sent = metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, self.name)
+        return self._sent
 
     @property
     def table(self) -> TableName:

@@ -45,6 +45,7 @@ class Txn:
     last: int  # the last offset: the event id
     version: int  # the schema version of its first event (a change of version means: start over)
     changes: list[Change] = field(default_factory=list)
+    wire: bytes | None = None  # its SSE event, encoded once for every unfiltered subscriber
 
 
 @dataclass(frozen=True)
