@@ -45,3 +45,19 @@ def key_from_copy_fields(fields: list[bytes], indexes: tuple[int, ...]) -> bytes
 def key_texts(key: bytes) -> list[str]:
     """The key columns' text values back from a canonical key."""
     return [unescape(part).decode() for part in key.split(b"\t")]
+
+
+# ---- keyless (insert-only) tables: rows keyed by their position in the log ------------------------
+_SEGMENT_BITS, _BYTE_BITS = 27, 36
+
+
+def position_key(lsn: int, seq: int) -> bytes:
+    """The log key of a keyless table's row: its position, "<commit lsn>\\t<seq>" (never compacted away)."""
+    return b"%d\t%d" % (lsn, seq)
+
+
+def snapshot_seq(segment_off: int, byte_pos: int) -> int:
+    """The `seq` of a keyless table's snapshot row: negative (never a streamed row's), unique within the
+    snapshot's LSN: the segment's log offset (low 27 bits) and the row's byte offset in the segment file
+    (below 64 GiB), so every reader of the same segment gives the same position."""
+    return -(((segment_off & ((1 << _SEGMENT_BITS) - 1)) << _BYTE_BITS) | byte_pos) - 1

@@ -49,7 +49,9 @@ from cdc.source import (
     _slot,
     connect,
     flushed_wal_lsn,
+    insert_publication,
     make_failover_slot,
+    publication_names,
     replica_index_without_key,
     slot_holder,
     slot_state,
@@ -81,6 +83,7 @@ class _Rel:
     schema_version: int
     key_idx: tuple[int, ...]
     key_len: int  # columns to decode to reach every key column
+    positional: bool = False  # keyless, insert-only: each row keyed by its position "<commit lsn>\t<seq>"
 
 
 @dataclass
@@ -162,6 +165,7 @@ class StreamReader:
         self._types = TypeCache()
         self._rels: dict[int, _Rel | None] = {}
         self._keys: dict[TableName, tuple[str, ...]] = {}
+        self._insert_only: set[TableName] = set()
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         # captured tables renamed or dropped in the source; remedies name the pipeline file as given
@@ -217,6 +221,7 @@ class StreamReader:
             self.say(f"replication slot {self.pipeline.slot} is now a failover slot (source.postgres.failover)")
         for t in report.tables:
             self._keys[t.table] = t.key_columns
+        self._insert_only = {t.table for t in report.tables if t.insert_only}
         self._check_ddl(conn, start=True)
         try:  # table_options changed since the publication got them: re-based once streaming (run)
             self._filter_drift = publication_drift(conn, self.pipeline.publication, report.filters)
@@ -272,7 +277,9 @@ class StreamReader:
                 conn, table
             )  # new table or key changed (or gone since)
         missing = [k for k in key if k not in names]
-        if not key or missing:
+        # a keyless table followed insert-only from the start (a table that loses its key still stops here)
+        positional = not key and table in self._insert_only
+        if (not key and not positional) or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
                 f"give the table a primary key again, then run `{self._snapshot_cmd(table)}`",
@@ -295,7 +302,7 @@ class StreamReader:
             schema = previous
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
-        self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx) + 1)
+        self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx, default=-1) + 1, positional)
 
     # ---- DDL capture (cdc/ddl.py) -------------------------------------------------------------------
     def _check_ddl(self, conn, start: bool = False) -> None:
@@ -493,7 +500,7 @@ class StreamReader:
             decode=False,
             options={
                 "proto_version": "1",
-                "publication_names": self.pipeline.publication,
+                "publication_names": publication_names(self._conn, self.pipeline.publication),
                 "messages": "true",
             },
             status_interval=self.cfg.status_interval_s,
@@ -721,7 +728,7 @@ class StreamReader:
                         commit_lsn,
                         seq,
                         "c",
-                        key_from_values(vals, rel.key_idx),
+                        b"%d\t%d" % (commit_lsn, seq) if rel.positional else key_from_values(vals, rel.key_idx),
                         p[6:],
                         None,
                         None,
@@ -834,6 +841,12 @@ class StreamReader:
         self, p, kind, rel: _Rel, rows: list, commit_lsn, seq, xid, ts, elsn
     ) -> tuple[int, int]:
         """Append the log rows for an Update or Delete; returns (new seq, rows added)."""
+        if rel.positional:  # its publication publishes inserts only: someone widened it
+            raise SourceError(
+                f"an update or delete of keyless table {rel.table} arrived, which is followed insert-only",
+                f"run ALTER PUBLICATION {insert_publication(self.pipeline.publication)} SET (publish = 'insert, truncate');"
+                f" then `{self._snapshot_cmd(rel.table)}`",
+            )
         marker = p[5]
         old = old_key = None
         old_kind = None

@@ -98,6 +98,12 @@ class TableInfo:
     can_select: bool
     owned: bool
 
+    @property
+    def insert_only(self) -> bool:
+        """No key and the default (or no) replica identity: followed by its inserts (and truncates)
+        only, keyed by log position, through the pipeline's insert-only publication."""
+        return not self.key_columns and self.replica_identity in ("d", "n")
+
 
 @dataclass
 class ServerInfo:
@@ -402,6 +408,9 @@ def check_source(
                     f"role {info.user} cannot SELECT from {name}", f"run GRANT SELECT ON {name} TO {who};"
                 )
             )
+        if not ti.key_columns and ti.replica_identity in ("d", "n"):
+            # followed insert-only, keyed by log position, through the insert-only publication
+            continue
         if not ti.key_columns:
             report.problems.append(
                 Problem(
@@ -412,8 +421,9 @@ def check_source(
                         else ""
                     ),
                     f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or give it a unique index on NOT NULL columns "
-                    f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; "
-                    "(rows that cannot be told apart cannot be followed exactly)",
+                    f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; or, to follow its inserts only, "
+                    f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT; (updates and deletes of keyless REPLICA IDENTITY "
+                    "FULL tables are not followed yet: README \"Tables without a primary key\")",
                 )
             )
     _check_filters(conn, report, info, options or {})
@@ -526,7 +536,8 @@ def _check_publication(conn, report: CheckReport, info: ServerInfo, publication:
     """Can `cdc snapshot` create the publication or add the pipeline's tables to it, and does it
     publish partitioned tables as themselves? Each problem gets one statement that works as printed
     (the tool's own publications are FOR TABLE ... WITH (publish_via_partition_root = true))."""
-    tables = [t for t in report.tables if t.relkind in ("r", "p")]
+    _check_insert_publication(conn, report, info, publication)
+    tables = [t for t in report.tables if t.relkind in ("r", "p") and not t.insert_only]
     if not tables:
         return
     pub = quote_ident(publication)
@@ -593,6 +604,59 @@ def _check_publication(conn, report: CheckReport, info: ServerInfo, publication:
                 f"{who} ALTER PUBLICATION {pub} SET (publish_via_partition_root = true);",
             )
         )
+
+
+def _check_insert_publication(conn, report: CheckReport, info: ServerInfo, publication: str) -> None:
+    """Keyless tables: never in a publication of the pipeline that publishes updates or deletes
+    (PostgreSQL would then refuse the application's own UPDATE and DELETE on them), and the
+    insert-only publication can be created or has them (or the statement to run)."""
+    keyless = [t for t in report.tables if t.relkind in ("r", "p") and t.insert_only]
+    if not keyless:
+        return
+    inserts = insert_publication(publication)
+    with conn.cursor() as cur:
+        for t in keyless:
+            cur.execute(
+                "SELECT p.pubname FROM pg_publication p WHERE p.pubname = ANY(%s) AND (p.pubupdate OR p.pubdelete)"
+                " AND p.oid IN (SELECT prpubid FROM pg_publication_rel WHERE prrelid = %s"
+                " UNION SELECT oid FROM pg_publication WHERE puballtables)",
+                ([publication, inserts], t.oid),
+            )
+            for (pub,) in cur.fetchall():
+                report.problems.append(
+                    Problem(
+                        f"table {t.table} has no primary key and is in publication {pub}, which publishes updates "
+                        "and deletes: PostgreSQL refuses UPDATE and DELETE on it until it has a replica identity",
+                        f"run ALTER PUBLICATION {quote_ident(pub)} DROP TABLE {t.table}; (the pipeline follows it "
+                        f"through publication {inserts}, inserts only), or give it a primary key",
+                    )
+                )
+        cur.execute(
+            "SELECT pg_has_role(pubowner, 'USAGE'), pg_get_userbyid(pubowner) FROM pg_publication WHERE pubname = %s",
+            (inserts,),
+        )
+        row = cur.fetchone()
+    names = ", ".join(str(t.table) for t in keyless)
+    others = [str(t.table) for t in keyless if not t.owned]
+    statement = f"CREATE PUBLICATION {quote_ident(inserts)} FOR TABLE {names} WITH (publish = 'insert, truncate');"
+    if row is None and not (info.superuser or (not others and info.can_create_in_db)):
+        report.problems.append(
+            Problem(
+                f"publication {inserts} (the insert-only publication for keyless tables) does not exist and role "
+                f"{info.user} cannot create it",
+                f"ask the tables' owner (or a superuser) to run {statement}",
+            )
+        )
+    elif row is not None and not (info.superuser or (row[0] and not others)):
+        present = _publication_tables(conn, inserts) or set()
+        missing = [str(t.table) for t in keyless if t.table not in present]
+        if missing:
+            report.problems.append(
+                Problem(
+                    f"{', '.join(missing)} not in publication {inserts}, and role {info.user} cannot add them",
+                    f"ask {row[1]} (or a superuser) to run ALTER PUBLICATION {quote_ident(inserts)} ADD TABLE {', '.join(missing)};",
+                )
+            )
 
 
 def _check_generated_columns(
@@ -684,20 +748,46 @@ def _publication_tables(conn, publication: str) -> set[TableName] | None:
         return {TableName(s, t) for s, t in cur.fetchall()}
 
 
+def insert_publication(publication: str) -> str:
+    """The pipeline's second publication, for keyless tables: it publishes inserts and truncates
+    only, so PostgreSQL never asks for a replica identity on the application's UPDATE and DELETE
+    (which it does for every table of a publication that publishes updates or deletes)."""
+    return f"{publication[:55]}_inserts"
+
+
+def publication_names(conn, publication: str) -> str:
+    """pgoutput's publication_names: the main publication, plus the insert-only one when it exists
+    (naming a publication that does not exist stops the stream)."""
+    extra = insert_publication(publication)
+    return f"{publication},{extra}" if _publication_tables(conn, extra) is not None else publication
+
+
 def ensure_publication(
     conn, publication: str, tables: list[TableInfo], filters: Mapping[TableName, CaptureFilter] | None = None
 ) -> list[TableName]:
     """Create the publication, or add missing tables to it, each with its column list and row filter
-    (`filters`). Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
+    (`filters`); insert-only (keyless) tables go into the insert-only publication instead.
+    Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
+    keyless = [t for t in tables if t.insert_only]
+    added = _ensure(conn, publication, [t for t in tables if not t.insert_only], filters, "insert, update, delete, truncate")
+    if keyless:
+        added += _ensure(conn, insert_publication(publication), keyless, filters, "insert, truncate")
+    return added
+
+
+def _ensure(
+    conn, publication: str, tables: list[TableInfo], filters: Mapping[TableName, CaptureFilter] | None, publish: str
+) -> list[TableName]:
     existing = _publication_tables(conn, publication)
     chosen = filters or {}
     idents = [publication_member(chosen.get(t.table) or CaptureFilter(t.table)) for t in tables]
     with conn.cursor() as cur:
         if existing is None:
+            members = sql.SQL("FOR TABLE {} ").format(sql.SQL(", ").join(idents)) if idents else sql.SQL("")
             cur.execute(
-                sql.SQL(
-                    "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)"
-                ).format(sql.Identifier(publication), sql.SQL(", ").join(idents))
+                sql.SQL("CREATE PUBLICATION {} {}WITH (publish = {}, publish_via_partition_root = true)").format(
+                    sql.Identifier(publication), members, sql.Literal(publish)
+                )
             )
             return [t.table for t in tables]
         added = [t for t in tables if t.table not in existing]

@@ -9,13 +9,13 @@ from pathlib import Path
 import psycopg2
 
 from cdc.filters import publication_drift, refused
-from cdc.ground.config import Pipeline
+from cdc.ground.config import Pipeline, sink_tables
 from cdc.ground.errors import ExitCode, PipelineFileError, UsageError
 from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
 from cdc.ground.tables import TableName
 from cdc.schema import generated_columns
-from cdc.source import Problem, connect, replica_index_without_key
+from cdc.source import Problem, connect, insert_publication, replica_index_without_key
 from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.ddl import describe as describe_ddl
@@ -104,7 +104,12 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
     say(f"{OK} {ddl_mode[0]}" if ddl_mode[1] is None else f"{WARN} {ddl_mode[0]}\n       fix: {ddl_mode[1]}")
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
-        mark = OK if t.key_columns and t.can_select else BAD
+        if t.insert_only:
+            key = (
+                f"no key: followed insert-only (inserts and truncates, through publication "
+                f"{insert_publication(pipeline.publication)}), each row identified by its log position (_cdc_lsn, _cdc_seq)"
+            )
+        mark = OK if (t.key_columns or t.insert_only) and t.can_select else BAD
         say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
         captured = report.filters.get(t.table)
         if captured is not None and captured.active:
@@ -129,6 +134,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
                 "if a follower needs them"
             )
     view_problems = check_views(pipeline, schemas, say, spark_views)
+    report.problems += keyless_sink_problems(pipeline, report)
     for note in report.notes:
         say(f"note: {note}")
     for p in report.problems:
@@ -242,6 +248,26 @@ def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], s
                 say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
                 continue
         say(f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
+    return problems
+
+
+def keyless_sink_problems(pipeline: Pipeline, report) -> list[Problem]:
+    """Sinks that cannot hold a keyless (insert-only) table: the cache and the search index keep one
+    entry per key, and an event table's rows have none of their own (README "Tables without a primary key")."""
+    keyless = [t.table for t in report.tables if t.insert_only]
+    problems = []
+    for sink in pipeline.sinks:
+        if sink.kind == "delta":
+            continue
+        for table in sink_tables(sink, keyless):
+            problems.append(
+                Problem(
+                    f"sink {sink.name} ({sink.kind}) cannot follow {table}: it has no primary key, so it is followed "
+                    f"insert-only and its rows have no key a {sink.kind} entry could be kept under",
+                    f"leave {table} out of the sink's tables (a delta sink follows it), or give it a primary key: "
+                    f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
+                )
+            )
     return problems
 
 

@@ -43,7 +43,7 @@ from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
-from cdc.source import _slot, connect
+from cdc.source import _slot, connect, publication_names
 from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
@@ -246,14 +246,20 @@ def compare(
     excused: DataFrame | None,
     table: str,
     renamed: dict[str, str] | None = None,
+    since: int | None = None,
 ) -> TableVerdict:
     """`renamed`: new name -> old name of source columns renamed since the log last saw the table;
-    a follower that has the old name and not the new one is compared under the old name."""
+    a follower that has the old name and not the new one is compared under the old name.
+    `since`: a keyless table's follower rows committed at or after it are excused (past the source's point)."""
     verdict = TableVerdict(table)
     names = [c.name for c in schema.columns]
     keys = list(schema.key)
     if follower is None:
         follower = source.limit(0)
+    if not keys and since is not None and "_cdc_lsn" in follower.columns:
+        later = F.col("_cdc_lsn") >= since
+        verdict.excused = follower.filter(later).count()
+        follower = follower.filter(~later)
     old = {
         n: o
         for n, o in (renamed or {}).items()
@@ -280,6 +286,8 @@ def compare(
     verdict.source_rows, verdict.follower_rows = s["n"], f["n"]
     if s["n"] == f["n"] and s["h"] == f["h"] and not missing_cols:
         return verdict
+    if not keys:
+        return _multiset_differences(verdict, source, follower, names)
     on = [F.col(f"s.{q(k)}") == F.col(f"f.{q(k)}") for k in keys]
     joined = source.alias("s").join(follower.alias("f"), on=on, how="full_outer")
     s_present = F.col(f"s.{q(keys[0])}").isNotNull()
@@ -300,6 +308,18 @@ def compare(
     for row in diffs.limit(SAMPLE_KEYS).collect():
         key = ", ".join(f"{k}={row[k]!r}" for k in keys)
         verdict.samples.append(f"{row['__kind']}: {key}")
+    return verdict
+
+
+def _multiset_differences(verdict: TableVerdict, source: DataFrame, follower: DataFrame, names: list[str]) -> TableVerdict:
+    """A keyless table: rows compared as multisets (EXCEPT ALL both ways, NULLs equal); the first
+    differing rows are named by their values with how many more (missing) or fewer (extra) copies."""
+    missing, extra = source.exceptAll(follower), follower.exceptAll(source)
+    verdict.missing, verdict.extra = missing.count(), extra.count()
+    for kind, df in (("missing", missing), ("extra", extra)):
+        for row in df.groupBy(*(q(n) for n in names)).count().limit(SAMPLE_KEYS).collect():
+            values = ", ".join(f"{n}={row[n]!r}" for n in names)
+            verdict.samples.append(f"{kind}: {row['count']} row(s) ({values})")
     return verdict
 
 
@@ -469,7 +489,7 @@ def _verify_sink(
             # the sink's columns and masks (table_options): the source is compared shaped the same way
             shape = shape_of(sink_cfg, table, schema)
             excused = None
-            if ckpt.lsn >= source.point:
+            if ckpt.lsn >= source.point and schema.key:  # keyless: excused by position in compare
                 end = ckpt.tables.get(str(table), [0, 0])[1]
                 excused = _changed_after(spark, reader, table, schema, source.point, end, shape)
             with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
@@ -483,6 +503,7 @@ def _verify_sink(
                         excused,
                         str(table),
                         source.renamed.get(table),
+                        source.point if ckpt.lsn >= source.point else None,
                     )
                 )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
@@ -545,7 +566,7 @@ def _pending(
             count += unstreamed_changes(
                 conn,
                 pipeline.slot,
-                pipeline.publication,
+                publication_names(conn, pipeline.publication),
                 point,
                 position[0] if position else cut.lsn - 1,
                 set(tables),

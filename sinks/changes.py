@@ -25,6 +25,7 @@ from cdc.schema import schema_types
 from sinks.sparktypes import cast_failures, from_envelope, from_text, spark_type, toastable
 
 META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
+POSITION_KEY = ("_cdc_lsn", "_cdc_seq")  # the identity of a keyless table's row
 META_TYPES = {"_cdc_lsn": T.LongType(), "_cdc_seq": T.LongType(), "_cdc_op": T.StringType(), "_cdc_commit_ts": T.TimestampType()}
 
 
@@ -104,7 +105,8 @@ class TableBatch:
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        return self.schema.key
+        # a keyless (insert-only) table's rows are identified by their position (README "Tables without a primary key")
+        return self.schema.key or POSITION_KEY
 
     @cached_property
     def spark_schema(self) -> T.StructType:

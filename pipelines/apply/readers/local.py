@@ -169,10 +169,10 @@ class LocalLogReader(DataSourceReader):
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple]:
         # Imports here: this runs in executor Python workers.
-        from cdc.keys import key_from_copy_fields, unescape
+        from cdc.keys import key_from_copy_fields, position_key, snapshot_seq, unescape
         from cdc.log.base import Column, TableSchema
         from cdc.log.history import FollowedSchema
-        from cdc.log.local import iter_segment
+        from cdc.log.local import iter_segment, iter_segment_positions
         from cdc.pgoutput import UNCHANGED, decode_tuple
 
         conn = _connect(self.path)
@@ -196,11 +196,19 @@ class LocalLogReader(DataSourceReader):
         try:
             if isinstance(partition, Segment):
                 index, key_idx = layout(partition.version)
-                for fields in iter_segment(Path(partition.path), partition.start, partition.end):
+                rows = iter_segment(Path(partition.path), partition.start, partition.end)
+                if not key_idx:  # keyless: each row keyed by its place in the snapshot (cdc.keys.snapshot_seq)
+                    rows = iter_segment_positions(Path(partition.path), partition.start, partition.end)
+                for fields in rows:
+                    pos = fields.pop() if not key_idx else None
                     vals = [
                         (missing[j] if i == -1 else None) if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
                         for j, i in enumerate(index)
                     ]
+                    if pos is not None:
+                        seq = snapshot_seq(partition.off, pos)
+                        yield (partition.off, partition.lsn, seq, "r", position_key(partition.lsn, seq), vals, [], partition.ts)
+                        continue
                     yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], partition.ts)
                 return
             assert isinstance(partition, EventRange)

@@ -1,0 +1,101 @@
+"""Tables without a primary key (issue 38): an insert-only audit table beside a keyed table.
+
+The keyless table goes into the pipeline's insert-only publication, so the application's own UPDATE
+and DELETE on it keep working; each inserted row (snapshot and stream, a TOASTed value among them)
+is its own log record keyed by its position and lands in Delta as its own row, read back by delta-rs
+as the source's multiset; verify compares it as a multiset and names what differs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.lake import apply_ok, delta_dir, make_pipe, snapshot, stream, verified
+from tests.fixtures.readers import delta_rows
+from tests.harness import cdc_here, sql, verify
+
+pytestmark = pytest.mark.integration
+
+POSITION = ("_cdc_lsn", "_cdc_seq")
+
+
+def _source(dsn: str) -> Counter:
+    return Counter(sql(dsn, "SELECT who, what, n FROM audit"))
+
+
+def _lake(path: Path) -> Counter:
+    rows = delta_rows(None, path, POSITION)  # delta-rs; asserts the positions are unique
+    return Counter((r["who"], r["what"], r["n"]) for r in rows.values())
+
+
+def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path: Path, spark) -> None:
+    dsn = pg_any_db
+    sql(
+        dsn,
+        "CREATE TABLE audit(who text, what text, n int)",  # no key, default replica identity
+        "CREATE TABLE acct(id int PRIMARY KEY, bal int)",
+        # duplicates on purpose: two identical rows are two rows
+        "INSERT INTO audit SELECT 'u' || (g % 3), 'login', g % 4 FROM generate_series(1, 30) g",
+        "INSERT INTO acct SELECT g, 100 FROM generate_series(1, 10) g",
+    )
+    pipe = make_pipe(
+        tmp_path,
+        dsn,
+        ["public.audit", "public.acct"],
+        sinks=[{"name": "lake", "delta": {"path": "lake"}}, {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.audit"]}}],
+    )
+
+    # validate: the cache cannot hold it (exit 3, the reason); the delta sink alone passes and says how it is followed
+    run = cdc_here("validate", pipe.file)
+    assert run.code == 3, run.out + run.err
+    assert "sink cache (redis) cannot follow public.audit: it has no primary key" in run.out, run.out
+    pipe = make_pipe(tmp_path, dsn, ["public.audit", "public.acct"])
+    run = cdc_here("validate", pipe.file)
+    assert run.code == 0, run.out + run.err
+    assert "table public.audit: 3 columns, no key: followed insert-only (inserts and truncates, through publication cdc_test_inserts)" in run.out, run.out
+    assert "table public.acct: 2 columns, key (id) from primary key" in run.out, run.out
+
+    snapshot(pipe)
+    pubs = sql(
+        dsn,
+        "SELECT p.pubname, c.relname, p.pubinsert, p.pubupdate, p.pubdelete FROM pg_publication p"
+        " JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN pg_class c ON c.oid = r.prrelid ORDER BY 1, 2",
+    )
+    assert pubs == [("cdc_test", "acct", True, True, True), ("cdc_test_inserts", "audit", True, False, False)], pubs
+
+    # more inserts after the snapshot: duplicates again, and a TOASTed (out-of-line, uncompressible) value
+    big = "SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g"
+    sql(
+        dsn,
+        "INSERT INTO audit SELECT 'u1', 'login', 1 FROM generate_series(1, 5)",
+        f"INSERT INTO audit VALUES ('u9', ({big}), 7)",
+        "UPDATE acct SET bal = bal + 1 WHERE id <= 3",
+    )
+    stream(pipe)
+    apply_ok(pipe, spark)
+    path = delta_dir(pipe, "public.audit")
+    assert _lake(path) == _source(dsn)
+    assert sum(_lake(path).values()) == 36
+    assert max(len(w) for _, w, _ in _lake(path)) == 96_000  # the TOASTed value whole
+    verified(pipe, spark)
+
+    # a replayed stream and apply change nothing (positions, not appends)
+    stream(pipe)
+    apply_ok(pipe, spark)
+    assert _lake(path) == _source(dsn)
+
+    # the application's own UPDATE and DELETE on the keyless table still work (no replica identity
+    # needed: it is in no publication that publishes them) ...
+    sql(dsn, "UPDATE audit SET n = 100 WHERE who = 'u9'", "DELETE FROM audit WHERE n = 3")
+    assert sql(dsn, "SELECT count(*) FROM audit WHERE n = 100") == [(1,)]
+    # ... and are not followed: verify names what differs, as a multiset
+    stream(pipe)
+    apply_ok(pipe, spark)
+    code, report = verify(pipe.file, spark)
+    assert code == 1, report
+    assert "missing 1, extra 8, different 0" in report, report
+    assert "extra: 3 row(s) (who='u0', what='login', n=3)" in report, report
+    assert "missing: 1 row(s) (who='u9'" in report and "n=100)" in report, report
