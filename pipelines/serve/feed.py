@@ -108,6 +108,8 @@ class TableFeed:
                 self.unsubscribe(sub)
                 metrics.DROPPED.labels(metrics.PIPELINE.name, self.name).inc()
                 sub.stop(Control("slow-client", "the client fell more than its queue behind; resume from position"))
+        depth = max((sub.queue.qsize() for sub in self.subscribers), default=0)
+        metrics.SUBSCRIBER_LAG.labels(metrics.PIPELINE.name, self.name).set(depth)
         self._wake()
 
     def advance(self, position: int) -> None:
