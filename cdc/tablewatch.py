@@ -29,6 +29,7 @@ from cdc.ground.errors import LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
+from cdc.keyless import keyless_problems
 from cdc.log.base import TableSchema
 from cdc.source import CheckReport, check_source, flushed_wal_lsn, table_info
 
@@ -54,8 +55,8 @@ def catalog_oid(conn, table: TableName) -> int | None:
 
 def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckReport:
     """check_source for a pipeline's tables, slot and publication; `dropped` tables the file still
-    names are notes, and fix lines name the pipeline file."""
-    return check_source(
+    names are notes, and fix lines name the pipeline file; keyless tables only where they can be followed."""
+    report = check_source(
         conn,
         pipeline.table_selectors,
         pipeline.slot,
@@ -65,6 +66,8 @@ def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckRepor
         failover=pipeline.source.postgres.failover,
         options=table_options(pipeline),
     )
+    report.problems += keyless_problems(pipeline, report)
+    return report
 
 
 def table_options(pipeline) -> dict[TableName, SourceTableOptions]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg2
 
 from cdc.filters import publication_drift, refused
-from cdc.ground.config import Pipeline, sink_tables
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import ExitCode, PipelineFileError, UsageError
 from cdc.ground.private import exposed
 from cdc.ground.secrets import redact
@@ -134,7 +134,6 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
                 "if a follower needs them"
             )
     view_problems = check_views(pipeline, schemas, say, spark_views)
-    report.problems += keyless_sink_problems(pipeline, report)
     for note in report.notes:
         say(f"note: {note}")
     for p in report.problems:
@@ -248,26 +247,6 @@ def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], s
                 say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
                 continue
         say(f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
-    return problems
-
-
-def keyless_sink_problems(pipeline: Pipeline, report) -> list[Problem]:
-    """Sinks that cannot hold a keyless (insert-only) table: the cache and the search index keep one
-    entry per key, and an event table's rows have none of their own (README "Tables without a primary key")."""
-    keyless = [t.table for t in report.tables if t.insert_only]
-    problems = []
-    for sink in pipeline.sinks:
-        if sink.kind == "delta":
-            continue
-        for table in sink_tables(sink, keyless):
-            problems.append(
-                Problem(
-                    f"sink {sink.name} ({sink.kind}) cannot follow {table}: it has no primary key, so it is followed "
-                    f"insert-only and its rows have no key a {sink.kind} entry could be kept under",
-                    f"leave {table} out of the sink's tables (a delta sink follows it), or give it a primary key: "
-                    f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
-                )
-            )
     return problems
 
 

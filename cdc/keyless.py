@@ -1,0 +1,43 @@
+"""What a keyless (insert-only) table can be followed by (README "Tables without a primary key").
+
+Its rows are keyed in the log by their position (commit LSN, sequence), which only a follower that
+appends can use: a Delta table. The cache and the search index keep one entry per key of the row's
+own; the Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does
+not have, so a compacted topic would keep one row of it. Those are refused before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc.ground.config import sink_tables
+from cdc.source import CheckReport, Problem
+
+
+def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
+    keyless = [t.table for t in report.tables if t.insert_only]
+    if not keyless:
+        return []
+    problems = []
+    if pipeline.log_config.kafka is not None:
+        names = ", ".join(map(str, keyless))
+        problems.append(
+            Problem(
+                f"{names} {'have' if len(keyless) > 1 else 'has'} no primary key, which the Kafka log cannot hold yet "
+                "(its record keys are the key columns, so a compacted topic would keep one row of the table)",
+                f"use the local log (log: {{local: {{}}}}), or give each a primary key: ALTER TABLE {keyless[0]} ADD PRIMARY KEY (...);",
+            )
+        )
+    for sink in pipeline.sinks:
+        if sink.kind == "delta":
+            continue
+        for table in sink_tables(sink, keyless):
+            problems.append(
+                Problem(
+                    f"sink {sink.name} ({sink.kind}) cannot follow {table}: it has no primary key, so it is followed "
+                    f"insert-only and its rows have no key a {sink.kind} entry could be kept under",
+                    f"leave {table} out of the sink's tables (a delta sink follows it), or give it a primary key: "
+                    f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
+                )
+            )
+    return problems
