@@ -29,6 +29,17 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
             )
         )
     for sink in pipeline.sinks:
+        if sink.kind == "delta" and sink.settings.mode == "scd2":
+            for table in sink_tables(sink, keyless):
+                problems.append(
+                    Problem(
+                        f"sink {sink.name} (delta, mode scd2) cannot follow {table}: it has no primary key, so it is "
+                        "followed insert-only, and SCD2 keeps versions of keyed rows",
+                        f"follow {table} with a delta sink in mode scd1 (each inserted row is kept as it came: "
+                        "its history already), or give it a primary key",
+                    )
+                )
+            continue
         if sink.kind == "delta":
             continue
         for table in sink_tables(sink, keyless):
