@@ -30,7 +30,9 @@ def jars_dir() -> Path:
     return Path(os.environ.get("CDC_JARS_DIR", REPO / ".jars"))
 
 
-SPARK_JAR_GROUPS = ("spark", "spark-kafka")  # Delta; Spark's Kafka source (both resolved by scripts/setup.sh)
+# Delta; Spark's Kafka source; Iceberg's Spark runtime and its JDBC catalog drivers (all resolved by
+# scripts/setup.sh). On the class path only: Iceberg's catalog and SQL extensions are set per pipeline.
+SPARK_JAR_GROUPS = ("spark", "spark-kafka", "iceberg")
 
 
 def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:

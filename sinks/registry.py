@@ -23,6 +23,7 @@ SINK_CLASSES: dict[str, str] = {
     "delta": "sinks.delta.sink:DeltaSink",
     "redis": "sinks.cache.sink:RedisSink",
     "search": "sinks.search.engines:search_sink",  # the class depends on `engine:`
+    "iceberg": "sinks.iceberg.sink:IcebergSink",
 }
 
 

@@ -428,10 +428,70 @@ class RedisSink(_ShapedSink):
         return self
 
 
+class IcebergCatalog(_Strict):
+    """Where the Iceberg follower's tables are listed (README "Iceberg follower", catalogs)."""
+
+    type: Literal["sqlite", "jdbc", "rest"] = Field(
+        default="sqlite",
+        description="sqlite: Iceberg's JDBC catalog in the SQLite file <warehouse>/catalog.db (no server; "
+        "pyiceberg's SqlCatalog reads it); jdbc: Iceberg's JDBC catalog on a database (`uri`, e.g. "
+        "jdbc:postgresql://host/db); rest: an Iceberg REST catalog (`uri`)",
+    )
+    uri: str | None = Field(default=None, description="jdbc: the JDBC URL; rest: the catalog's URL")
+    user: str | None = Field(default=None, description="jdbc: the database user")
+    password: str | None = Field(default=None, repr=False, description="jdbc: its password, from ${ENV}")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="more Iceberg catalog properties, passed as they are (object stores: io-impl, s3.endpoint, "
+        "...; rest: credential, token, ...)",
+    )
+
+    @model_validator(mode="after")
+    def _uri(self) -> IcebergCatalog:
+        if self.type == "sqlite" and self.uri is not None:
+            raise ValueError("catalog type sqlite keeps its file at <warehouse>/catalog.db: give no `uri`")
+        if self.type != "sqlite" and not self.uri:
+            raise ValueError(f"catalog type {self.type} needs `uri`")
+        if self.type != "jdbc" and (self.user or self.password):
+            raise ValueError("user and password are for catalog type jdbc")
+        return self
+
+
+class IcebergSink(_ShapedSink):
+    """An Iceberg follower (sinks/iceberg/): one Iceberg table per source table, namespace = its schema."""
+
+    warehouse: str = Field(description="where table files go: a path (relative to the pipeline file) or a URI")
+    catalog: IcebergCatalog = Field(default_factory=IcebergCatalog)
+    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
+    views: list[str] = Field(default_factory=list, description="derived views into Iceberg: not yet (give none)")
+    write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
+        default="merge-on-read",
+        description="how a MERGE changes a data file: merge-on-read writes position deletes (a small cut "
+        "rewrites no file), copy-on-write rewrites the files it touches",
+    )
+    on_type_change: Literal["widen", "stop"] = Field(
+        default="widen",
+        description="a source column type Iceberg can widen (int -> bigint, float -> double, larger decimal "
+        "precision): widen it in place (metadata only), or stop the apply",
+    )
+
+    _tables = field_validator("tables")(_check_tables)
+
+    @field_validator("views")
+    @classmethod
+    def _no_views(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError("derived views into an Iceberg sink are not supported yet: follow them with a delta sink")
+        return value
+
+
 def _tables_or_views(settings: SearchSink | RedisSink) -> None:
     """Search and Redis sinks name what they follow: tables, views or both (no "every table" default)."""
     if not settings.tables and not settings.views:
         raise ValueError("give `tables` (source tables) or `views` (derived views), or both")
+
+
+SINK_KINDS = ("delta", "search", "redis", "iceberg")
 
 
 class SinkConfig(_Strict):
@@ -439,6 +499,7 @@ class SinkConfig(_Strict):
     delta: DeltaSink | None = None
     search: SearchSink | None = None
     redis: RedisSink | None = None
+    iceberg: IcebergSink | None = None
     on_lost: Literal["rebuild", "stop"] = Field(
         default="rebuild",
         description="when the engine lost data this follower had applied (its marker is gone or behind): "
@@ -452,22 +513,24 @@ class SinkConfig(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SinkConfig:
-        kinds = [k for k in ("delta", "search", "redis") if getattr(self, k) is not None]
+        kinds = [k for k in SINK_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError("give exactly one sink kind: `delta`, `search` or `redis`")
-        if self.dropped_columns != "keep" and (self.search is not None or (self.delta and self.delta.mode == "scd2")):
+            raise ValueError("give exactly one sink kind: `delta`, `iceberg`, `search` or `redis`")
+        if self.dropped_columns != "keep" and (
+            self.search is not None or self.iceberg is not None or (self.delta and self.delta.mode == "scd2")
+        ):
             raise ValueError(
                 "dropped_columns: null and drop are for delta sinks with mode scd1 and redis sinks "
-                "(scd2 keeps every version's values, search keeps the field): use keep"
+                "(scd2 keeps every version's values, search keeps the field, iceberg: not yet): use keep"
             )
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("delta", "search", "redis") if getattr(self, k) is not None)
+        return next(k for k in SINK_KINDS if getattr(self, k) is not None)
 
     @property
-    def settings(self) -> DeltaSink | SearchSink | RedisSink:
+    def settings(self) -> DeltaSink | SearchSink | RedisSink | IcebergSink:
         return getattr(self, self.kind)
 
 

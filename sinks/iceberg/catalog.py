@@ -1,0 +1,85 @@
+"""The Iceberg catalog of a sink, for Spark and for pyiceberg.
+
+Spark: a catalog plugin named after the sink (`SELECT * FROM lake.public.t` for a sink `lake`),
+set as runtime SQL confs of the session the sink writes with, so a session that never meets an
+Iceberg sink carries no Iceberg conf (the jars are only on the class path). Catalog types:
+
+* sqlite (default, no server): Iceberg's JDBC catalog in the SQLite file `<warehouse>/catalog.db`
+  (`<state_dir>/<sink>-catalog.db` when the warehouse is a URI). Its tables (`iceberg_tables`,
+  `iceberg_namespace_properties`, schema V1) are the ones pyiceberg's SqlCatalog reads.
+* jdbc: the same catalog on a database given by `uri` (PostgreSQL: jdbc:postgresql://host/db).
+* rest: an Iceberg REST catalog at `uri`.
+`properties` pass through as they are (object stores: io-impl, s3.*).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from cdc.ground.config import IcebergSink as IcebergSettings
+    from cdc.ground.config import Pipeline, SinkConfig
+
+JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
+
+
+def warehouse(settings: IcebergSettings, pipeline: Pipeline) -> str:
+    """The warehouse as Iceberg takes it: a URI as given, a path made absolute (relative to the pipeline file)."""
+    if "://" in settings.warehouse:
+        return settings.warehouse
+    return str(pipeline.path(settings.warehouse).resolve())
+
+
+def sqlite_file(config: SinkConfig, pipeline: Pipeline) -> Path:
+    settings = config.settings
+    if "://" in settings.warehouse:
+        return pipeline.state_path.resolve() / f"{config.name}-catalog.db"
+    return Path(warehouse(settings, pipeline)) / "catalog.db"
+
+
+def catalog_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, str]:
+    """Iceberg catalog properties (the same keys Spark takes after `spark.sql.catalog.<name>.`)."""
+    settings = config.settings
+    cat = settings.catalog
+    props = {"warehouse": warehouse(settings, pipeline)}
+    if cat.type == "rest":
+        props |= {"type": "rest", "uri": cat.uri or ""}
+    else:
+        uri = f"jdbc:sqlite:{sqlite_file(config, pipeline)}" if cat.type == "sqlite" else cat.uri or ""
+        # V1: the catalog table has iceberg_type (tables and views), as pyiceberg's SqlCatalog makes it
+        props |= {"catalog-impl": JDBC_CATALOG, "uri": uri, "jdbc.schema-version": "V1"}
+        if cat.user:
+            props["jdbc.user"] = cat.user
+        if cat.password:
+            props["jdbc.password"] = cat.password
+    return props | cat.properties
+
+
+def register(spark: SparkSession, config: SinkConfig, pipeline: Pipeline) -> str:
+    """Make the sink's catalog known to this session (idempotent); returns its name."""
+    name = config.name
+    if config.settings.catalog.type == "sqlite":
+        sqlite_file(config, pipeline).parent.mkdir(parents=True, exist_ok=True)
+    key = f"spark.sql.catalog.{name}"
+    if spark.conf.get(key, None) is None:
+        for prop, value in catalog_properties(config, pipeline).items():
+            spark.conf.set(f"{key}.{prop}", value)
+        # last: the plugin loads with all its properties
+        spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
+    return name
+
+
+def pyiceberg_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, str]:
+    """Properties of pyiceberg's load_catalog for the same catalog (sqlite only: SqlCatalog's URL)."""
+    settings = config.settings
+    if settings.catalog.type != "sqlite":
+        raise ValueError("pyiceberg_properties: only the sqlite catalog is mapped")
+    where = warehouse(settings, pipeline)
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{sqlite_file(config, pipeline)}",
+        "warehouse": where if "://" in where else f"file://{where}",
+    }

@@ -1,0 +1,292 @@
+"""MERGE of net changes into Iceberg tables (README "Iceberg follower"), the Delta follower's
+guarantees the Iceberg way.
+
+* Tables: `<sink>.<schema>.<table>` in the sink's catalog (catalog.py), or `<sink>.<schema>.<rename>`
+  with table_options rename. Columns: the source columns under their source names (Iceberg keeps
+  any name: columns are fields by id) + _cdc_lsn, _cdc_seq, _cdc_op, _cdc_commit_ts. Format v2,
+  `write_mode` for MERGE/UPDATE/DELETE (merge-on-read: position deletes, no file rewritten).
+* A row is only replaced by a newer (lsn, seq); deletes, unchanged TOAST values (the table's value
+  kept) as in the Delta sink. Truncate / a new base: rows older than its position are deleted
+  first (idempotent, so they carry no cut).
+* Exactly once per cut: the MERGE's snapshot carries the follower's app id and cut id
+  (commit.py); a cut the table has already is skipped.
+* Schema (prepare, before anything is written): renamed source columns are renamed (metadata:
+  Iceberg columns are fields by id), new columns added (rows older than a constant DEFAULT get it),
+  int -> bigint, float -> double, larger decimal precision widened in place (`on_type_change`).
+  Another type change stops the batch, except in a batch that starts the table over from a new
+  base: the table is then dropped and made again with the new types.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyspark.sql import types as T
+
+from cdc.ground.errors import SinkError
+from sinks.base import ApplyStats, Sink
+from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.iceberg import catalog
+from sinks.iceberg.commit import APP_ID, CUT, applied_cut, snapshot_properties
+from sinks.iceberg.schema import same_type, type_sql, widenable
+from sinks.shaping import follower_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdc.ground.config import Pipeline, SinkConfig
+    from cdc.ground.tables import TableName
+
+MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py), a table property
+
+
+def q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def lit(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass
+class _Plan:
+    ident: str
+    batch: TableBatch
+    create: T.StructType | None = None
+    recreate: bool = False  # a new base whose types Iceberg cannot widen to: drop and make again
+    rename: list[tuple[str, str]] = field(default_factory=list)
+    add: list[T.StructField] = field(default_factory=list)
+    widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+
+
+class IcebergSink(Sink):
+    kind = "iceberg"
+    markers = True
+
+    def __init__(self, config: SinkConfig, pipeline: Pipeline, spark: SparkSession):
+        super().__init__(config, pipeline, spark)
+        self.catalog = config.name
+        if spark is not None:
+            catalog.register(spark, config, pipeline)
+
+    def in_session(self, spark: SparkSession) -> Sink:
+        # a new session has its own SQL confs: the catalog is registered there too
+        if spark is not self.spark:
+            catalog.register(spark, self.config, self.pipeline)
+        return super().in_session(spark)
+
+    @property
+    def parallel_tables(self) -> bool:  # type: ignore[override]
+        # SQLite takes one writer at a time: commits of several tables at once would fail with "locked"
+        return self.settings.catalog.type != "sqlite"
+
+    def ident(self, table: TableName) -> str:
+        name = follower_name(self.config, table) or table.name
+        return f"{q(self.catalog)}.{q(table.schema)}.{q(name)}"
+
+    def has_table(self, table: TableName) -> bool:
+        return self._table_exists(table)
+
+    def _table_exists(self, table: TableName) -> bool:
+        if not self._namespace_exists(table.schema):
+            return False
+        name = follower_name(self.config, table) or table.name
+        rows = self.spark.sql(f"SHOW TABLES IN {q(self.catalog)}.{q(table.schema)}").collect()
+        return any(r["tableName"] == name for r in rows)
+
+    def _namespace_exists(self, schema: str) -> bool:
+        return any(r[0] == schema for r in self.spark.sql(f"SHOW NAMESPACES IN {q(self.catalog)}").collect())
+
+    def clear_table(self, table: TableName) -> None:
+        self.spark.sql(f"DROP TABLE IF EXISTS {self.ident(table)} PURGE")
+
+    # ---- marker: the table property `cdc.follower` -----------------------------------------------
+    def read_marker(self, table: TableName) -> str | None:
+        if not self._table_exists(table):
+            return None
+        props = {
+            r["key"]: r["value"] for r in self.spark.sql(f"SHOW TBLPROPERTIES {self.ident(table)}").collect()
+        }
+        return props.get(MARKER_PROPERTY)
+
+    def write_marker(self, table: TableName, text: str) -> None:
+        if self.read_marker(table) != text:  # a replayed cut adds no commit
+            self.spark.sql(
+                f"ALTER TABLE {self.ident(table)} SET TBLPROPERTIES ({lit(MARKER_PROPERTY)} = {lit(text)})"
+            )
+
+    # ---- schema --------------------------------------------------------------------------------
+    def _plan(self, batch: TableBatch) -> _Plan:
+        ident = self.ident(batch.table)
+        wanted = T.StructType(
+            list(batch.spark_schema.fields) + [T.StructField(m, META_TYPES[m]) for m in META_COLUMNS]
+        )
+        if not self._table_exists(batch.table):
+            return _Plan(ident, batch, create=wanted)
+        current = {f.name: f.dataType for f in self.spark.table(ident).schema.fields}
+        plan = _Plan(ident, batch)
+        for f in wanted.fields:  # a renamed source column: the table renames its own (metadata only)
+            if f.name not in current:
+                old = next((o for o in batch.renames.get(f.name, ()) if o in current), None)
+                if old is not None:
+                    plan.rename.append((old, f.name))
+                    current[f.name] = current.pop(old)
+        rebase = batch.bootstrap and batch.snapshot_lsn is not None
+        for f in wanted.fields:
+            have = current.get(f.name)
+            if have is None:
+                if f.name in batch.key_columns or f.name in META_COLUMNS:
+                    if rebase:
+                        return _Plan(ident, batch, create=wanted, recreate=True)
+                    raise SinkError(
+                        f"Iceberg table {ident} ({batch.table}) has no column {f.name!r}, which the follower needs",
+                        "the table was changed by hand: restore the column, or drop the table so it is rebuilt",
+                    )
+                plan.add.append(f)
+            elif same_type(have, f.dataType):
+                continue
+            elif f.name not in META_COLUMNS and widenable(have, f.dataType):
+                plan.widen.append((f.name, f.dataType))
+            elif rebase:  # a new base: the table is made again with the new types
+                return _Plan(ident, batch, create=wanted, recreate=True)
+            else:
+                raise SinkError(
+                    f"Iceberg table {ident} ({batch.table}): column {f.name!r} is {have.simpleString()} but the "
+                    f"source now needs {f.dataType.simpleString()}, which Iceberg cannot widen to",
+                    "drop the Iceberg table (it is rebuilt from the log on the next apply) or restore the column type",
+                )
+        if plan.widen and self.settings.on_type_change == "stop":
+            what = ", ".join(f"{n!r} -> {t.simpleString()}" for n, t in plan.widen)
+            raise SinkError(
+                f"sink {self.name}: Iceberg table {ident} ({batch.table}): the source widened column(s) {what}; "
+                "on_type_change: stop",
+                f"set `on_type_change: widen` on sink {self.name} (metadata only) or drop the table to rebuild it",
+            )
+        return plan
+
+    def prepare(self, batches: list[TableBatch]) -> None:
+        plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
+        self._created: set[str] = set()
+        for plan in plans:
+            if plan.create is not None:
+                self._create(plan)
+            else:
+                self._evolve(plan)
+
+    def _create(self, plan: _Plan) -> None:
+        assert plan.create is not None
+        if plan.recreate:
+            self.spark.sql(f"DROP TABLE IF EXISTS {plan.ident} PURGE")
+            self.say(
+                f"sink {self.name}: {plan.batch.table}: a new base with types Iceberg cannot widen to: table made again"
+            )
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {q(self.catalog)}.{q(plan.batch.table.schema)}")
+        cols = ", ".join(f"{q(f.name)} {type_sql(f.dataType)}" for f in plan.create.fields)
+        mode = self.settings.write_mode
+        props = {
+            "format-version": "2",
+            "write.merge.mode": mode,
+            "write.update.mode": mode,
+            "write.delete.mode": mode,
+        }
+        tblprops = ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items())
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {plan.ident} ({cols}) USING iceberg TBLPROPERTIES ({tblprops})"
+        )
+        self._created.add(plan.ident)
+
+    def _evolve(self, plan: _Plan) -> None:
+        for old, new in plan.rename:
+            self.spark.sql(f"ALTER TABLE {plan.ident} RENAME COLUMN {q(old)} TO {q(new)}")
+        if plan.add:
+            cols = ", ".join(f"{q(f.name)} {type_sql(f.dataType)}" for f in plan.add)
+            self.spark.sql(f"ALTER TABLE {plan.ident} ADD COLUMNS ({cols})")
+            self._backfill_defaults(plan)
+        for name, dtype in plan.widen:
+            self.spark.sql(f"ALTER TABLE {plan.ident} ALTER COLUMN {q(name)} TYPE {type_sql(dtype)}")
+            self.say(
+                f"sink {self.name}: {plan.batch.table}: column {name!r} widened to {type_sql(dtype)} (metadata only)"
+            )
+
+    def _backfill_defaults(self, plan: _Plan) -> None:
+        """ADD COLUMN ... DEFAULT gave every existing source row the default without a change
+        event: rows the follower last wrote before the column appeared get it too."""
+        batch = plan.batch
+        for f in plan.add:
+            if f.name not in batch.defaults:
+                continue
+            since = batch.defaults[f.name][0]
+            keys = list(batch.key_columns)
+            older = (
+                self.spark.table(plan.ident)
+                .filter(f"_cdc_lsn < {since}")
+                .select(*[q(k) for k in keys], batch.default_value(f.name).alias(f.name))
+            )
+            self._merge_sql(
+                plan.ident,
+                older,
+                " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys),
+                f"WHEN MATCHED THEN UPDATE SET t.{q(f.name)} = s.{q(f.name)}",
+            )
+
+    # ---- writes --------------------------------------------------------------------------------
+    @staticmethod
+    def _older_than(lsn: int, seq: int) -> str:
+        return f"(_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq}))"
+
+    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+        ident = self.ident(batch.table)
+        stats = ApplyStats(str(batch.table))
+        fresh = ident in getattr(self, "_created", set())
+        if not fresh:
+            done, _ = applied_cut(self.spark, ident, self.app_id)
+            if done is not None and done >= cut_id:
+                stats.skipped = True  # this cut's MERGE committed before a crash: nothing to do again
+                return stats
+        if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
+            self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(batch.snapshot_lsn, 0)}")
+        if batch.truncate_position is not None and not fresh:
+            self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(*batch.truncate_position)}")
+        self._merge(ident, batch, changes, cut_id)
+        _, summary = applied_cut(self.spark, ident, self.app_id)
+        if summary.get(CUT) == str(cut_id):
+            stats.inserted = int(summary.get("spark.merge-into.num-target-rows-inserted", 0))
+            stats.updated = int(summary.get("spark.merge-into.num-target-rows-updated", 0))
+            stats.deleted = int(summary.get("spark.merge-into.num-target-rows-deleted", 0))
+        return stats
+
+    def _merge(self, ident: str, batch: TableBatch, changes: NetChanges, cut_id: int) -> None:
+        on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
+        newer = "(s._cdc_lsn > t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq > t._cdc_seq))"
+        columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+        sets = []
+        for c in columns:
+            # an unchanged TOAST value the batch does not know: keep the table's
+            flag = changes.unchanged.get(c)
+            value = f"CASE WHEN s.{q(flag)} THEN t.{q(c)} ELSE s.{q(c)} END" if flag else f"s.{q(c)}"
+            sets.append(f"t.{q(c)} = {value}")
+        names = ", ".join(q(c) for c in columns)
+        values = ", ".join(f"s.{q(c)}" for c in columns)
+        clauses = (
+            f"WHEN MATCHED AND s._cdc_op = 'd' AND {newer} THEN DELETE "
+            f"WHEN MATCHED AND s._cdc_op != 'd' AND {newer} THEN UPDATE SET {', '.join(sets)} "
+            f"WHEN NOT MATCHED AND s._cdc_op != 'd' THEN INSERT ({names}) VALUES ({values})"
+        )
+        with snapshot_properties(self.spark, {APP_ID: self.app_id, CUT: str(cut_id)}):
+            self._merge_sql(ident, changes.df, on, clauses)
+
+    def _merge_sql(self, ident: str, source: DataFrame, on: str, clauses: str) -> None:
+        view = f"cdc_iceberg_{uuid.uuid4().hex}"  # per call: tables of a cut may merge side by side
+        source.createOrReplaceTempView(view)
+        try:
+            self.spark.sql(f"MERGE INTO {ident} t USING {view} s ON {on} {clauses}")
+        finally:
+            self.spark.catalog.dropTempView(view)
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+        if not self._table_exists(table):
+            return None
+        return self.spark.table(self.ident(table))

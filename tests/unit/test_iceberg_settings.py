@@ -1,0 +1,69 @@
+"""The `iceberg` sink kind's settings (issue 39): the embedded SQLite catalog by default, its file
+next to the lake, JDBC and REST catalogs by configuration, and what it refuses (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc.ground.config import parse_pipeline
+from cdc.ground.errors import PipelineFileError
+from sinks.iceberg.catalog import catalog_properties, pyiceberg_properties
+from sinks.registry import sink_factory
+
+pytestmark = pytest.mark.unit
+
+
+def _pipeline(iceberg: dict, tmp_path: Path, **sink):
+    return parse_pipeline(
+        {
+            "name": "p",
+            "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}},
+            "sinks": [{"name": "ice", "iceberg": iceberg, **sink}],
+        },
+        base_dir=tmp_path,
+    )
+
+
+def test_default_catalog_is_a_sqlite_file_next_to_the_lake_that_pyiceberg_reads(tmp_path: Path) -> None:
+    pipeline = _pipeline({"warehouse": "lake"}, tmp_path)
+    sink = pipeline.sinks[0]
+    assert sink.kind == "iceberg" and sink.settings.write_mode == "merge-on-read"
+    lake = (tmp_path / "lake").resolve()
+    props = catalog_properties(sink, pipeline)
+    assert props == {
+        "warehouse": str(lake),
+        "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "uri": f"jdbc:sqlite:{lake / 'catalog.db'}",
+        "jdbc.schema-version": "V1",
+    }
+    assert pyiceberg_properties(sink, pipeline)["uri"] == f"sqlite:///{lake / 'catalog.db'}"
+    assert sink_factory("iceberg").__module__ == "sinks.iceberg.sink"
+
+
+def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> None:
+    jdbc = {"type": "jdbc", "uri": "jdbc:postgresql://127.0.0.1/cat", "user": "u", "password": "pw"}
+    pipeline = _pipeline({"warehouse": "s3://bucket/lake", "catalog": jdbc | {"properties": {"s3.endpoint": "x"}}}, tmp_path)
+    props = catalog_properties(pipeline.sinks[0], pipeline)
+    assert props["uri"] == jdbc["uri"] and props["jdbc.user"] == "u" and props["jdbc.password"] == "pw"
+    assert props["warehouse"] == "s3://bucket/lake" and props["s3.endpoint"] == "x"
+    rest = _pipeline({"warehouse": "lake", "catalog": {"type": "rest", "uri": "http://127.0.0.1:8181"}}, tmp_path)
+    assert catalog_properties(rest.sinks[0], rest)["type"] == "rest"
+
+
+@pytest.mark.parametrize(
+    ("iceberg", "sink", "said"),
+    [
+        ({"warehouse": "w", "catalog": {"type": "jdbc"}}, {}, "needs `uri`"),
+        ({"warehouse": "w", "catalog": {"uri": "jdbc:sqlite:x"}}, {}, "give no `uri`"),
+        ({"warehouse": "w", "catalog": {"type": "rest", "uri": "http://h", "user": "u"}}, {}, "for catalog type jdbc"),
+        ({"warehouse": "w", "views": ["v"]}, {}, "not supported yet"),
+        ({"warehouse": "w"}, {"dropped_columns": "null"}, "iceberg: not yet"),
+        ({"warehouse": "w", "write_mode": "fast"}, {}, "write_mode"),
+        ({}, {}, "warehouse"),
+    ],
+)
+def test_bad_settings_are_refused(iceberg: dict, sink: dict, said: str, tmp_path: Path) -> None:
+    with pytest.raises(PipelineFileError, match=said):
+        _pipeline(iceberg, tmp_path, **sink)
