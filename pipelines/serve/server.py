@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -89,8 +90,23 @@ def serve(
         timeout_graceful_shutdown=2,
     )
     record = record_server(pipeline.state_path, {"url": url, "tables": len(shapes), "started": int(time.time())})
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again with the handler it
+    # found: ours ends the process with 0, as every long-running verb that is told to stop
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.Server(config).run(sockets=[sock])
+    except _Stop:
+        pass
     finally:
         record.unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise _Stop

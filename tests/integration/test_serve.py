@@ -5,13 +5,16 @@ One database, pipeline and stream for the module; servers come and go."""
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
+from pipelines.devservices.certs import issue, make_ca
 from tests.fixtures.browser import chromium
 from tests.fixtures.capture import Pipe, make_pipe, snapshot, start_stream, stop_stream
 from tests.fixtures.serve import OTHER_TOKEN, TOKEN, Server, initial_rows, module_database, sse, start_server
@@ -173,6 +176,28 @@ def test_status_lists_the_server_and_metrics_count(pipe: Pipe, server: Server) -
     sent = [line for line in text.splitlines() if line.startswith('pgcdc_serve_events_sent_total{pipeline="test",table="public.items"}')]
     assert sent and float(sent[0].split()[-1]) > 0
     assert 'pgcdc_serve_requests_refused_total{code="401",pipeline="test"}' in text
+
+
+def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_path: Path) -> None:
+    ca = make_ca(tmp_path)
+    cert, key = issue(tmp_path, "serve", "/CN=localhost", "IP:127.0.0.1,DNS:localhost")
+    tls = start_server(pipe.file, "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        assert tls.url.startswith("https://")
+        answer = httpx.get(tls.url + "/v1/tables", headers={"Authorization": f"Bearer {TOKEN}"}, verify=ssl.create_default_context(cafile=str(ca)), timeout=10)
+        assert answer.status_code == 200 and answer.json()["tables"]
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(tls.url.replace("https://", "http://") + "/v1/tables", timeout=5)
+    finally:
+        out, err = tls.stop()
+    assert tls.proc.returncode == 0, err  # SIGTERM is how a server is meant to stop
+    assert TOKEN not in out + err and "Traceback" not in out + err
+    no_token = cdc("serve", pipe.file, "--port", "0", env={"CDC_SERVE_TOKENS": ""})
+    assert no_token.code == 2 and "no token" in no_token.err and "Traceback" not in no_token.err
+    busy = cdc("serve", pipe.file, "--port", server.url.rsplit(":", 1)[1], env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
+    assert busy.code == 2 and "cannot listen" in busy.err and TOKEN not in busy.out + busy.err
+    half = cdc("serve", pipe.file, "--tls-cert", str(cert), env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
+    assert half.code == 2 and "go together" in half.err
 
 
 def test_example_page_in_a_real_browser(pipe: Pipe, server: Server) -> None:
