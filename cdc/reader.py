@@ -983,6 +983,7 @@ def run_stream(
             check_broker(pipeline)
             publisher = PublisherProcess(pipeline)
             publisher.start()
+            log.on_commit = publisher.wake  # each cut is published as soon as it is durable
             ack_limit = lambda: published_lsn(log)  # noqa: E731
             watch = PublishWatch(pipeline, log, say)  # says when the broker is away, and when it is back
 

@@ -260,6 +260,8 @@ class LocalLog(LogWriter, LogReader):
             if self._meta("log_id") is None:
                 self._set_meta("log_id", uuid.uuid4().hex[:12])
         self._in_batch = False
+        # called with each committed cut (cdc stream with log: kafka rings its publisher with it)
+        self.on_commit: Callable[[Cut], object] | None = None
         self._snapshot_lsn: dict[int, int] = {}
         self._schemas: dict[tuple[int, int], TableSchema] = {}
         self._latest_version: dict[int, tuple[int, TableSchema]] = {}
@@ -544,6 +546,8 @@ class LocalLog(LogWriter, LogReader):
             raise
         finally:
             self._in_batch = False
+        if self.on_commit is not None:
+            self.on_commit(cut)
         return cut
 
     def _write_cut(self, lsn: int) -> Cut:

@@ -710,6 +710,36 @@ def test_publisher_does_not_outlive_a_killed_stream(pg_db: str, tmp_path: Path, 
             kill_tree(proc)
 
 
+def test_a_publisher_killed_while_the_stream_rings_it_stops_the_stream_cleanly(
+    pg_db: str, tmp_path: Path, kafka
+) -> None:
+    """The stream rings its publisher after every cut it commits (cdc/log/kafka/doorbell.py). kill -9
+    of the publisher while transactions flow: the stream's rings must neither block nor fail it; it
+    notices the dead child and exits with the publisher's error (no traceback, no hang)."""
+    make_table(pg_db, "t", 10)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)
+    proc = start_stream(pipe)
+    writer = Writer(pg_db, "t", list(range(1, 11)), next_id=1_001, seed=5, pause=0.005)
+    writer.start()
+    try:
+        wait_published(pipe, current_flush_lsn(pg_db), timeout=60)  # rung, and publishing
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_text(errors="replace") for p in child_pids(proc.pid)}
+        spawned = [p for p, cmd in cmdlines.items() if "spawn_main" in cmd]  # not the resource tracker
+        assert len(spawned) == 1, f"one publisher child expected, found {spawned}"
+        os.kill(spawned[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)  # a hang guard, not a timing
+    finally:
+        writer.halt.set()
+        writer.join(30)
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert proc.returncode not in (0, None), f"cdc stream went on without its publisher:\n{out}\n{err}"
+    assert "Kafka publisher of this stream stopped" in out + err, out + err
+    no_traceback((out, err))
+    assert writer.error is None and len(writer.txns) > 0
+
+
 # ---- verify when the slot lags behind Kafka ----------------------------------------------------------
 def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
     """Capture into the staging log up to `upto` without acknowledging anything to PostgreSQL: the

@@ -21,8 +21,13 @@ import time
 
 from cdc.ground import errors
 from cdc.ground.errors import CdcError, LogError
+from cdc.log.kafka.doorbell import Doorbell, wait_for_ring
 
 STOP_WAIT_S = 30.0  # a graceful stop publishes what is durable; longer than this, we stop waiting
+IDLE_S = 1.0  # with nothing to publish the child waits this long for a ring before it looks anyway
+# Benchmarks only (bench/capture_kafka.py --only latency): poll the staging log every this many
+# seconds and ignore the stream's rings, as the publisher did before it had them (0.2).
+POLL_ENV = "PGCDC_PUBLISHER_POLL_S"
 
 
 def check_broker(pipeline) -> None:
@@ -150,15 +155,23 @@ class PublisherProcess:
     def __init__(self, pipeline):
         ctx = multiprocessing.get_context("spawn")
         self._stop = StopFlag(ctx)
+        self._bell = Doorbell(ctx)
         self._errors, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
-            target=_child_main, args=(pipeline, self._stop, child_end, os.getpid()), name="cdc-publisher"
+            target=_child_main,
+            args=(pipeline, self._stop, child_end, os.getpid(), self._bell.receiver),
+            name="cdc-publisher",
         )
         self._child_end = child_end
 
     def start(self) -> None:
         self._proc.start()
         self._child_end.close()  # only the child writes; EOF tells us it is gone
+        self._bell.handed_over()
+
+    def wake(self, *_: object) -> None:
+        """A cut was committed to the staging log: the child publishes it now (never blocks)."""
+        self._bell.ring()
 
     def check(self) -> None:
         """Raise the child's error if it stopped (the reader calls this between transactions)."""
@@ -174,6 +187,7 @@ class PublisherProcess:
 
     def stop(self) -> None:
         self._stop.set()
+        self._bell.ring()  # out of its idle wait now
         self._proc.join(STOP_WAIT_S)
         if self._proc.is_alive():
             self._proc.terminate()
@@ -181,6 +195,7 @@ class PublisherProcess:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        self._bell.close()
 
     def _failure(self) -> CdcError | None:
         with contextlib.suppress(EOFError, OSError):
@@ -191,7 +206,7 @@ class PublisherProcess:
         return None
 
 
-def _child_main(pipeline, stop_event, error_pipe, parent_pid: int) -> None:
+def _child_main(pipeline, stop_event, error_pipe, parent_pid: int, bell) -> None:
     """Entry point of the child (multiprocessing, spawn)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides when we stop
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
@@ -210,7 +225,7 @@ def _child_main(pipeline, stop_event, error_pipe, parent_pid: int) -> None:
     publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
     try:
         with publisher_lock(staging):
-            if publisher.run(should_stop, pause=stop_event.wait) and os.getppid() == parent_pid:
+            if publisher.run(should_stop, pause=stop_event.wait, **_idle(bell)) and os.getppid() == parent_pid:
                 publisher.publish_once()  # whatever the stream made durable before it stopped
     except CdcError as exc:
         error_pipe.send((type(exc).__name__, exc.problem, exc.fix))
@@ -222,3 +237,12 @@ def _child_main(pipeline, stop_event, error_pipe, parent_pid: int) -> None:
         publisher.close()
         staging.close()
         error_pipe.close()  # its EOF tells the parent we are gone
+
+
+def _idle(bell) -> dict:
+    """How the child waits when it found nothing to publish: for the stream's ring (or the
+    POLL_ENV fixed sleep of the benchmark's "before")."""
+    poll = os.environ.get(POLL_ENV)
+    if poll:
+        return {"idle_s": float(poll)}
+    return {"idle_s": IDLE_S, "idle": lambda seconds: wait_for_ring(bell, seconds)}

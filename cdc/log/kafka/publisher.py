@@ -229,12 +229,18 @@ class Publisher:
 
     # ---- continuous --------------------------------------------------------------------------------
     def run(
-        self, should_stop: Callable[[], bool], idle_s: float = 0.2, pause: Callable[[float], object] = time.sleep
+        self,
+        should_stop: Callable[[], bool],
+        idle_s: float = 0.2,
+        pause: Callable[[float], object] = time.sleep,
+        idle: Callable[[float], object] | None = None,
     ) -> bool:
         """Publish until should_stop(); a broker that goes away is retried with backoff (the
         events wait in the staging log, and the slot is not acknowledged past them). `pause`
-        sleeps between attempts and returns early on a stop request. Returns whether the broker
-        answered last (False: stopped while it was away)."""
+        sleeps between attempts and returns early on a stop request; `idle` (default: `pause`)
+        waits up to idle_s when nothing was new, and returns early when the stream says it
+        committed a cut (child.py: the doorbell). Returns whether the broker answered last
+        (False: stopped while it was away)."""
         while not should_stop():
             try:
                 for attempt in Retrying(
@@ -256,7 +262,7 @@ class Publisher:
                     return False
                 raise
             if not produced:
-                pause(idle_s)
+                (idle or pause)(idle_s)
         return True
 
 
