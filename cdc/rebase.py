@@ -179,17 +179,19 @@ class RewriteWatch:
             rewritten = _rewritten(json.loads(known), catalog)
         # A new relfilenode alone (VACUUM FULL, CLUSTER) changes no row: only what the columns show
         # counts, as for a log without a storage baseline (or after a TRUNCATE).
-        if not known or rewritten:
-            how = "its storage was rewritten (a new relfilenode) and " if rewritten else ""
+        how = "its storage was rewritten (a new relfilenode) and " if rewritten else ""
+        if not known or rewritten:  # a type change that keeps the storage (varchar widening) rewrites nothing
             changed = _type_changes(previous, schema)
             if changed:
                 reasons.append(f"{how}column type changed ({changed}), which may rewrite every row")
-            lost = _defaults_without_value(conn, catalog.oid, [c.name for c in fresh if c.missing is None])
-            if lost:
-                reasons.append(
-                    f"{how}new column(s) {', '.join(lost)} have a default that rows not written since hold, but the "
-                    "catalog keeps no value for them (a volatile default, or a rewrite cleared it)"
-                )
+        # Whatever the storage shows now (an earlier Relation message may have recorded the rewrite's
+        # new relfilenode already): a new column whose default the catalog keeps no value of.
+        lost = _defaults_without_value(conn, catalog.oid, [c.name for c in fresh if c.missing is None])
+        if lost:
+            reasons.append(
+                f"{how}new column(s) {', '.join(lost)} have a default that rows not written since hold, but the "
+                "catalog keeps no value for them (a volatile default, or a rewrite such as VACUUM FULL cleared it)"
+            )
         conflicts = [c.name for c in fresh if c.name in catalog.conflicts]
         if conflicts:
             values = "; ".join(
