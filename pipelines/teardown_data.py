@@ -22,12 +22,18 @@ from cdc.ground.errors import CdcError, LogError, UsageError
 
 
 def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
-    """sink name -> the directory that holds its data on this machine (Delta, tantivy)."""
+    """sink name -> the directory that holds its data on this machine (Delta, Iceberg, tantivy)."""
     out: dict[str, Path] = {}
     for sink in pipeline.sinks:
         settings = sink.settings
         if sink.kind == "delta":
             out[sink.name] = pipeline.path(settings.path).resolve()
+        elif sink.kind == "iceberg":  # its warehouse, or the SQLite catalog of a warehouse elsewhere
+            from sinks.iceberg.catalog import sqlite_file, warehouse
+
+            local = "://" not in settings.warehouse
+            if local or settings.catalog.type == "sqlite":
+                out[sink.name] = Path(warehouse(settings, pipeline)) if local else sqlite_file(sink, pipeline)
         elif sink.kind == "search" and getattr(settings, "engine", "") == "tantivy":
             out[sink.name] = (pipeline.path(settings.path) if settings.path else pipeline.state_path / "search").resolve()
     return out

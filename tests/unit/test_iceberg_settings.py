@@ -67,3 +67,27 @@ def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> N
 def test_bad_settings_are_refused(iceberg: dict, sink: dict, said: str, tmp_path: Path) -> None:
     with pytest.raises(PipelineFileError, match=said):
         _pipeline(iceberg, tmp_path, **sink)
+
+
+def test_teardown_keeps_the_warehouse_and_the_sqlite_catalog_of_a_remote_warehouse(tmp_path: Path) -> None:
+    from pipelines.teardown_data import remove_captured
+
+    pipeline = parse_pipeline(
+        {
+            "name": "p",
+            "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}},
+            "state_dir": "st",
+            "sinks": [
+                {"name": "ice", "iceberg": {"warehouse": "st/ice"}},
+                {"name": "far", "iceberg": {"warehouse": "s3://bucket/lake"}},
+            ],
+        },
+        base_dir=tmp_path,
+    )
+    state = tmp_path / "st"
+    for rel in ("ice/catalog.db", "ice/public/t/data/x.parquet", "far-catalog.db", "checkpoints/ice.json"):
+        (state / rel).parent.mkdir(parents=True, exist_ok=True)
+        (state / rel).write_bytes(b"row")
+    remove_captured(pipeline, lambda _m: None)
+    left = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
+    assert left == ["far-catalog.db", "ice/catalog.db", "ice/public/t/data/x.parquet"], left
