@@ -14,26 +14,8 @@ Use `resolve_types` once per relation to describe its columns' types (domains re
 their base type), then `converter(t, typmod)` once per column, and call the converter on
 each non-NULL value (NULL is JSON null and is not passed to a converter).
 
-| PostgreSQL type | envelope JSON | example |
-|---|---|---|
-| int2, int4, int8, oid, xid, xid8 | number (integer) | `42` -> `42` |
-| float4, float8 | number; `NaN`, `Infinity`, `-Infinity` as strings | `1.5` -> `1.5`, `NaN` -> `"NaN"` |
-| numeric (any precision/scale) | string, PostgreSQL's text exactly (keeps the scale) | `1.50` -> `"1.50"`, `NaN` -> `"NaN"` |
-| money | string, as printed | `$1,000.00` -> `"$1,000.00"` |
-| bool | true / false | `t` -> `true` |
-| text, varchar, bpchar (padding kept), name, citext, "char", xml, inet, cidr, macaddr, macaddr8, uuid, bit, varbit, tsvector, tsquery | string, as printed | `ab  ` -> `"ab  "` |
-| json, jsonb | string holding the JSON text (not parsed) | `{"a": 1}` -> `"{\\"a\\": 1}"` |
-| enums | string, the label | `happy` -> `"happy"` |
-| bytea | string, base64 of the bytes | `\\x0a0b` -> `"Cgs="` |
-| date | number, days since 1970-01-01 (io.debezium.time.Date); `infinity` -> 9223372036854775807, `-infinity` -> -9223372036854775808 | `2024-01-01` -> `19723`, `0044-03-15 BC` -> `-735160` |
-| time | number, microseconds since midnight (io.debezium.time.MicroTime) | `10:15:30.5` -> `36930500000`, `24:00:00` -> `86400000000` |
-| timetz | string, the time in UTC with `Z` (io.debezium.time.ZonedTime) | `10:15:30.123+02` -> `"08:15:30.123Z"` |
-| timestamp | number, microseconds since 1970-01-01T00:00 (io.debezium.time.MicroTimestamp); infinities as for date | `2024-01-01 00:00:01.5` -> `1704067201500000` |
-| timestamptz(p) | string, ISO-8601 instant in UTC with `Z` and exactly p fraction digits, p = 6 when undeclared (io.debezium.time.ZonedTimestamp); `"infinity"` / `"-infinity"` | `2024-01-01 12:00:00.5+00` -> `"2024-01-01T12:00:00.500000Z"` |
-| interval | string `P{y}Y{m}M{d}DT{h}H{m}M{s}S`, every component present (io.debezium.time.Interval) | `P1DT-1.5S` -> `"P0Y0M1DT0H0M-1.5S"`, `PT0S` -> `"P0Y0M0DT0H0M0S"` |
-| arrays | (nested) list, elements converted by the element type's rule; NULL elements -> null | `{{1,2},{3,NULL}}` -> `[[1,2],[3,null]]` |
-| domains | as their base type | `numeric(10,2)` domain: `1.50` -> `"1.50"` |
-| composite, range, multirange, geometric, anything else | string, as printed | `[1,5)` -> `"[1,5)"` |
+The mapping, type by type, is the table in cdc/typetable.py; docs/reference/types.md is
+generated from it with every example computed here (scripts/gen_docs.py).
 
 timestamptz fractions have the column's precision, as Debezium 3 prints them. timetz fractions follow Java's ISO formatting:
 no fraction when it is zero, else 3 digits when the value fits in milliseconds, else 6.
@@ -41,7 +23,7 @@ Years after 9999 print as `+10000-01-01T...`, years BC astronomically (1 BC = `0
 44 BC = `-0043`). Date and time arithmetic is done here on integers (proleptic Gregorian
 calendar), so PostgreSQL's whole range is supported, from 4714-11-24 BC to 5874897 AD.
 Timestamps after about 294247 AD exceed a signed 64-bit microsecond count since 1970; they
-are still written exactly. See docs/types.md for more detail.
+are still written exactly.
 """
 
 from __future__ import annotations

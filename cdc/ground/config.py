@@ -109,7 +109,7 @@ class PostgresSource(_Strict):
 
 
 class Source(_Strict):
-    postgres: PostgresSource
+    postgres: PostgresSource = Field(description="the PostgreSQL database captured")
 
 
 # --- log ------------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class LocalLog(_Strict):
 
 
 class KafkaLog(_Strict):
-    bootstrap_servers: str | list[str]
+    bootstrap_servers: str | list[str] = Field(description='"host:port" (comma-separated) or a list of them')
     topic_prefix: str | None = Field(default=None, description="topic prefix (default: the pipeline name)")
     format: Literal["cdc", "debezium"] = Field(
         default="cdc", description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics"
@@ -187,8 +187,8 @@ class KafkaLog(_Strict):
 
 
 class LogConfig(_Strict):
-    local: LocalLog | None = None
-    kafka: KafkaLog | None = None
+    local: LocalLog | None = Field(default=None, description="the embedded SQLite log (the default when `log` is left out)")
+    kafka: KafkaLog | None = Field(default=None, description="Kafka topics (give exactly one of local and kafka)")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> LogConfig:
@@ -300,8 +300,10 @@ def _view_list() -> Any:
 
 
 class DeltaSink(_ShapedSink):
-    path: str
-    mode: Literal["scd1", "scd2"] = "scd1"
+    path: str = Field(description="directory of the Delta tables (a table is <path>/<schema>/<table>)")
+    mode: Literal["scd1", "scd2"] = Field(
+        default="scd1", description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn"
+    )
     tables: list[str] | None = Field(
         default=None, description="subset of the source tables (default: all, or none when `views` is given)"
     )
@@ -337,7 +339,9 @@ class AwsSigV4(_Strict):
 
 
 class SearchSink(_ShapedSink):
-    engine: Literal["tantivy", "opensearch"] = "tantivy"
+    engine: Literal["tantivy", "opensearch"] = Field(
+        default="tantivy", description="tantivy: an embedded index on disk; opensearch: a cluster at `hosts`"
+    )
     tables: TableList | None = Field(default=None, description="required unless `views` is given")
     views: list[str] = _view_list()
     path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
@@ -409,7 +413,7 @@ class SearchSink(_ShapedSink):
 
 
 class RedisSink(_ShapedSink):
-    url: str
+    url: str = Field(description="redis:// (or rediss://) URL of the database, e.g. redis://127.0.0.1:6379/0")
     tables: TableList | None = Field(default=None, description="required unless `views` is given")
     views: list[str] = _view_list()
     key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
@@ -461,7 +465,7 @@ class IcebergSink(_ShapedSink):
     """An Iceberg follower (sinks/iceberg/): one Iceberg table per source table, namespace = its schema."""
 
     warehouse: str = Field(description="where table files go: a path (relative to the pipeline file) or a URI")
-    catalog: IcebergCatalog = Field(default_factory=IcebergCatalog)
+    catalog: IcebergCatalog = Field(default_factory=IcebergCatalog, description="where the tables are registered")
     tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
     views: list[str] = Field(default_factory=list, description="derived views into Iceberg: not yet (give none)")
     write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
@@ -495,11 +499,11 @@ SINK_KINDS = ("delta", "search", "redis", "iceberg")
 
 
 class SinkConfig(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    delta: DeltaSink | None = None
-    search: SearchSink | None = None
-    redis: RedisSink | None = None
-    iceberg: IcebergSink | None = None
+    name: str = Field(pattern=NAME_RE, description="the sink's name (`--sink NAME`; its checkpoint and metrics label)")
+    delta: DeltaSink | None = Field(default=None, description="a Delta Lake follower (give exactly one sink kind)")
+    search: SearchSink | None = Field(default=None, description="a search index follower (tantivy or OpenSearch)")
+    redis: RedisSink | None = Field(default=None, description="a Redis cache follower")
+    iceberg: IcebergSink | None = Field(default=None, description="an Iceberg follower")
     on_lost: Literal["rebuild", "stop"] = Field(
         default="rebuild",
         description="when the engine lost data this follower had applied (its marker is gone or behind): "
@@ -663,16 +667,16 @@ class ViewConfig(_Strict):
 
 
 class Pipeline(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    source: Source
-    log: LogConfig | None = None
-    state_dir: str | None = None
-    sinks: list[SinkConfig] = Field(default_factory=list)
+    name: str = Field(pattern=NAME_RE, description="the pipeline's name (default slot, publication and topic prefix)")
+    source: Source = Field(description="where changes come from")
+    log: LogConfig | None = Field(default=None, description="where captured changes are kept (default: local)")
+    state_dir: str | None = Field(default=None, description="checkpoints, locks and the local log (default .cdc/<name>)")
+    sinks: list[SinkConfig] = Field(default_factory=list, description="the followers")
     views: list[ViewConfig] = Field(default_factory=list, description="derived views over the captured tables")
-    spark: SparkConfig = Field(default_factory=SparkConfig)
-    stream: StreamConfig = Field(default_factory=StreamConfig)
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description="the apply job's Spark")
+    stream: StreamConfig = Field(default_factory=StreamConfig, description="`cdc stream` batching and reconnects")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="the Prometheus endpoint")
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig, description="how `cdc snapshot` copies tables")
 
     # Where the file was loaded from; relative paths resolve against its directory.
     base_dir: Path = Field(default=Path("."), exclude=True)

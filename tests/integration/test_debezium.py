@@ -282,7 +282,7 @@ DIFFERENCES = {
     "source.lsn(r)": "snapshot rows: each side's own snapshot point (two slots, two points): not a rendering difference",
     "transaction": "Debezium fills the transaction block (provide.transaction.metadata); ours is null, positions in headers (documented)",
     "timestamp(0..3) in ms": "Debezium's adaptive mode writes timestamp(0..3) in milliseconds (io.debezium.time.Timestamp); "
-    "ours always microseconds (documented in docs/types.md; the Debezium reader converts)",
+    "ours always microseconds (documented in docs/reference/types.md; the Debezium reader converts)",
     "before of a delete: non-key columns": "REPLICA IDENTITY DEFAULT: pgoutput sends only the key; Debezium fills the other "
     "NOT NULL columns with placeholders (0, '', the column default), ours with null (kept: those values are unknown)",
 }
