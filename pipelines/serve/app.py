@@ -33,7 +33,7 @@ from cdc.metrics import REGISTRY
 from pipelines.serve import metrics
 from pipelines.serve.feed import Control, Hub, Subscriber, TableFeed
 from pipelines.serve.filters import Filter, parse_filter
-from pipelines.serve.logview import Change, Txn, latest, read_txns, state_at, version_at
+from pipelines.serve.logview import Change, Txn
 from pipelines.serve.tokens import Grant, authorize
 
 READ_TXNS = 500  # transactions per catch-up read from the log
@@ -110,8 +110,7 @@ class Feeds:
 
     async def filter(self, request: Request, feed: TableFeed) -> Filter:
         if feed.name not in self.keys:
-            schema = await asyncio.to_thread(self.hub.access.call, lambda log: log.schema(feed.table))
-            self.keys[feed.name] = schema.key
+            self.keys[feed.name] = await asyncio.to_thread(self.hub.access.key, feed.table)
         return parse_filter(list(request.query_params.multi_items()), self.keys[feed.name])
 
     # ---- routes -------------------------------------------------------------------------------------
@@ -164,25 +163,20 @@ class Feeds:
         return _json(200, body)
 
     async def _state(self, feed: TableFeed) -> tuple[int, int, int, list[Change]]:
-        def compute(log):
-            cut, _ = latest(log)
-            rng = cut.tables.get(feed.table) if cut else None
-            if cut is None or rng is None:
-                return None
-            key = (feed.name, cut.id)
-            if key in self.states:
-                return (cut.id, *self.states[key])
-            return cut.id, cut.lsn, rng.end, state_at(log, self.hub.renderer, feed.shape, rng.base, rng.end)
-
-        found = await asyncio.to_thread(self.hub.access.call, compute)
-        if found is None:
+        access = self.hub.access
+        cut, _ = await asyncio.to_thread(access.latest)
+        rng = cut.tables.get(feed.table) if cut else None
+        if cut is None or rng is None:
             return 0, 0, 0, []
-        cut_id, lsn, position, rows = found
-        self.states[(feed.name, cut_id)] = (lsn, position, rows)
-        self.states.move_to_end((feed.name, cut_id))
+        key = (feed.name, cut.id)
+        if key not in self.states:
+            rows = await asyncio.to_thread(access.state_at, self.hub.renderer, feed.shape, rng.base, rng.end)
+            self.states[key] = (cut.lsn, rng.end, rows)
+        self.states.move_to_end(key)
         while len(self.states) > self.options.states_cached:
             self.states.popitem(last=False)
-        return cut_id, lsn, position, rows
+        lsn, position, rows = self.states[key]
+        return cut.id, lsn, position, rows
 
     def _position(self, request: Request) -> int:
         # Last-Event-ID first: an EventSource reconnects to its first URL (an old ?from=) with the newer id
@@ -194,29 +188,24 @@ class Feeds:
     async def check(self, feed: TableFeed, position: int) -> tuple[Control | None, int | None]:
         """Whether a client may continue from `position`; the schema version in force there."""
 
-        def look(log):
-            cut, states = latest(log)
-            state, rng = states.get(feed.table), (cut.tables.get(feed.table) if cut else None)
-            if state is None or rng is None or state.base is None:
-                return Control("unknown-position", f"{feed.name} is not in the log now"), None
-            if position < state.base:
-                return Control("rebuilt", f"position {position} is before {feed.name}'s current snapshot; fetch its rows anew"), None
-            if position < state.purged_below:
-                return Control("compacted", f"the log no longer holds every change after position {position}; fetch the rows anew"), None
-            if position > rng.end:
-                return Control("unknown-position", f"position {position} is past the log's end ({rng.end}); fetch the rows anew"), None
-            return None, version_at(log, feed.table, position)
-
-        return await asyncio.to_thread(self.hub.access.call, look)
+        cut, states = await asyncio.to_thread(self.hub.access.latest)
+        state, rng = states.get(feed.table), (cut.tables.get(feed.table) if cut else None)
+        if state is None or rng is None or state.base is None:
+            return Control("unknown-position", f"{feed.name} is not in the log now"), None
+        if position < state.base:
+            return Control("rebuilt", f"position {position} is before {feed.name}'s current snapshot; fetch its rows anew"), None
+        if position < self.hub.access.purged_below(state):
+            return Control("compacted", f"the log no longer holds every change after position {position}; fetch the rows anew"), None
+        if position > rng.end:
+            return Control("unknown-position", f"position {position} is past the log's end ({rng.end}); fetch the rows anew"), None
+        return None, await asyncio.to_thread(self.hub.access.version_at, feed.table, position)
 
     async def catch_up(self, feed: TableFeed, position: int, version: int | None) -> tuple[list[Txn], int, Control | None]:
         """Transactions after `position` up to the feed's position: from memory, or from the log."""
         txns = feed.since(position)
         upto = feed.position
         if txns is None:
-            batch = await asyncio.to_thread(
-                self.hub.access.call, lambda log: read_txns(log, self.hub.renderer, feed.shape, position, upto, READ_TXNS * 10)
-            )
+            batch = await asyncio.to_thread(self.hub.access.read_txns, self.hub.renderer, feed.shape, position, upto, READ_TXNS * 10)
             if batch.rebuilt:
                 return batch.txns, batch.position, Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew")
             txns, upto = batch.txns, batch.position

@@ -21,7 +21,7 @@ from typing import Any
 from cdc.envelope import EnvelopeRenderer
 from cdc.ground.tables import TableName
 from pipelines.serve import metrics
-from pipelines.serve.logview import LogAccess, Txn, latest, read_txns
+from pipelines.serve.logview import Access, Txn
 from pipelines.serve.shape import TableShape
 
 READ_EVENTS = 5000  # events per log read: bounds one read's memory and how long it holds a thread
@@ -135,7 +135,7 @@ class TableFeed:
 
 
 class Hub:
-    def __init__(self, access: LogAccess, shapes: dict[str, TableShape], pipeline_name: str, poll_s: float, ring: int):
+    def __init__(self, access: Access, shapes: dict[str, TableShape], pipeline_name: str, poll_s: float, ring: int):
         self.access = access
         self.poll_s = poll_s
         self.renderer = EnvelopeRenderer("", pipeline_name)
@@ -144,9 +144,8 @@ class Hub:
         self.error: str | None = None
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.access.call, lambda log: None)  # opens the log: the database name
-        self.renderer.database = self.access.database
-        cut, states = await asyncio.to_thread(self.access.call, latest)
+        cut, states = await asyncio.to_thread(self.access.latest)
+        self.renderer.database = self.access.database  # known once the log is open
         for feed in self.feeds.values():
             rng = cut.tables.get(feed.table) if cut else None
             state = states.get(feed.table)
@@ -164,7 +163,7 @@ class Hub:
             await asyncio.sleep(self.poll_s)
 
     async def poll(self) -> None:
-        cut, states = await asyncio.to_thread(self.access.call, latest)
+        cut, states = await asyncio.to_thread(self.access.latest)
         if cut is None:
             return
         for feed in self.feeds.values():
@@ -178,9 +177,7 @@ class Hub:
                 continue
             while feed.position < rng.end:
                 after = feed.position
-                batch = await asyncio.to_thread(
-                    self.access.call, lambda log, f=feed, a=after, e=rng.end: read_txns(log, self.renderer, f.shape, a, e, READ_EVENTS)
-                )
+                batch = await asyncio.to_thread(self.access.read_txns, self.renderer, feed.shape, after, rng.end, READ_EVENTS)
                 for txn in batch.txns:
                     known = self.version.get(feed.name)
                     if known is not None and txn.version != known:

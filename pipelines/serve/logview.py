@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -55,8 +55,21 @@ class Batch:
     rebuilt: bool = False  # a new snapshot of the table was found in the range
 
 
+class Access(Protocol):
+    """What the feed reads of a log (blocking: called from worker threads); local or Kafka."""
+
+    database: str
+
+    def latest(self) -> tuple[Cut | None, dict[TableName, TableState]]: ...
+    def read_txns(self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch: ...
+    def state_at(self, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int) -> list[Change]: ...
+    def version_at(self, table: TableName, position: int) -> int | None: ...
+    def key(self, table: TableName) -> tuple[str, ...]: ...
+    def purged_below(self, state: TableState) -> int: ...
+
+
 class LogAccess:
-    """Thread-local read-only connections to the pipeline's local log."""
+    """The local log, read from worker threads: one read-only connection per thread."""
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
@@ -72,6 +85,24 @@ class LogAccess:
 
     def call(self, fn: Callable[[LocalLog], T]) -> T:
         return fn(self.log())
+
+    def latest(self) -> tuple[Cut | None, dict[TableName, TableState]]:
+        return latest(self.log())
+
+    def read_txns(self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch:
+        return read_txns(self.log(), renderer, shape, after, upto, max_events)
+
+    def state_at(self, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int) -> list[Change]:
+        return state_at(self.log(), renderer, shape, base, end)
+
+    def version_at(self, table: TableName, position: int) -> int | None:
+        return version_at(self.log(), table, position)
+
+    def key(self, table: TableName) -> tuple[str, ...]:
+        return self.log().schema(table).key
+
+    def purged_below(self, state: TableState) -> int:
+        return state.purged_below
 
 
 def latest(log: LocalLog) -> tuple[Cut | None, dict[TableName, TableState]]:

@@ -14,7 +14,7 @@ from cdc.ground.errors import UsageError
 from pipelines.serve import metrics
 from pipelines.serve.app import Options, build_app
 from pipelines.serve.feed import Hub
-from pipelines.serve.logview import LogAccess, latest
+from pipelines.serve.logview import Access, LogAccess
 from pipelines.serve.registry import record_server
 from pipelines.serve.shape import table_shapes
 from pipelines.serve.tokens import load_grants
@@ -46,21 +46,30 @@ def serve(
 ) -> int:
     import uvicorn
 
-    if pipeline.log_config.kafka is not None:
+    kafka = pipeline.log_config.kafka
+    if kafka is not None and kafka.format == "debezium":
         raise UsageError(
-            "cdc serve reads the local log; this pipeline's log is Kafka (not served yet)",
-            "read the Kafka topics with a Kafka consumer, or use a pipeline with log: local",
+            "cdc serve serves logs written by cdc; this pipeline's log is a Debezium connector's topics",
+            "read them with any Kafka consumer (their records are the same envelope)",
         )
+    if kafka is not None and sink:
+        raise UsageError("--sink is for the local log: a Kafka log's records are served as they are", "leave out --sink")
     if (tls_cert is None) != (tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together", "pass both files (PEM) or neither")
     for path in (tls_cert, tls_key):
         if path is not None and not path.is_file():
             raise UsageError(f"TLS file {path} does not exist", "pass the PEM certificate and key files")
     grants = load_grants(tokens)
-    access = LogAccess(pipeline)
-    if not pipeline.local_log_path.exists():
-        raise UsageError("the pipeline has no log yet", f"run `{pipeline.command('snapshot')}` first")
-    cut, _ = access.call(latest)
+    access: Access
+    if kafka is not None:
+        from pipelines.serve.kafkaview import KafkaAccess
+
+        access = KafkaAccess(pipeline)
+    else:
+        if not pipeline.local_log_path.exists():
+            raise UsageError("the pipeline has no log yet", f"run `{pipeline.command('snapshot')}` first")
+        access = LogAccess(pipeline)
+    cut, _ = access.latest()
     sink_cfg = pipeline.sink(sink) if sink else None
     shapes = table_shapes(pipeline, sink_cfg, pipeline_tables(pipeline, sorted(cut.tables, key=str) if cut else []))
     metrics.PIPELINE.name = pipeline.name
