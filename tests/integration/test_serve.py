@@ -18,7 +18,7 @@ from pipelines.devservices.certs import issue, make_ca
 from tests.fixtures.browser import chromium
 from tests.fixtures.capture import Pipe, make_pipe, snapshot, start_stream, stop_stream
 from tests.fixtures.serve import OTHER_TOKEN, TOKEN, Server, initial_rows, module_database, sse, start_server
-from tests.harness import cdc, sql
+from tests.harness import cdc, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -198,6 +198,32 @@ def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_pa
     assert busy.code == 2 and "cannot listen" in busy.err and TOKEN not in busy.out + busy.err
     half = cdc("serve", pipe.file, "--tls-cert", str(cert), env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
     assert half.code == 2 and "go together" in half.err
+
+
+def test_a_sinks_columns_masks_and_rename(pipe: Pipe, server: Server) -> None:
+    """--sink serves what that sink gets: its columns, masks and name for the table."""
+    options = {"public.items": {"exclude_columns": ["qty"], "mask": {"name": "redact"}, "rename": "goods"}}
+    other = pipe.dir / "with-sink"  # another file of the same pipeline (same state_dir, so the same log)
+    other.mkdir(exist_ok=True)
+    file = write_pipeline(
+        other,
+        pipe.dsn,
+        ["public.items", "public.big"],
+        state_dir=str(pipe.dir / ".cdc" / "test"),
+        sinks=[{"name": "app", "delta": {"path": str(pipe.dir / "lake"), "tables": ["public.items"], "table_options": options}}],
+    )
+    shaped = start_server(file, "--sink", "app", "--heartbeat", "0.5")
+    try:
+        assert [t["name"] for t in shaped.get("/v1/tables").json()["tables"]] == ["goods"]
+        assert shaped.get("/v1/tables/public.items").status_code == 404
+        body, rows = initial_rows(shaped, "goods")
+        assert rows and all(set(r["after"]) == {"id", "name"} and r["after"]["name"] == "[redacted]" for r in rows)
+        sql(pipe.dsn, "INSERT INTO items VALUES (700, 'secret name', 7)")
+        with sse(shaped, "goods", **{"from": body["position"]}) as stream:
+            ev = stream.until(lambda e: e.event == "change")[-1]
+        assert ev.data["changes"][0]["after"] == {"id": 700, "name": "[redacted]"} and ev.data["table"] == "goods"
+    finally:
+        shaped.stop()
 
 
 def test_example_page_in_a_real_browser(pipe: Pipe, server: Server) -> None:
