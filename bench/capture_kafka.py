@@ -14,14 +14,19 @@ standalone (pipelines/devservices/debezium.py), all on this machine:
   2. snapshot  an N-row table of the same shape: `cdc snapshot` with `log: kafka` (copy
                plus publishing, until Kafka acknowledged) vs Debezium's initial snapshot
                of the same table (connector started, until its topic holds N records).
+  3. latency   commit-to-Kafka latency (p50/p99) of `cdc stream` at --rate single-row
+               transactions/s, next to pg_recvlogical over the same transactions, with the
+               publisher's old fixed 0.2 s poll and as shipped, and the CPU each uses while
+               idle (bench/kafkalatency.py).
 
 Debezium gets the settings our envelope mirrors (README "Type mapping"), transaction metadata
 on (as ours writes cuts), and a producer tuned as ours is (1 MB batches, 20 ms linger; larger
 Debezium queue/batches); its JVM start-up is reported separately ("after first record").
 The Kafka and Debezium plumbing is in bench/kafkapeer.py, the harness in bench/harness/.
 
-    .venv/bin/python bench/capture_kafka.py [--rows N] [--json out.json] [--keep] [--only stream|snapshot]
-                                            [--publisher-workers N]
+    .venv/bin/python bench/capture_kafka.py [--rows N] [--json out.json] [--keep] [--only stream|snapshot|latency]
+                                            [--publisher-workers N] [--rate 200] [--seconds 30]
+                                            [--idle-seconds 20]
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from harness.proc import Timed
 from harness.report import Report, fmt_int
 from harness.services import say
 from harness.workload import COLUMNS, ROW_EXPR, TXN_SIZE, insert_update, load_table
+from kafkalatency import latency
+from kafkalatency import report as latency_report
 from kafkapeer import DEBEZIUM_TUNING, DEBEZIUM_VERSION, Peer
 
 STREAM_TABLE = "public.bench_stream"
@@ -241,10 +248,12 @@ def summary(r: dict[str, Any]) -> Report:
             f"snapshot: cdc = {n['ratio_vs_debezium']:.2f}x Debezium from start ({n['ratio_vs_debezium_after_first']:.2f}x"
             f" excluding its JVM start-up; target 3x); rows per CPU second: {cpu_text(n['rows_per_cpu_s'])}"
         )
+    if r.get("latency"):
+        latency_report(rep, r["latency"])
     return rep
 
 
-PARTS = {"stream": stream, "snapshot": snapshot}
+PARTS = {"stream": stream, "snapshot": snapshot, "latency": latency}
 
 
 def body(b: Bench) -> Report:
@@ -276,6 +285,11 @@ def parser() -> argparse.ArgumentParser:
         "--publisher-workers",
         type=int,
         help="log.kafka.publisher_workers of our pipelines (default: the product's)",
+    )
+    p.add_argument("--rate", type=int, default=200, help="latency: transactions per second (default 200)")
+    p.add_argument("--seconds", type=float, default=30, help="latency: seconds of writes per mode (default 30)")
+    p.add_argument(
+        "--idle-seconds", type=float, default=20, help="latency: seconds without writes, for idle CPU (default 20)"
     )
     return p
 

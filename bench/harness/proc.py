@@ -213,3 +213,11 @@ def medians(runs: list[Timed], amount: float, rate_key: str) -> dict[str, float 
         "peak_rss_bytes": max(r.peak_rss_bytes or 0 for r in runs) or None,
         "runs_s": [r.wall_s for r in runs],
     }
+
+
+def live_tree_cpu_s(root: int) -> float:
+    """user+sys CPU seconds so far of a running process and its live descendants (a long-running
+    command sampled twice: what it spent between the samples, e.g. while idle)."""
+    seen: dict[int, int] = {}
+    _tree_ticks(root, seen)
+    return sum(seen.values()) / _TICK
