@@ -16,6 +16,7 @@ from typing import Any
 from kafka import TopicPartition
 
 from cdc.envelope import EnvelopeRenderer
+from cdc.ground.errors import LogError
 from cdc.ground.config import Pipeline
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableState
@@ -58,8 +59,8 @@ class KafkaAccess:
         consumer.seek(tp, after + 1)
         while consumer.position(tp) <= upto:
             batch = consumer.poll(timeout_ms=POLL_MS)
-            if not batch:
-                return
+            if not batch:  # never "read to upto" without the records: the caller retries (no gap)
+                raise LogError(f"Kafka topic {tp.topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {upto}")
             for records in batch.values():
                 for rec in records:
                     if rec.offset > upto:
