@@ -16,8 +16,8 @@ from typing import Any
 from kafka import TopicPartition
 
 from cdc.envelope import EnvelopeRenderer
-from cdc.ground.errors import LogError
 from cdc.ground.config import Pipeline
+from cdc.ground.errors import LogError
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableState
 from pipelines.serve.logview import Batch, Change, Txn
