@@ -278,6 +278,8 @@ def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
 def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     """Followers' engines set up to lose data (a Redis that may evict keys): FAIL lines, their count.
     An engine that cannot be reached is a note here (`cdc apply` reports it when it runs)."""
+    if not any(sink.redis is not None for sink in pipeline.sinks):
+        return 0  # sinks.cache imports its Spark sink (pyspark): only for a pipeline with Redis
     from sinks.cache.eviction import EVICTION_FIX, eviction_problem
     from sinks.cache.writer import connect as redis_connect
     from sinks.cache.writer import describe
