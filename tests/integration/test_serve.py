@@ -18,7 +18,7 @@ from pipelines.devservices.certs import issue, make_ca
 from tests.fixtures.browser import chromium
 from tests.fixtures.capture import Pipe, make_pipe, snapshot, start_stream, stop_stream
 from tests.fixtures.serve import OTHER_TOKEN, TOKEN, Server, initial_rows, module_database, sse, start_server
-from tests.harness import cdc, sql, write_pipeline
+from tests.harness import cdc, cdc_here, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -178,7 +178,7 @@ def test_status_lists_the_server_and_metrics_count(pipe: Pipe, server: Server) -
     assert 'pgcdc_serve_requests_refused_total{code="401",pipeline="test"}' in text
 
 
-def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_path: Path) -> None:
+def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ca = make_ca(tmp_path)
     cert, key = issue(tmp_path, "serve", "/CN=localhost", "IP:127.0.0.1,DNS:localhost")
     tls = start_server(pipe.file, "--tls-cert", str(cert), "--tls-key", str(key))
@@ -192,11 +192,14 @@ def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_pa
         out, err = tls.stop()
     assert tls.proc.returncode == 0, err  # SIGTERM is how a server is meant to stop
     assert TOKEN not in out + err and "Traceback" not in out + err
-    no_token = cdc("serve", pipe.file, "--port", "0", env={"CDC_SERVE_TOKENS": ""})
+    # the refusals come before anything is served: in this process (cdc_here), with the environment set here
+    monkeypatch.setenv("CDC_SERVE_TOKENS", "")
+    no_token = cdc_here("serve", pipe.file, "--port", "0")
     assert no_token.code == 2 and "no token" in no_token.err and "Traceback" not in no_token.err
-    busy = cdc("serve", pipe.file, "--port", server.url.rsplit(":", 1)[1], env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
+    monkeypatch.setenv("CDC_SERVE_TOKENS", f"{TOKEN}=*")
+    busy = cdc_here("serve", pipe.file, "--port", server.url.rsplit(":", 1)[1])
     assert busy.code == 2 and "cannot listen" in busy.err and TOKEN not in busy.out + busy.err
-    half = cdc("serve", pipe.file, "--tls-cert", str(cert), env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
+    half = cdc_here("serve", pipe.file, "--tls-cert", str(cert))
     assert half.code == 2 and "go together" in half.err
 
 
