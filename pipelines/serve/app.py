@@ -78,6 +78,7 @@ class Feeds:
         self.options = options
         self.states: OrderedDict[tuple[str, int], tuple[int, int, list[Change]]] = OrderedDict()
         self.keys: dict[str, tuple[str, ...]] = {}
+        self.computing: dict[tuple[str, int], asyncio.Future[list[Change]]] = {}
 
     # ---- auth ---------------------------------------------------------------------------------------
     def grant(self, request: Request) -> Grant | Response:
@@ -170,7 +171,14 @@ class Feeds:
             return 0, 0, 0, []
         key = (feed.name, cut.id)
         if key not in self.states:
-            rows = await asyncio.to_thread(access.state_at, self.hub.renderer, feed.shape, rng.base, rng.end)
+            # clients arriving together at one cut share one computation of its rows
+            task = self.computing.get(key)
+            if task is None:
+                task = self.computing[key] = asyncio.ensure_future(
+                    asyncio.to_thread(access.state_at, self.hub.renderer, feed.shape, rng.base, rng.end)
+                )
+                task.add_done_callback(lambda _t, k=key: self.computing.pop(k, None))
+            rows = await asyncio.shield(task)
             self.states[key] = (cut.lsn, rng.end, rows)
         self.states.move_to_end(key)
         while len(self.states) > self.options.states_cached:

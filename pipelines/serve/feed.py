@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.envelope import EnvelopeRenderer
+from cdc.ground.secrets import redact
 from cdc.ground.tables import TableName
 from pipelines.serve import metrics
 from pipelines.serve.logview import Access, Txn
@@ -157,9 +159,14 @@ class Hub:
         while True:
             try:
                 await self.poll()
+                if self.error is not None:
+                    print("cdc serve: reading the log works again", file=sys.stderr, flush=True)
                 self.error = None
-            except Exception as exc:  # a log read failed: say so on /healthz-like answers, try again
-                self.error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a log read failed: say so (once) and on /healthz, try again
+                error = redact(f"{type(exc).__name__}: {exc}")  # no password of a DSN or URL
+                if error != self.error:
+                    print(f"warning: cdc serve: reading the log failed, retrying: {error}", file=sys.stderr, flush=True)
+                self.error = error
             await asyncio.sleep(self.poll_s)
 
     async def poll(self) -> None:
