@@ -30,6 +30,12 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:500]
 
 
+def _reraise_ours(exc: BaseException) -> None:
+    """Ctrl-C and exits pass; pyo3 raises a Rust panic as PanicException, a BaseException."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+        raise exc
+
+
 def query_at_cut(
     base: str | Path, record: CutRecord, query: str, limit: int
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -47,7 +53,8 @@ def query_at_cut(
             dt = DeltaTable(table_dir(base, record, table), version=version)
             for name in names[table]:
                 qb.register(name, dt)
-    except Exception as exc:  # deltalake raises its own errors: a table feature it cannot read
+    except BaseException as exc:  # deltalake's own errors (a table feature it cannot read), a Rust panic
+        _reraise_ours(exc)
         raise DataFusionRefused(f"delta-rs cannot open the tables: {_first_line(exc)}") from None
     try:
         reader = pa.RecordBatchReader.from_stream(qb.execute(query))
@@ -59,7 +66,8 @@ def query_at_cut(
             if len(rows) >= limit:
                 return columns, rows[:limit]
         return columns, rows
-    except Exception as exc:  # planning and execution errors alike
+    except BaseException as exc:  # planning and execution errors alike (a Rust panic too)
+        _reraise_ours(exc)
         message = _first_line(exc)
         missing = "table '" in message and "' not found" in message
         raise DataFusionRefused(message, missing_table=missing) from None
