@@ -74,6 +74,8 @@ def serve(
     shapes = table_shapes(pipeline, sink_cfg, pipeline_tables(pipeline, sorted(cut.tables, key=str) if cut else []))
     metrics.PIPELINE.name = pipeline.name
     if example:
+        if not EXAMPLE.is_file():  # examples/ is in the source tree, not in an installed wheel
+            raise UsageError(f"--example: the page {EXAMPLE} is not here", "run cdc serve from a checkout of pgcdc, or leave out --example")
         options.example = EXAMPLE
     hub = Hub(access, shapes, pipeline.name, poll_s, ring)
     app = build_app(hub, grants, options)
