@@ -58,17 +58,30 @@ def catalog_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, str]
     return props | cat.properties
 
 
+SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
+
+
 def register(spark: SparkSession, config: SinkConfig, pipeline: Pipeline) -> str:
-    """Make the sink's catalog known to this session (idempotent); returns its name."""
+    """Make the sink's catalog known to this session; returns its name (the sink's: it is also the
+    catalog name Iceberg's JDBC catalog stores with every table, which pyiceberg must be given)."""
     name = config.name
     if config.settings.catalog.type == "sqlite":
         sqlite_file(config, pipeline).parent.mkdir(parents=True, exist_ok=True)
     key = f"spark.sql.catalog.{name}"
-    if spark.conf.get(key, None) is None:
-        for prop, value in catalog_properties(config, pipeline).items():
-            spark.conf.set(f"{key}.{prop}", value)
-        # last: the plugin loads with all its properties
-        spark.conf.set(key, "org.apache.iceberg.spark.SparkCatalog")
+    wanted = {f"{key}.{prop}": value for prop, value in catalog_properties(config, pipeline).items()}
+    had = {k: v for k, v in spark.conf.getAll.items() if k.startswith(f"{key}.")}
+    if spark.conf.get(key, None) == SPARK_CATALOG and had == wanted:
+        return name
+    loaded = spark.conf.get(key, None) is not None
+    for stale in had.keys() - wanted.keys():
+        spark.conf.unset(stale)
+    for prop, value in wanted.items():
+        spark.conf.set(prop, value)
+    spark.conf.set(key, SPARK_CATALOG)  # last: the plugin loads with all its properties
+    if loaded:
+        # the session knew this name with other settings (another pipeline file in this process, a
+        # test session): Spark keeps a loaded catalog, so its catalogs are loaded again on next use
+        spark._jsparkSession.sessionState().catalogManager().reset()
     return name
 
 

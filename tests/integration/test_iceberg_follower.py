@@ -1,8 +1,9 @@
 """The Iceberg follower (issue 39): a pipeline with an `iceberg` sink on the embedded SQLite
 catalog, snapshot + stream + apply over a composite-key table (numerics, numeric above 38 digits,
 timestamptz, jsonb, arrays, bytea, a TOASTed value left unchanged by an update, deletes, a key
-change) and a uuid-keyed table (truncate); read back with pyiceberg's SqlCatalog on the catalog
-file and with Polars `scan_iceberg` (not through the sink) and compared with the source, and
+change) and a uuid-keyed table (truncate), the latter followed a second time through Iceberg's JDBC
+catalog on the session's real PostgreSQL; read back with pyiceberg's SqlCatalog on the catalog
+file (and on PostgreSQL) and with Polars `scan_iceberg` (not through the sink) and compared with the source, and
 `cdc verify`; then a second cut with a column rename (metadata only: the field id stays) and an
 added column, crashed after its MERGE and applied again: the replay is skipped, no new snapshot.
 """
@@ -13,6 +14,7 @@ import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,6 +25,14 @@ from tests.harness import sql
 pytestmark = pytest.mark.integration
 
 SINK = {"name": "ice", "iceberg": {"warehouse": "ice"}}
+
+
+def pg_sink(dsn: str) -> dict[str, Any]:
+    """A second follower of `users` on Iceberg's JDBC catalog in the session's real PostgreSQL."""
+    url = urlsplit(dsn)
+    jdbc = {"type": "jdbc", "uri": f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}", "user": url.username}
+    catalog = jdbc | {"password": url.password}
+    return {"name": "icepg", "iceberg": {"warehouse": "icepg", "tables": ["public.users"], "catalog": catalog}}
 BIG = "repeat(md5(g::text), 200)"  # 6.4 kB, stored out of line (STORAGE EXTERNAL): a TOASTed value
 SETUP = (
     "CREATE TABLE items(region text, id int, amt numeric(12,3), big numeric(50,10), ts timestamptz, doc jsonb,"
@@ -79,14 +89,21 @@ def catalog(tmp_path: Path):
     return SqlCatalog("ice", uri=f"sqlite:///{lake / 'catalog.db'}", warehouse=f"file://{lake}")
 
 
+def pg_catalog(dsn: str):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog("icepg", uri=dsn.replace("postgresql://", "postgresql+psycopg2://", 1))
+
+
 def read_back(tmp_path: Path, dsn: str, tables: dict[str, tuple] = SOURCE) -> None:
-    """pyiceberg and Polars, not the sink, read each table: equal to the source."""
+    """pyiceberg and Polars, not the sink, read each table (and `users` of the PostgreSQL catalog):
+    equal to the source."""
     import polars as pl
 
     cat = catalog(tmp_path)
-    for name, (key, query, columns) in tables.items():
+    for name, (key, query, columns) in [*tables.items(), ("icepg", tables["public.users"])]:
         want = source(dsn, key, query, columns)
-        table = cat.load_table(name)
+        table = pg_catalog(dsn).load_table("public.users") if name == "icepg" else cat.load_table(name)
         got = keyed(table.scan().to_arrow().to_pylist(), key, columns)
         assert got == want, f"pyiceberg {name}: {got} != {want}"
         polars = keyed(pl.scan_iceberg(table).collect().to_dicts(), key, columns)
@@ -98,7 +115,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
 ) -> None:
     monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")  # Polars plans the scan with pyiceberg (no plugin here)
     sql(pg_db, *SETUP)
-    pipe = make_pipe(tmp_path, pg_db, ["public.items", "public.users"], sinks=[SINK])
+    pipe = make_pipe(tmp_path, pg_db, ["public.items", "public.users"], sinks=[SINK, pg_sink(pg_db)])
 
     # cut 1: the snapshot and the streamed changes in one apply
     snapshot(pipe)
@@ -134,7 +151,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
 
     _runs, lines = apply(pipe, spark)  # the replay of the same cut
     out = "\n".join(lines)
-    assert "public.users: already applied" in out and "public.items: already applied" in out, out
+    assert out.count("public.users: already applied") == 2 and "public.items: already applied" in out, out
     assert {t: len(catalog(tmp_path).load_table(t).snapshots()) for t in SOURCE} == snapshots
     renamed = (("id",), "SELECT id::text, full_name, n, score FROM users", ("id", "full_name", "n", "score"))
     read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
