@@ -362,6 +362,10 @@ def build_app(hub: Hub, grants: list[Grant], options: Options) -> Starlette:
         Route("/v1/tables/{name}/changes", feeds.changes),
         Route("/v1/tables/{name}/poll", feeds.poll),
         Route("/metrics", lambda request: Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)),
+        Route("/v1/views/{rest:path}", lambda request: _json(501, {
+            "error": "derived views are not served yet",
+            "fix": "follow the view with a sink (README Derived views), or serve its base tables",
+        })),
         Route("/healthz", lambda request: _json(200 if hub.error is None else 503, {"ok": hub.error is None, "error": hub.error})),
     ]
     if options.example is not None:

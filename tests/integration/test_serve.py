@@ -68,6 +68,7 @@ def test_auth_refused(server: Server) -> None:
     assert refused.status_code == 403 and "may not read" in refused.json()["error"]
     assert httpx.get(server.url + "/v1/tables/public.items/changes?from=0", timeout=10).status_code == 401
     assert server.get("/v1/tables", token=OTHER_TOKEN).json() == {"tables": []}
+    assert server.get("/v1/views/order_docs").status_code == 501  # said, not a silent 404
 
 
 def _insert_txns(dsn: str, first: int, count: int) -> None:
