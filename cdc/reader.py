@@ -56,6 +56,7 @@ from cdc.source import (
     slot_holder,
     slot_state,
     stream_application_name,
+    table_info,
 )
 from cdc.tablewatch import TableWatch, check_pipeline_source
 
@@ -278,7 +279,7 @@ class StreamReader:
             )  # new table or key changed (or gone since)
         missing = [k for k in key if k not in names]
         # a keyless table followed insert-only from the start (a table that loses its key still stops here)
-        positional = not key and table in self._insert_only
+        positional = not key and (table in self._insert_only or self._new_insert_only(conn, table))
         if (not key and not positional) or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
@@ -303,6 +304,15 @@ class StreamReader:
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
         self._rels[msg.relation_id] = _Rel(table, table_id, version, idx, max(idx, default=-1) + 1, positional)
+
+    def _new_insert_only(self, conn, table: TableName) -> bool:
+        """A keyless table that joined while streaming (`cdc snapshot --tables`): insert-only when the
+        log never had it with a key (rows keyed by content before cannot continue by position)."""
+        previous = self._previous_schema(table)
+        if (previous is not None and previous.key) or not table_info(conn, table).insert_only:
+            return False
+        self._insert_only.add(table)
+        return True
 
     # ---- DDL capture (cdc/ddl.py) -------------------------------------------------------------------
     def _check_ddl(self, conn, start: bool = False) -> None:

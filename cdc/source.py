@@ -769,8 +769,9 @@ def ensure_publication(
     (`filters`); insert-only (keyless) tables go into the insert-only publication instead.
     Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
     keyless = [t for t in tables if t.insert_only]
+    first = _publication_tables(conn, publication) is None
     added = _ensure(conn, publication, [t for t in tables if not t.insert_only], filters, "insert, update, delete, truncate")
-    if keyless:
+    if keyless or first:  # made with the first: a stream started before a keyless table joins reads it too
         added += _ensure(conn, insert_publication(publication), keyless, filters, "insert, truncate")
     return added
 

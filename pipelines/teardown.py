@@ -10,7 +10,7 @@ from cdc import ddl
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError
 from cdc.ground.tables import quote_ident
-from cdc.source import _slot, connect, slot_holder
+from cdc.source import _slot, connect, insert_publication, slot_holder
 from pipelines.ddl import remove as remove_ddl_capture
 from pipelines.teardown_data import find_topics, finish_topics, left_in_place, remove_captured
 
@@ -51,6 +51,12 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
             (pipeline.publication,),
         )
         publication = cur.fetchone()
+        inserts = insert_publication(pipeline.publication)  # keyless tables' (README "Tables without a primary key")
+        cur.execute(
+            "SELECT pg_get_userbyid(pubowner), pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s",
+            (inserts,),
+        )
+        inserts_pub = cur.fetchone()
     slot = _slot(conn, pipeline.slot)
     problems: list[tuple[str, str]] = []
     if slot is not None and slot[2] is not None:
@@ -70,6 +76,13 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
                 f"ask {publication[0]} (or a superuser) to run {drop_pub}",
             )
         )
+    if inserts_pub is not None and not inserts_pub[1]:
+        problems.append(
+            (
+                f"role {user} cannot drop publication {inserts} (owned by {inserts_pub[0]})",
+                f"ask {inserts_pub[0]} (or a superuser) to run DROP PUBLICATION {quote_ident(inserts)};",
+            )
+        )
     if problems:
         raise SourceError(
             "nothing was changed: " + "; ".join(p for p, _ in problems),
@@ -81,6 +94,9 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
         if publication is not None:
             cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pipeline.publication)))
             say(f"dropped publication {pipeline.publication}")
+        if inserts_pub is not None:
+            cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(inserts)))
+            say(f"dropped publication {inserts}")
         if slot is not None:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
             say(f"dropped replication slot {pipeline.slot}")

@@ -32,7 +32,14 @@ from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
 from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
-from cdc.source import _slot, connect, ensure_publication, resolve_tables
+from cdc.source import (
+    _slot,
+    connect,
+    ensure_publication,
+    insert_publication,
+    publication_names,
+    resolve_tables,
+)
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 from snapshot.chunked import ChunkedSnapshot, ChunkedTable, orderable_key, stream_covers
 from snapshot.chunks import plan_chunks
@@ -182,6 +189,7 @@ def run_snapshot(
                 return result
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table
+            _no_unread_publication(conn, pipeline, [info[t] for t in targets])
             try:
                 added = ensure_publication(
                     conn, pipeline.publication, [info[t] for t in all_tables], report.filters
@@ -370,6 +378,22 @@ def _copy_tables(
         pool.join()
     result.rows = rows
     return result
+
+
+def _no_unread_publication(conn, pipeline: Pipeline, tables: list) -> None:
+    """A keyless table's first snapshot creates the insert-only publication; a `cdc stream` already
+    running does not read it (its publication_names are fixed when it starts) and would acknowledge
+    the table's inserts unseen: refused while the slot is in use."""
+    inserts = insert_publication(pipeline.publication)
+    if not any(t.insert_only for t in tables) or publication_names(conn, pipeline.publication) != pipeline.publication:
+        return
+    slot = _slot(conn, pipeline.slot)
+    if slot is not None and slot[2] is not None:
+        raise SourceError(
+            f"{', '.join(str(t.table) for t in tables if t.insert_only)} has no primary key and goes into the new "
+            f"publication {inserts}, which the `cdc stream` running now does not read",
+            "stop the running `cdc stream` / `cdc run`, run this snapshot, then start it again",
+        )
 
 
 def _chunked_tables(
