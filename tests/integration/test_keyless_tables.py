@@ -134,3 +134,30 @@ def test_pgbench_tpcb_with_history(pg_any: LocalPostgres, pg_any_db: str, tmp_pa
     lake = DeltaTable(str(delta_dir(pipe, "public.pgbench_history"))).to_pyarrow_table().to_pylist()
     assert (len(lake), sum(r["delta"] for r in lake)) == source
     verified(pipe, spark)
+
+
+def test_validate_refuses_what_would_break_the_application(pg_db: str, tmp_path: Path) -> None:
+    """A keyless table already in a publication that publishes updates (PostgreSQL then refuses the
+    application's UPDATE): refused with the statement that fixes it, which works as printed; a keyless
+    REPLICA IDENTITY FULL table: refused (not followed yet), with the ways out."""
+    sql(
+        pg_db,
+        "CREATE TABLE ev(at int, what text)",
+        "CREATE TABLE full_ev(at int, what text)",
+        "ALTER TABLE full_ev REPLICA IDENTITY FULL",
+        "CREATE PUBLICATION cdc_test FOR TABLE ev",
+    )
+    with pytest.raises(Exception, match="does not have a replica identity"):
+        sql(pg_db, "UPDATE ev SET what = 'x'")  # what the tool must never set up
+    pipe = make_pipe(tmp_path, pg_db, ["public.ev", "public.full_ev"])
+    run = cdc_here("validate", pipe.file)
+    assert run.code == 3, run.out + run.err
+    assert "table public.ev has no primary key and is in publication cdc_test, which publishes updates" in run.out, run.out
+    assert "fix: run ALTER PUBLICATION cdc_test DROP TABLE public.ev;" in run.out, run.out
+    assert "table public.full_ev has no primary key (REPLICA IDENTITY FULL" in run.out, run.out
+    assert "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;" in run.out, run.out
+    sql(pg_db, "ALTER PUBLICATION cdc_test DROP TABLE public.ev;", "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;")
+    run = cdc_here("validate", pipe.file)
+    assert run.code == 0, run.out + run.err
+    snapshot(pipe)
+    sql(pg_db, "UPDATE ev SET what = 'x'", "DELETE FROM full_ev")  # the application's writes work
