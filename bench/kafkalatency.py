@@ -141,6 +141,17 @@ def start_stream(b: Bench, pipeline, name: str, extra_env: dict[str, str]) -> su
     return proc
 
 
+def warm_up(b: Bench, key: int, seen: Seen, timeout: float = 120) -> None:
+    """One row through the whole path before the timed writes: `cdc stream` is up once its slot
+    is active, but its publisher child may still be starting (seconds on a busy machine)."""
+    b.sql(f"INSERT INTO {TABLE} VALUES ({key}, 'warm-up')")
+    deadline = time.monotonic() + timeout
+    while key not in seen.at:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm-up row {key} did not reach Kafka within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
 def stop_stream(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
@@ -184,6 +195,7 @@ def latency(b: Bench, peer: Peer) -> None:
             peer.sync_load(f"before cdc stream, {mode}")
             proc = start_stream(b, pipeline, f"klat_stream_{i}", env)
             try:
+                warm_up(b, -1 - i, topic_seen)  # the publisher child started and publishing: not timed
                 committed = write_paced(b.dsn, first, args.rate, args.seconds)
                 first += len(committed)
                 ours, missing = latencies_ms(committed, topic_seen)
