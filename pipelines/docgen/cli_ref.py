@@ -6,7 +6,7 @@ import inspect
 
 import click
 
-from pipelines.docgen import header
+from pipelines.docgen.common import header
 
 
 def _cell(text: str) -> str:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from pipelines.docgen import header
+from pipelines.docgen.common import header
 
 
 def _cell(text: str) -> str:

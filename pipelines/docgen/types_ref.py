@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from pipelines.docgen import header
+from pipelines.docgen.common import header
 
 
 def _example(ex) -> str:
