@@ -311,9 +311,11 @@ class DeltaSink(_ShapedSink):
     # Table features (README "Reading the lake"): every feature a table takes on costs readers.
     column_mapping: Literal["auto", "name"] = Field(
         default="auto",
-        description="auto: column mapping only for a table with a column name plain Delta cannot hold "
-        "(one of ' ,;{}()=', tab, newline); name: every table this sink creates (renames are metadata "
-        "only, but delta-rs and Polars cannot read such tables)",
+        description="auto: no column mapping; a column name plain Delta cannot hold (one of ' ,;{}()=', "
+        "tab, newline) is stored encoded (`a b` -> `a_x0020_b`, the source name in the column's comment), so "
+        "every reader reads the table; name: column mapping on every table this sink creates (renames are "
+        "metadata only; delta-rs's Arrow path and Polars refuse such tables, its DataFusion reader and Spark "
+        "read them)",
     )
     on_type_change: Literal["rewrite", "widen", "stop"] = Field(
         default="rewrite",

@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from pipelines.views.deltalog import data_changed
 from pipelines.views.sql import q
 from pipelines.views.state import base_path
+from sinks.delta.names import decoded, source_name
 from sinks.delta.paths import table_path
 
 if TYPE_CHECKING:
@@ -64,13 +65,16 @@ class BaseTables:
         name = str(table)
         if name not in self._latest:
             schema = DeltaTable.forPath(self.spark, self.path(table)).toDF().schema
-            self._latest[name] = {f.name: f.dataType for f in schema.fields}
+            self._latest[name] = {source_name(f.name, f.metadata): f.dataType for f in schema.fields}
         return self._latest[name].get(column, T.StringType())
 
     def frame(self, table: TableName, version: int) -> DataFrame:
         key = (str(table), version)
         if key not in self._frames:
-            df = self.spark.read.format("delta").option("versionAsOf", version).load(self.path(table))
+            # the base follower stores a name plain Delta cannot hold encoded (sinks/delta/names.py)
+            df = decoded(
+                self.spark.read.format("delta").option("versionAsOf", version).load(self.path(table))
+            )
             self._frames[key] = df.select(*self._columns(df, table))
         return self._frames[key]
 
@@ -93,7 +97,7 @@ class BaseTables:
                 .option("endingVersion", v1)
                 .load(self.path(table))
             )
-            feed.schema  # noqa: B018 - analysed here: a range without change data fails now
+            feed = decoded(feed)  # analysed here: a range without change data fails now
         except Exception as exc:
             raise NoChangeData(
                 f"base table {table} has no change data feed across versions {v0 + 1}..{v1}"

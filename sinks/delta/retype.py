@@ -20,11 +20,14 @@ table over from a new base, every row the table holds is replaced or ended anywa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, NetChanges
+from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
 
 
@@ -46,7 +49,7 @@ def rebuild_scd1(
     path: str,
     current: dict[str, T.DataType],
     rename: list[tuple[str, str]],
-    batch: TableBatch,
+    batch: DeltaBatch,
     changes: NetChanges,
     cut_id: int,
     app_id: str,
@@ -58,7 +61,8 @@ def rebuild_scd1(
     wanted = {n for n, _t in source + meta}
     kept = [(n, t) for n, t in current.items() if n not in wanted and n not in renamed_from]
     rows = changes.df.filter(F.col("_cdc_op") != "d").select(
-        *(F.col(q(n)).cast(t).alias(n) for n, t in source + meta),
+        # an encoded name keeps its comment (sinks/delta/names.py): a cast drops column metadata
+        *(F.col(q(n)).cast(t).alias(n, metadata=batch.metadata(n)) for n, t in source + meta),
         *(F.lit(None).cast(t).alias(n) for n, t in kept),
     )
     rows = rows.persist()
@@ -76,7 +80,7 @@ def end_history(
     path: str,
     rename: list[tuple[str, str]],
     replace: list[tuple[str, T.DataType, T.DataType]],
-    batch: TableBatch,
+    batch: DeltaBatch,
     changes: NetChanges,
 ) -> None:
     """SCD2: end the versions older than the base and retype the columns, in one commit."""
@@ -92,36 +96,51 @@ def end_history(
     for f in table.schema.fields:
         name = new_names.get(f.name, f.name)
         col = F.col(q(f.name))
+        meta = batch.metadata(name)
         if name in retyped:
             archive.append(col.alias(archive_name(name, base)))
-            out.append(F.lit(None).cast(retyped[name]).alias(name))
+            out.append(F.lit(None).cast(retyped[name]).alias(name, metadata=meta))
         elif f.name == "_cdc_end_lsn":
             out.append(F.when(older, F.lit(base)).otherwise(col).alias(f.name))
         elif f.name == "_cdc_end_ts":
             ended = F.lit(began).cast(T.TimestampType()) if began is not None else F.current_timestamp()
             out.append(F.when(older, ended).otherwise(col).alias(f.name))
         elif name in wanted and wanted[name] != f.dataType:
-            out.append(col.cast(wanted[name]).alias(name))  # a widening (exact)
+            out.append(col.cast(wanted[name]).alias(name, metadata=meta))  # a widening (exact)
+        elif f.name != name:
+            out.append(col.alias(name, metadata=meta))
         else:
             out.append(col.alias(name))
     have = {new_names.get(f.name, f.name) for f in table.schema.fields}
-    added = [F.lit(None).cast(t).alias(n) for n, t in wanted.items() if n not in have]
+    added = [
+        F.lit(None).cast(t).alias(n, metadata=batch.metadata(n)) for n, t in wanted.items() if n not in have
+    ]
     _overwrite(table.select(*out, *added, *archive), path)
 
 
 def rewrite_columns(
-    spark: SparkSession, path: str, rename: list[tuple[str, str]], retype: dict[str, T.DataType]
+    spark: SparkSession,
+    path: str,
+    rename: list[tuple[str, str]],
+    retype: dict[str, T.DataType],
+    metadata: Callable[[str], dict[str, str]],
 ) -> None:
     """Rename and/or widen columns by rewriting the table in one commit (`overwriteSchema`), for
     tables without column mapping or type widening: no table feature is taken on, so every
     reader keeps the table (README "Reading the lake"). Every row is kept (SCD2: history too);
     `retype` (by the column's new name) holds widenings only, so each cast is exact. The table's
-    properties (the follower's marker) and its Delta txn versions stay as they are."""
+    properties (the follower's marker) and its Delta txn versions stay as they are. A renamed or
+    retyped column takes `metadata(new name)` (an encoded name's comment, sinks/delta/names.py)."""
     table = spark.read.format("delta").load(path)
     new_names = dict(rename)  # old name -> new name
     out = []
     for f in table.schema.fields:
         name = new_names.get(f.name, f.name)
         col = F.col(q(f.name))
-        out.append((col.cast(retype[name]) if name in retype else col).alias(name))
+        if name in retype or name != f.name:
+            out.append(
+                (col.cast(retype[name]) if name in retype else col).alias(name, metadata=metadata(name))
+            )
+        else:
+            out.append(col.alias(name))
     _overwrite(table.select(*out), path)

@@ -22,7 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.changes import NetChanges, TableBatch
+from sinks.changes import NetChanges
+from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
 
 SCD2_COLUMNS = {"_cdc_start_lsn": T.LongType(), "_cdc_end_lsn": T.LongType(), "_cdc_end_ts": T.TimestampType()}
@@ -68,7 +69,7 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
 
 
 def apply_scd2(
-    spark: SparkSession, target: DeltaTable, batch: TableBatch, versions: NetChanges, cut_id: int, app_id: str, fresh: bool
+    spark: SparkSession, target: DeltaTable, batch: DeltaBatch, versions: NetChanges, cut_id: int, app_id: str, fresh: bool
 ) -> dict[str, int]:
     keys = batch.key_columns
     columns = [f.name for f in batch.spark_schema.fields]

@@ -16,12 +16,15 @@
   the table over from a new base (a re-base): then the table takes the new type
   (sinks/delta/retype.py). A renamed source column (same attnum) is renamed in the Delta table
   too: metadata only on a table with column mapping, else by rewriting the table in one commit.
+* Column names (sinks/delta/names.py): on a table without column mapping a name plain Delta
+  cannot hold is stored encoded (`unit price` -> `unit_x0020_price`, the source name in the
+  column's comment); the batch is translated to stored names once (sinks/delta/batch.py).
   Dropped source columns stay in the Delta table with the last value the source had; rows
   written after the drop keep theirs (updates) or get NULL (inserts).
 * Table features (sinks/delta/features.py): a table is created at the lowest protocol its data
-  allows; column mapping only for a column name plain Delta cannot hold (or `column_mapping:
-  name`), type widening only at the first widening with `on_type_change: widen`. Tables made by
-  earlier versions (both on) keep them.
+  allows; column mapping only with `column_mapping: name` (listing its reader features, so
+  readers without column mapping refuse it), type widening only at the first widening with
+  `on_type_change: widen`. Tables made by earlier versions keep them.
 * Cuts (sinks/delta/cuts.py): after a cut's rows and markers, every table's Delta version is
   recorded in `<path>/_cdc_cuts`, so readers can read all tables as of one cut.
 * Writes retry a commit that lost a Delta conflict with `cdc maintain` (sinks/delta/conflicts.py).
@@ -41,23 +44,25 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.delta.batch import DeltaBatch
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import forget_table, record_cut, table_version
 from sinks.delta.features import (
     COLUMN_MAPPING,
+    LIST_READER_FEATURES,
     LOST_READERS,
     TYPE_WIDENING,
     has_column_mapping,
     has_type_widening,
     set_properties_sql,
-    unsafe_names,
 )
 from sinks.delta.idempotent import follower_write
 from sinks.delta.logfiles import is_delta_table, table_properties
+from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
-from sinks.delta.snapshot import table_property
+from sinks.delta.snapshot import reader_protocol, table_property
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -66,6 +71,14 @@ MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
 def q(name: str) -> str:
     """Backtick-quote an identifier for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def comment_sql(metadata: dict) -> str:
+    """` COMMENT '...'` for a column whose metadata has a comment (an encoded name's source)."""
+    comment = metadata.get("comment")
+    if not comment:
+        return ""
+    return " COMMENT '" + comment.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _widenable(old: T.DataType, new: T.DataType) -> bool:
@@ -83,6 +96,9 @@ def _widenable(old: T.DataType, new: T.DataType) -> bool:
 @dataclass
 class _Evolution:
     path: str
+    batch: DeltaBatch
+    # a table with column mapping at reader version 2, which delta-rs's Arrow path mis-reads
+    unlisted: bool = False
     create: T.StructType | None = None
     add: list[T.StructField] = field(default_factory=list)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
@@ -165,16 +181,35 @@ class DeltaSink(Sink):
         meta = {m: META_TYPES[m] for m in META_COLUMNS}
         return meta | SCD2_COLUMNS if self.scd2 else meta
 
-    def _plan(self, batch: TableBatch) -> _Evolution:
-        path = self.path_of(batch.table)
+    def _names(self, path: str, schema: T.StructType | None = None) -> ColumnNames:
+        """How the table stores column names: its columns as they are stored; new ones as they are
+        with column mapping (an existing table that has it, or a new one with `column_mapping:
+        name`), else encoded (sinks/delta/names.py)."""
+        if not self._exists(path):
+            return ColumnNames(mapped=self.settings.column_mapping == "name")
+        mode = table_property(self.spark, path, "delta.columnMapping.mode")
+        if schema is None:
+            schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        return ColumnNames.of_table(mode not in (None, "none"), schema)
+
+    def _plan(self, source: TableBatch) -> _Evolution:
+        path = self.path_of(source.table)
+        exists = self._exists(path)
+        schema = DeltaTable.forPath(self.spark, path).toDF().schema if exists else None
+        names = self._names(path, schema)
+        batch = DeltaBatch(source, names)
         meta = self._meta()
         wanted = T.StructType(
             list(batch.spark_schema.fields) + [T.StructField(m, t) for m, t in meta.items()]
         )
-        if not self._exists(path):
-            return _Evolution(path, create=wanted)
-        current = {f.name: f.dataType for f in DeltaTable.forPath(self.spark, path).toDF().schema.fields}
-        plan = _Evolution(path, current=dict(current))
+        sources = [*source.schema.column_names, *meta]
+        if schema is None:
+            names.check(str(batch.table), path, sources, {})
+            return _Evolution(path, batch, create=wanted)
+        current = {f.name: f.dataType for f in schema.fields}
+        have = source_names(schema)  # stored name -> source name
+        plan = _Evolution(path, batch, current=dict(current))
+        plan.unlisted = names.mapped and reader_protocol(self.spark, path)[0] < 3
         for (
             f
         ) in wanted.fields:  # a renamed source column: the follower renames its own (a metadata-only change)
@@ -186,6 +221,9 @@ class DeltaSink(Sink):
             if old is not None:
                 plan.rename.append((old, f.name))
                 current[f.name] = current.pop(old)
+                have.pop(old, None)
+                have[f.name] = batch.source_name(f.name)
+        names.check(str(batch.table), path, sources, have)
         for f in wanted.fields:
             have = current.get(f.name)
             if have is None:
@@ -224,47 +262,53 @@ class DeltaSink(Sink):
 
     def prepare(self, batches: list[TableBatch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
-        batch_by_path = {self.path_of(b.table): b for b in batches}
         self._created: set[str] = set()
         self._replaced: dict[str, _Evolution] = {p.path: p for p in plans if p.replace}
+        self._batches: dict[str, DeltaBatch] = {p.path: p.batch for p in plans}
         for plan in plans:
+            if plan.unlisted:
+                self._list_reader_features(plan)
             if plan.replace:
                 continue  # renames, adds and widenings are part of the table's rewrite in apply
             if plan.create is not None:
                 self._created.add(plan.path)
-                self._create(plan, batch_by_path[plan.path])
+                self._create(plan, plan.batch)
                 continue
-            self._evolve(plan, batch_by_path[plan.path])
+            self._evolve(plan, plan.batch)
 
-    def _create(self, plan: _Evolution, batch: TableBatch) -> None:
+    def _list_reader_features(self, plan: _Evolution) -> None:
+        """A table with column mapping at Delta's legacy reader version 2 (made by an earlier
+        version): delta-rs's Arrow path reads it and returns NULL for renamed columns. Listing its
+        reader features makes it refuse the table instead (sinks/delta/features.py)."""
+        self.spark.sql(set_properties_sql(f"delta.{q(plan.path)}", LIST_READER_FEATURES))
+        self.say(
+            f"sink {self.name}: {plan.batch.table}: the Delta table has column mapping; it now lists its reader "
+            f"features (reader version 3), so readers without column mapping refuse it instead of reading NULLs: "
+            f"{LOST_READERS['columnMapping']}"
+        )
+
+    def _create(self, plan: _Evolution, batch: DeltaBatch) -> None:
         """A new table at the lowest protocol its columns allow (sinks/delta/features.py)."""
         assert plan.create is not None
         properties: dict[str, str] = {}
-        unsafe = unsafe_names(f.name for f in plan.create.fields)
-        if unsafe or self.settings.column_mapping == "name":
+        if self.settings.column_mapping == "name":
             properties |= COLUMN_MAPPING
-        if unsafe:
-            self._say_feature(batch, "columnMapping", f"column name(s) plain Delta cannot hold: {unsafe}")
+            self._say_feature(batch, "columnMapping", "column_mapping: name")
         builder = DeltaTable.createIfNotExists(self.spark).location(plan.path)
         for f in plan.create.fields:
-            builder = builder.addColumn(f.name, f.dataType, nullable=True)
+            builder = builder.addColumn(f.name, f.dataType, nullable=True, comment=f.metadata.get("comment"))
         for key, value in properties.items():
             builder = builder.property(key, value)
         builder.execute()
 
-    def _evolve(self, plan: _Evolution, batch: TableBatch) -> None:
+    def _evolve(self, plan: _Evolution, batch: DeltaBatch) -> None:
         """Renames, new columns and widenings of an existing table, taking on a table feature only
         when the table has it already or nothing else does (README "Reading the lake")."""
         if not (plan.rename or plan.add or plan.widen):
             return
         target = f"delta.{q(plan.path)}"
         properties = DeltaTable.forPath(self.spark, plan.path).detail().first()["properties"]
-        mapped = has_column_mapping(properties)
-        unsafe = unsafe_names([new for _old, new in plan.rename] + [f.name for f in plan.add])
-        if unsafe and not mapped:
-            self.spark.sql(set_properties_sql(target, COLUMN_MAPPING))
-            mapped = True
-            self._say_feature(batch, "columnMapping", f"column name(s) plain Delta cannot hold: {unsafe}")
+        mapped = has_column_mapping(properties)  # else names plain Delta cannot hold come encoded
         # widen in place on a table that has type widening already (made by an earlier version):
         # no reader loses anything more, and it costs no rewrite
         in_place = bool(plan.widen) and (
@@ -273,7 +317,7 @@ class DeltaSink(Sink):
         retype = {} if in_place else dict(plan.widen)
         renames = [] if mapped else plan.rename
         if renames or retype:
-            rewrite_columns(self.spark, plan.path, renames, retype)
+            rewrite_columns(self.spark, plan.path, renames, retype, batch.metadata)
             what = [f"{o!r} renamed to {n!r}" for o, n in renames]
             what += [f"{n!r} {plan.was[n].simpleString()} -> {t.simpleString()}" for n, t in retype.items()]
             self.say(f"sink {self.name}: {batch.table}: table rewritten in one commit ({'; '.join(what)})")
@@ -281,7 +325,9 @@ class DeltaSink(Sink):
             for old, new in plan.rename:  # metadata only
                 self.spark.sql(f"ALTER TABLE {target} RENAME COLUMN {q(old)} TO {q(new)}")
         if plan.add:
-            cols = ", ".join(f"{q(f.name)} {f.dataType.simpleString()}" for f in plan.add)
+            cols = ", ".join(
+                f"{q(f.name)} {f.dataType.simpleString()}{comment_sql(f.metadata)}" for f in plan.add
+            )
             self.spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({cols})")
             self._backfill_defaults(plan, batch)
         if in_place:
@@ -294,13 +340,13 @@ class DeltaSink(Sink):
             for name, dtype in plan.widen:
                 self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
 
-    def _say_feature(self, batch: TableBatch, feature: str, why: str) -> None:
+    def _say_feature(self, batch: DeltaBatch, feature: str, why: str) -> None:
         self.say(
             f"sink {self.name}: {batch.table}: the Delta table takes on table feature {feature} ({why}): "
             f"{LOST_READERS[feature]}"
         )
 
-    def _backfill_defaults(self, plan: _Evolution, batch: TableBatch) -> None:
+    def _backfill_defaults(self, plan: _Evolution, batch: DeltaBatch) -> None:
         """ADD COLUMN ... DEFAULT gave every existing source row the default without a change
         event: rows the follower last wrote before the column appeared get it too."""
         table = DeltaTable.forPath(self.spark, plan.path)
@@ -322,9 +368,12 @@ class DeltaSink(Sink):
     def wants_versions(self) -> bool:
         return self.scd2
 
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
-        path = self.path_of(batch.table)
-        stats = ApplyStats(str(batch.table))
+    def apply(self, source: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+        path = self.path_of(source.table)
+        stats = ApplyStats(str(source.table))
+        # the batch with the columns named as the table stores them (sinks/delta/batch.py)
+        batch = getattr(self, "_batches", {}).get(path) or DeltaBatch(source, self._names(path))
+        changes = batch.changes(changes)
         fresh = path in getattr(self, "_created", set())
         replace = getattr(self, "_replaced", {}).get(path)
         if replace is not None and not self.scd2:
@@ -363,7 +412,7 @@ class DeltaSink(Sink):
             stats.deleted = int(metrics["num_deleted_rows"])
         return stats
 
-    def _merge(self, target: DeltaTable, batch: TableBatch, changes: NetChanges, cut_id: int):
+    def _merge(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
         newer = f"NOT {self._older_than_cols()}"
         columns = [f.name for f in batch.spark_schema.fields]
@@ -399,5 +448,5 @@ class DeltaSink(Sink):
         path = self.path_of(table)
         if not self._exists(path):
             return None
-        rows = self.spark.read.format("delta").load(path)
+        rows = decoded(self.spark.read.format("delta").load(path))  # under the source's column names
         return rows.filter(F.col("_cdc_end_lsn").isNull()) if self.scd2 else rows

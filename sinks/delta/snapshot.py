@@ -40,3 +40,15 @@ def table_property(spark: SparkSession, path: str, key: str) -> str | None:
     """One table property of the latest version (None: not set)."""
     found = latest_snapshot(spark, path).metadata().configuration().get(key)
     return found.get() if found.isDefined() else None
+
+
+def reader_protocol(spark: SparkSession, path: str) -> tuple[int, set[str]]:
+    """The table's minimum reader version and its explicit reader features (empty below version 3)."""
+    protocol = latest_snapshot(spark, path).protocol()
+    features = protocol.readerFeatures()
+    names = set()
+    if features.isDefined():
+        it = features.get().iterator()
+        while it.hasNext():
+            names.add(str(it.next()))
+    return int(protocol.minReaderVersion()), names
