@@ -30,9 +30,18 @@ SINK = {"name": "ice", "iceberg": {"warehouse": "ice"}}
 def pg_sink(dsn: str) -> dict[str, Any]:
     """A second follower of `users` on Iceberg's JDBC catalog in the session's real PostgreSQL."""
     url = urlsplit(dsn)
-    jdbc = {"type": "jdbc", "uri": f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}", "user": url.username}
+    jdbc = {
+        "type": "jdbc",
+        "uri": f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}",
+        "user": url.username,
+    }
     catalog = jdbc | {"password": url.password}
-    return {"name": "icepg", "iceberg": {"warehouse": "icepg", "tables": ["public.users"], "catalog": catalog}}
+    return {
+        "name": "icepg",
+        "iceberg": {"warehouse": "icepg", "tables": ["public.users"], "catalog": catalog},
+    }
+
+
 BIG = "repeat(md5(g::text), 200)"  # 6.4 kB, stored out of line (STORAGE EXTERNAL): a TOASTed value
 SETUP = (
     "CREATE TABLE items(region text, id int, amt numeric(12,3), big numeric(50,10), ts timestamptz, doc jsonb,"
@@ -113,7 +122,9 @@ def read_back(tmp_path: Path, dsn: str, tables: dict[str, tuple] = SOURCE) -> No
 def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     pg_db: str, tmp_path: Path, spark, monkeypatch
 ) -> None:
-    monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")  # Polars plans the scan with pyiceberg (no plugin here)
+    monkeypatch.setenv(
+        "POLARS_ICEBERG_PLANNER", "pyiceberg"
+    )  # Polars plans the scan with pyiceberg (no plugin here)
     sql(pg_db, *SETUP)
     pipe = make_pipe(tmp_path, pg_db, ["public.items", "public.users"], sinks=[SINK, pg_sink(pg_db)])
 
@@ -146,8 +157,12 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     monkeypatch.delenv("CDC_FAULT")
     users = catalog(tmp_path).load_table("public.users")
     # merge-on-read: the one-row MERGE into items wrote a position-delete file and rewrote no data file
-    merged = dict(catalog(tmp_path).load_table("public.items").current_snapshot().summary.additional_properties)
-    assert int(merged.get("added-position-delete-files", 0)) == 1 and "deleted-data-files" not in merged, merged
+    merged = dict(
+        catalog(tmp_path).load_table("public.items").current_snapshot().summary.additional_properties
+    )
+    assert int(merged.get("added-position-delete-files", 0)) == 1 and "deleted-data-files" not in merged, (
+        merged
+    )
     assert users.schema().find_field("full_name").field_id == field_id  # a rename is metadata
     snapshots = {t: len(catalog(tmp_path).load_table(t).snapshots()) for t in SOURCE}
 

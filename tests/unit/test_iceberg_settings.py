@@ -44,11 +44,15 @@ def test_default_catalog_is_a_sqlite_file_next_to_the_lake_that_pyiceberg_reads(
 
 def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> None:
     jdbc = {"type": "jdbc", "uri": "jdbc:postgresql://127.0.0.1/cat", "user": "u", "password": "pw"}
-    pipeline = _pipeline({"warehouse": "s3://bucket/lake", "catalog": jdbc | {"properties": {"s3.endpoint": "x"}}}, tmp_path)
+    pipeline = _pipeline(
+        {"warehouse": "s3://bucket/lake", "catalog": jdbc | {"properties": {"s3.endpoint": "x"}}}, tmp_path
+    )
     props = catalog_properties(pipeline.sinks[0], pipeline)
     assert props["uri"] == jdbc["uri"] and props["jdbc.user"] == "u" and props["jdbc.password"] == "pw"
     assert props["warehouse"] == "s3://bucket/lake" and props["s3.endpoint"] == "x"
-    rest = _pipeline({"warehouse": "lake", "catalog": {"type": "rest", "uri": "http://127.0.0.1:8181"}}, tmp_path)
+    rest = _pipeline(
+        {"warehouse": "lake", "catalog": {"type": "rest", "uri": "http://127.0.0.1:8181"}}, tmp_path
+    )
     assert catalog_properties(rest.sinks[0], rest)["type"] == "rest"
 
 
@@ -57,7 +61,11 @@ def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> N
     [
         ({"warehouse": "w", "catalog": {"type": "jdbc"}}, {}, "needs `uri`"),
         ({"warehouse": "w", "catalog": {"uri": "jdbc:sqlite:x"}}, {}, "give no `uri`"),
-        ({"warehouse": "w", "catalog": {"type": "rest", "uri": "http://h", "user": "u"}}, {}, "for catalog type jdbc"),
+        (
+            {"warehouse": "w", "catalog": {"type": "rest", "uri": "http://h", "user": "u"}},
+            {},
+            "for catalog type jdbc",
+        ),
         ({"warehouse": "w", "views": ["v"]}, {}, "not supported yet"),
         ({"warehouse": "w"}, {"dropped_columns": "null"}, "iceberg: not yet"),
         ({"warehouse": "w", "write_mode": "fast"}, {}, "write_mode"),
