@@ -1,8 +1,8 @@
 """What a keyless (insert-only) table can be followed by (README "Tables without a primary key").
 
 Its rows are keyed in the log by their position (commit LSN, sequence), which only a follower that
-appends can use: a Delta table. The cache and the search index keep one entry per key of the row's
-own; the Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does
+appends can use: a Delta table, a search index (the position is the document id). The cache keeps
+one entry per key of the row's own, looked up by it; the Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does
 not have, so a compacted topic would keep one row of it. Those are refused before anything starts.
 """
 
@@ -40,7 +40,7 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
                     )
                 )
             continue
-        if sink.kind == "delta":
+        if sink.kind in ("delta", "search"):  # search: the position is the document id
             continue
         for table in sink_tables(sink, keyless):
             problems.append(

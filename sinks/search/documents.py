@@ -473,7 +473,8 @@ def write_frame(spark: SparkSession, batch: TableBatch, changes: NetChanges) -> 
         str(batch.table),
         tuple(names),
         tuple(f.dataType for f in schema.fields),
-        tuple(names.index(k) for k in batch.key_columns),
+        # a keyless (insert-only) table's document id is its position: the row's lsn and seq
+        tuple(names.index(k) for k in batch.schema.key) or (len(names), len(names) + 1),
         tuple(flags),
     )
     return changes.df.select(*cols), layout
@@ -521,7 +522,7 @@ class Row:
         self.version = 2 * self.lsn + (1 if self.seq > 0 else 0)  # version(lsn, seq), inlined: hot path
         key = []
         for i in layout.key:
-            value, enc = raw[i], codecs[i]
+            value, enc = raw[i], codecs[i] if i < len(codecs) else None  # past the columns: the position
             key.append(value if enc is None or value is None else enc(value))
         self.key = key
         self.id = doc_id(key)
@@ -536,7 +537,7 @@ class Row:
         self.unchanged = tuple(layout.names[i] for i, pos in layout.flags if raw[pos]) if layout.flags else ()
 
     def show_key(self, layout: RowLayout) -> str:
-        return show_key([layout.names[i] for i in layout.key], self.key)
+        return show_key([(*layout.names, "_cdc_lsn", "_cdc_seq")[i] for i in layout.key], self.key)
 
 
 # ---- errors --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
 from tests.fixtures.lake import apply_ok, ckpt_file, delta_dir, make_pipe, snapshot, stream, verified
-from tests.fixtures.readers import delta_rows
+from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_live_count
 from tests.harness import cdc_here, sql, verify
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,8 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     run = cdc_here("validate", pipe.file)
     assert run.code == 3, run.out + run.err
     assert "sink cache (redis) cannot follow public.audit: it has no primary key" in run.out, run.out
-    pipe = make_pipe(tmp_path, dsn, ["public.audit", "public.acct"])
+    docs = {"name": "docs", "search": {"engine": "tantivy", "path": "docs", "tables": ["public.audit"]}}
+    pipe = make_pipe(tmp_path, dsn, ["public.audit", "public.acct"], sinks=[{"name": "lake", "delta": {"path": "lake"}}, docs])
     run = cdc_here("validate", pipe.file)
     assert run.code == 0, run.out + run.err
     assert "table public.audit: 3 columns, no key: followed insert-only (inserts and truncates, through publication cdc_test_inserts)" in run.out, run.out
@@ -85,6 +86,10 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     assert _lake(path) == _source(dsn)
     assert sum(_lake(path).values()) == 36
     assert max(len(w) for _, w, _ in _lake(path)) == 96_000  # the TOASTed value whole
+    index = tmp_path / "docs" / "public" / "audit"
+    found = tantivy_docs(index)  # tantivy's own searcher; ids are the positions
+    assert Counter((d["who"], d["what"], d["n"]) for d in found.values()) == _source(dsn)
+    assert tantivy_live_count(index) == 36 and all(i.startswith("[") for i in found), list(found)[:3]
     verified(pipe, spark)
 
     # a crash after the follower's write and before its checkpoint: the cut is applied again, no row doubled
