@@ -42,6 +42,16 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
             continue
         if sink.kind in ("delta", "search"):  # search: the position is the document id
             continue
+        if sink.kind == "iceberg":
+            for table in sink_tables(sink, keyless):
+                problems.append(
+                    Problem(
+                        f"sink {sink.name} (iceberg) cannot follow {table} yet: it has no primary key, and the "
+                        "Iceberg follower of keyless (insert-only) tables is not built and tested yet",
+                        f"follow {table} with a delta sink, or leave it out of the sink's tables",
+                    )
+                )
+            continue
         for table in sink_tables(sink, keyless):
             problems.append(
                 Problem(

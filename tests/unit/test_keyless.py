@@ -73,3 +73,7 @@ def test_keyless_tables_refused_where_they_cannot_be_held(tmp_path: Path) -> Non
     file.write_text(yaml.safe_dump(doc))
     problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
     assert len(problems) == 1 and problems[0].startswith("sink lake (delta, mode scd2) cannot follow public.audit"), problems
+    doc["sinks"] = [{"name": "ice", "iceberg": {"warehouse": "wh"}}]
+    file.write_text(yaml.safe_dump(doc))
+    problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
+    assert len(problems) == 1 and problems[0].startswith("sink ice (iceberg) cannot follow public.audit yet"), problems
