@@ -23,7 +23,6 @@ renamed column stays excluded or masked.
 from __future__ import annotations
 
 import hashlib
-import hmac
 from dataclasses import dataclass, replace
 
 from pyspark.sql import Column as SparkColumn
@@ -35,28 +34,12 @@ from cdc.ground.errors import PipelineFileError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import TableBatch
+from sinks.masks import REDACTED, TEXT_OID, TEXT_TYPE, mask_text
 
-REDACTED = "[redacted]"
-TEXT_OID = 25
-# pg_type of text as cdc.typemap resolves it: what a hashed or redacted column is typed as.
-TEXT_TYPE = {
-    "oid": TEXT_OID,
-    "name": "text",
-    "kind": "base",
-    "element": None,
-    "delimiter": ",",
-    "base_typmod": -1,
-    "domain_name": None,
-}
 _BLOCK = 64  # SHA-256 block size (RFC 2104)
 
 
 # ---- the masks ---------------------------------------------------------------------------------------
-def hmac_hex(key: str, text: str) -> str:
-    """The `hash` mask of one value's text (the reference the Spark expression must equal)."""
-    return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
-
-
 def _pads(key: str) -> tuple[bytes, bytes]:
     k = key.encode()
     if len(k) > _BLOCK:
@@ -70,16 +53,6 @@ def hmac_column(text: SparkColumn, key: str) -> SparkColumn:
     ipad, opad = _pads(key)
     inner = F.unhex(F.sha2(F.concat(F.lit(ipad), F.encode(text, "UTF-8")), 256))
     return F.sha2(F.concat(F.lit(opad), inner), 256)
-
-
-def mask_text(kind: str, key: str | None, text: str | None) -> str | None:
-    """A mask applied to one value's text in Python (fast defaults, missing values)."""
-    if text is None or kind == "null":
-        return None
-    if kind == "redact":
-        return REDACTED
-    assert key is not None  # the pipeline file requires mask_key with a hash mask
-    return hmac_hex(key, text)
 
 
 def mask_column(kind: str, key: str | None, text: SparkColumn) -> SparkColumn:

@@ -4,33 +4,18 @@ Design: the feed has no per-table options of its own; `cdc serve --sink NAME` se
 that sink gets (its tables, `columns` / `exclude_columns`, `mask`, `rename`), so an application
 sees the same shaped rows as the sink's follower. Without --sink, every captured table as the log
 holds it. Shaping works on the log's text values before they are typed, like sinks/shaping.py
-(which needs Spark, so its two small pure functions are repeated here and checked equal by a test).
+(which needs Spark); both mask with sinks/masks.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass, replace
 
 from cdc.ground.config import Pipeline, SinkConfig, sink_tables
 from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
-
-REDACTED = "[redacted]"  # = sinks.shaping.REDACTED
-TEXT_OID = 25
-TEXT_TYPE = {"oid": TEXT_OID, "name": "text", "kind": "base", "element": None, "delimiter": ",", "base_typmod": -1, "domain_name": None}
-
-
-def mask_text(kind: str, key: str | None, text: str | None) -> str | None:
-    """= sinks.shaping.mask_text: hash is HMAC-SHA256 hex of the PostgreSQL text with mask_key."""
-    if text is None or kind == "null":
-        return None
-    if kind == "redact":
-        return REDACTED
-    assert key is not None  # the pipeline file requires mask_key with a hash mask
-    return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
+from sinks.masks import TEXT_OID, TEXT_TYPE, mask_text
 
 
 @dataclass

@@ -11,7 +11,8 @@ from cdc.ground.config import parse_pipeline
 from cdc.ground.errors import PipelineFileError
 from cdc.ground.tables import TableName
 from cdc.log.base import Column, TableSchema
-from sinks.shaping import REDACTED, TEXT_OID, follower_name, hmac_hex, mask_text, shape_of
+from sinks.masks import REDACTED, TEXT_OID, hmac_hex, mask_text
+from sinks.shaping import follower_name, shape_of
 
 pytestmark = pytest.mark.unit
 
