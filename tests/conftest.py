@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import Iterator
 
-import psycopg2
 import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
-from tests.fixtures.services import postgres
+from tests.fixtures.services import postgres, throwaway_database
 
 # Session fixtures for the other real services live in tests/fixtures/<service>.py.
 pytest_plugins = [
@@ -46,40 +43,17 @@ def pg_any(request: pytest.FixtureRequest) -> LocalPostgres:
     return request.getfixturevalue("pg" if request.param == 15 else f"pg{request.param}")
 
 
-@contextlib.contextmanager
-def _database(server: LocalPostgres) -> Iterator[str]:
-    name = "t_" + uuid.uuid4().hex[:10]
-    admin = psycopg2.connect(server.dsn())
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.dsn(name)
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s AND active_pid IS NOT NULL",
-                (name,),
-            )
-            cur.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
-                (name,),
-            )
-            cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
-
-
 @pytest.fixture
 def pg_db(pg: LocalPostgres) -> Iterator[str]:
     """A fresh database for one test; yields its DSN. Slots created in it are dropped afterwards."""
-    with _database(pg) as dsn:
+    with throwaway_database(pg) as dsn:
         yield dsn
 
 
 @pytest.fixture
 def pg_any_db(pg_any: LocalPostgres) -> Iterator[str]:
     """`pg_db` on each supported major in turn (test ids [pg15], [pg18])."""
-    with _database(pg_any) as dsn:
+    with throwaway_database(pg_any) as dsn:
         yield dsn
 
 
