@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -73,6 +74,18 @@ def cdc_popen(*args: str | os.PathLike[str], env: dict[str, str] | None = None, 
         env={**os.environ, **(env or {})},
         cwd=cwd or REPO,
     )
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """SIGTERM a cdc process (if still running) and collect its output; killed when it does not stop
+    within `timeout` (its exit code then says so to a caller that checks it)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
 
 
 sql = run_sql  # statements in autocommit mode; the last one's rows (if any)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import urllib.error
 import urllib.request
 import uuid
@@ -20,7 +19,7 @@ import pytest
 from pipelines.devservices.postgres import LocalPostgres
 from pipelines.metrics import free_port
 from tests.fixtures.capture import no_traceback
-from tests.harness import cdc_popen, sql, write_pipeline
+from tests.harness import cdc_popen, sql, stop_process, write_pipeline
 from tests.integration.test_metrics import wait_for
 
 pytestmark = pytest.mark.integration
@@ -94,12 +93,7 @@ def test_cdc_run_health_follows_the_source_and_a_hung_stream(pg: LocalPostgres, 
     finally:
         if child is not None:
             os.kill(child, signal.SIGCONT)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+        out, err = stop_process(proc)
         sql(pg.dsn(), f"ALTER ROLE {role} LOGIN")
         sql(pg_db, f"DROP OWNED BY {role}")
     assert proc.returncode == 0, (proc.returncode, out, err)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -23,7 +22,17 @@ from cdc.ground.config import load_pipeline
 from pipelines.metrics import free_port, serving
 from tests.fixtures.capture import make_pipe, no_traceback, snapshot
 from tests.fixtures.readers import delta_rows
-from tests.harness import REPO, apply_once, cdc, cdc_popen, flush_wal, source_rows, sql, stream_changes
+from tests.harness import (
+    REPO,
+    apply_once,
+    cdc,
+    cdc_popen,
+    flush_wal,
+    source_rows,
+    sql,
+    stop_process,
+    stream_changes,
+)
 
 MONITORING = REPO / "docs" / "monitoring"
 
@@ -211,12 +220,7 @@ def test_cdc_run_metrics_move_with_the_source(pg_db: str, tmp_path: Path) -> Non
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(timeout=30)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+        out, err = stop_process(proc)
     assert proc.returncode == 0, (proc.returncode, out, err)
     no_traceback((out, err))
     records = [json.loads(line) for line in out.splitlines()]  # every stdout line is one JSON object

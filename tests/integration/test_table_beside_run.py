@@ -5,7 +5,6 @@ changes, with no restart and no separate `cdc apply`."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from deltalake import DeltaTable
 from pipelines.metrics import free_port
 from tests.fixtures.capture import make_pipe, no_traceback
 from tests.fixtures.workload import make_table
-from tests.harness import cdc, cdc_popen, sql, verify
+from tests.harness import cdc, cdc_popen, sql, stop_process, verify
 
 pytestmark = pytest.mark.integration
 
@@ -74,13 +73,7 @@ def test_a_table_snapshotted_beside_a_running_cdc_run_is_applied(tmp_path: Path,
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
             assert b"pgcdc_up" in page.read()  # cdc run kept its endpoint
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+        out, err = stop_process(proc, 180)
     assert proc.returncode == 0, f"cdc run exited {proc.returncode}:\n{out}\n{err}"
     assert "following tables public.t, public.usage_events" in out + err, out + err
     code, report = verify(pipe.file, spark)
