@@ -422,13 +422,14 @@ def search(pipeline: Path, table: str, query: str, sink_name: str | None, limit:
 @click.option("--client-queue", "queue", default=256, show_default=True, type=click.IntRange(1), help="transactions buffered per SSE client; a client further behind is cut off with its position")
 @click.option("--ring", default=1024, show_default=True, type=click.IntRange(1), help="recent transactions per table kept in memory for resuming clients")
 @click.option("--poll", "poll_s", default=0.02, show_default=True, type=click.FloatRange(min=0.01), help="seconds between looks at the log's latest cut")
+@click.option("--max-clients", default=1000, show_default=True, type=click.IntRange(1), help="SSE clients at a time (tables and views); more are refused with 503")
 @handle_errors
-def serve(pipeline: Path, bind: str, port: int, tokens: Path | None, sink: str | None, tls_cert: Path | None, tls_key: Path | None, example: bool, heartbeat_s: float, queue: int, ring: int, poll_s: float) -> int:
-    """Serve the captured tables to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""
+def serve(pipeline: Path, bind: str, port: int, tokens: Path | None, sink: str | None, tls_cert: Path | None, tls_key: Path | None, example: bool, heartbeat_s: float, queue: int, ring: int, poll_s: float, max_clients: int) -> int:
+    """Serve the captured tables and derived views to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""
     from pipelines.serve.app import Options
     from pipelines.serve.server import serve as run_server
 
-    options = Options(heartbeat_s=heartbeat_s, queue=queue)
+    options = Options(heartbeat_s=heartbeat_s, queue=queue, max_clients=max_clients)
     return run_server(
         load(pipeline), bind=bind, port=port, tokens=tokens, sink=sink, tls_cert=tls_cert, tls_key=tls_key,
         example=example, options=options, poll_s=poll_s, ring=ring, say=say,

@@ -4,6 +4,8 @@
   GET /v1/tables/{name}                   initial rows as of a cut, paged (?limit=, then `next`)
   GET /v1/tables/{name}/changes?from=N    live changes as Server-Sent Events (or Last-Event-ID: N)
   GET /v1/tables/{name}/poll?from=N       the same as long-poll JSON (?timeout=S, ?limit=)
+  GET /v1/views                           the derived views this token may read (views.<name> in its list)
+  GET /v1/views/{name}                    a view's rows at its latest cut, paged; /changes and /poll as for tables
   GET /metrics                            Prometheus (no data: no token needed)
   GET /                                   the example page, with --example
 Every data route needs `Authorization: Bearer TOKEN` (or ?access_token= for EventSource, which
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,17 +28,20 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from cdc.ground.errors import UsageError
+from cdc.ground.tables import TableName
 from cdc.metrics import REGISTRY
 from pipelines.serve import metrics
 from pipelines.serve.feed import Control, Hub, Subscriber, TableFeed
 from pipelines.serve.filters import Filter, parse_filter
 from pipelines.serve.logview import Change, Txn
 from pipelines.serve.tokens import Grant, authorize
+from pipelines.serve.viewfeed import SCHEMA, ViewAt, ViewFeed, ViewHub, parse_position
 
 READ_TXNS = 500  # transactions per catch-up read from the log
 SEND_BATCH = 256  # queued transactions sent in one write
@@ -47,6 +54,51 @@ class Options:
     page_max: int = 10_000
     example: Path | None = None
     states_cached: int = 4
+    max_clients: int = 1000  # SSE streams at a time (tables and views): bounds the client label of the lag gauge
+
+
+@dataclass(eq=False)
+class Client:
+    """A connected SSE client: its id (header X-Cdc-Client, never the token) and its position."""
+
+    id: str
+    table: str
+    newest: Callable[[], int]
+    position: int = 0
+
+    def lag(self) -> int:
+        return max(0, self.newest() - self.position)
+
+
+class Clients:
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active: dict[str, Client] = {}
+        self._ids = itertools.count(1)
+
+    def open(self, table: str, newest: Callable[[], int], position: int) -> Client | None:
+        if len(self.active) >= self.limit:
+            return None
+        client = Client(f"c{next(self._ids)}", table, newest, position)
+        self.active[client.id] = client
+        metrics.CLIENT_LAG.clients[client.id] = client
+        print(f"cdc serve: client {client.id} follows {table}", file=sys.stderr, flush=True)
+        return client
+
+    def close(self, client: Client) -> None:
+        self.active.pop(client.id, None)
+        metrics.CLIENT_LAG.clients.pop(client.id, None)
+
+    def refused(self) -> Response:
+        return Response(
+            orjson.dumps({
+                "error": f"this server follows {self.limit} clients already (--max-clients)",
+                "fix": "retry later, use another server, or start it with a larger --max-clients",
+            }),
+            503,
+            {"Retry-After": "5"},
+            media_type="application/json",
+        )
 
 
 def _json(status: int, body: dict[str, Any]) -> Response:
@@ -72,8 +124,10 @@ def _txn_body(feed: TableFeed, txn: Txn, changes: list[Change]) -> bytes:
 
 
 class Feeds:
-    def __init__(self, hub: Hub, grants: list[Grant], options: Options):
+    def __init__(self, hub: Hub, grants: list[Grant], options: Options, views: ViewHub | None = None):
         self.hub = hub
+        self.views = views
+        self.clients = Clients(options.max_clients)
         self.grants = grants
         self.options = options
         self.states: OrderedDict[tuple[str, int], tuple[int, int, list[Change]]] = OrderedDict()
@@ -233,18 +287,27 @@ class Feeds:
             flt = await self.filter(request, feed)
         except (ValueError, UsageError) as exc:
             return _bad(exc)
-        return EventSourceResponse(self._stream(feed, position, flt), send_timeout=30, headers={"Cache-Control": "no-store"})
+        client = self.clients.open(feed.name, lambda: feed.position, position)
+        if client is None:
+            return self.clients.refused()
+        return EventSourceResponse(
+            self._stream(feed, position, flt, client),
+            send_timeout=30,
+            headers={"Cache-Control": "no-store", "X-Cdc-Client": client.id},
+            background=BackgroundTask(self.clients.close, client),
+        )
 
-    async def _stream(self, feed: TableFeed, position: int, flt: Filter) -> AsyncIterator[ServerSentEvent | bytes]:
-        control, version = await self.check(feed, position)
+    async def _stream(self, feed: TableFeed, position: int, flt: Filter, client: Client) -> AsyncIterator[ServerSentEvent | bytes]:
         sub: Subscriber | None = None
         try:
+            control, version = await self.check(feed, position)
             while control is None and sub is None:
                 if position > feed.position:  # the feed has not read as far as this client's cut yet
                     await feed.changed(self.options.heartbeat_s)
                     continue
                 sub = feed.subscribe(position, self.options.queue)
                 if sub is not None:
+                    client.position = position
                     break
                 txns, upto, control = await self.catch_up(feed, position, version)
                 chunk = self._wire(feed, txns, flt)
@@ -254,6 +317,7 @@ class Feeds:
                     position = txns[-1].last
                 if control is None:
                     position = max(position, upto)
+                client.position = position
             while sub is not None and control is None:
                 if sub.queue.empty() and sub.control is not None:
                     control = sub.control
@@ -273,11 +337,12 @@ class Feeds:
                 if chunk:
                     yield chunk
                 if txns:
-                    position = txns[-1].last
+                    position = client.position = txns[-1].last
             if control is not None:
                 body = _control_body(feed, control, position if not control.refetch else None)
                 yield ServerSentEvent(orjson.dumps(body).decode(), event="control", id=str(position) if not control.refetch else None)
         finally:
+            self.clients.close(client)
             if sub is not None:
                 feed.unsubscribe(sub)
 
@@ -336,25 +401,206 @@ class Feeds:
         return _json(200, body)
 
 
+    # ---- derived views (pipelines/serve/viewfeed.py) ------------------------------------------------
+    def view(self, request: Request) -> tuple[ViewFeed, ViewAt] | Response:
+        grant = self.grant(request)
+        if isinstance(grant, Response):
+            return grant
+        name = request.path_params["name"]
+        feed = self.views.feeds.get(name) if self.views is not None else None
+        if feed is None:
+            return _json(404, {"error": f"no derived view {name!r} in this pipeline", "fix": "GET /v1/views lists the views you may read"})
+        if not grant.allows(TableName(SCHEMA, name)):
+            metrics.REFUSED.labels(metrics.PIPELINE.name, "403").inc()
+            return _json(403, {"error": f"this token may not read views.{name}", "fix": f"ask for a token that lists views.{name} (or views.*)"})
+        if feed.at is None:
+            return _json(409, {
+                "error": f"view {name} has not been maintained yet (no cut in {self.views.access.path(name)})",  # type: ignore[union-attr]
+                "fix": "run `cdc apply` with a sink that follows the view",
+            })
+        return feed, feed.at
+
+    async def view_list(self, request: Request) -> Response:
+        grant = self.grant(request)
+        if isinstance(grant, Response):
+            return grant
+        feeds = self.views.feeds.values() if self.views is not None else []
+        rows = [
+            {"name": f.name, "position": f.at.position if f.at else None, "cut": f.at.cut_id if f.at else None}
+            for f in feeds
+            if grant.allows(TableName(SCHEMA, f.name))
+        ]
+        return _json(200, {"views": rows})
+
+    def _view_position(self, request: Request) -> tuple[str, int]:
+        text = request.headers.get("last-event-id") or request.query_params.get("from")
+        if text is None:
+            raise UsageError("no position", "pass ?from=<position> (the `position` of the view's rows) or Last-Event-ID")
+        return parse_position(text)
+
+    async def view_initial(self, request: Request) -> Response:
+        found = self.view(request)
+        if isinstance(found, Response):
+            return found
+        feed, at = found
+        assert self.views is not None
+        try:
+            flt = parse_filter(list(request.query_params.multi_items()), at.key)
+            limit = min(int(request.query_params.get("limit", "1000")), self.options.page_max)
+            page = int(request.query_params.get("page", "0"))
+            wanted = parse_position(request.query_params["at"]) if "at" in request.query_params else None
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        if wanted is not None and wanted != (at.table_id[:8], at.version):
+            if wanted[0] != at.table_id[:8] or wanted[1] > at.version:
+                return _json(409, _view_control(feed, Control("rebuilt", f"view {feed.name} was rebuilt; start again without ?at=")))
+            at = ViewAt(at.view, at.table_id, wanted[1], -1, 0, at.key)  # a later page of an older cut
+        try:
+            rows = await asyncio.to_thread(self.views.access.rows, at)
+        except Exception as exc:  # that version vacuumed meanwhile
+            msg = f"view {feed.name} at version {at.version} is no longer readable ({type(exc).__name__}); start again without ?at="
+            return _json(409, _view_control(feed, Control("compacted", msg)))
+        if not flt.empty:
+            rows = [r for r in rows if flt.matches(r.doc)]
+        chunk = rows[page * limit : (page + 1) * limit]
+        nxt = None
+        if (page + 1) * limit < len(rows):
+            params = dict(request.query_params) | {"at": at.position, "page": str(page + 1), "limit": str(limit)}
+            params.pop("access_token", None)
+            nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
+        body = {
+            "view": feed.name,
+            "key": list(at.key),
+            "cut": {"id": at.cut_id, "lsn": at.lsn} if at.cut_id >= 0 else None,
+            "position": at.position,
+            "rows": [orjson.Fragment(r.envelope) for r in chunk],
+            "next": nxt,
+        }
+        return _json(200, body)
+
+    def _view_events(self, feed: ViewFeed, tid: str, events: list, flt: Filter) -> list[tuple[str, bytes, int]]:
+        """(event id, data, changes sent) per cut that has a change passing the filter."""
+        out = []
+        for version, cut, changes in events:
+            if not flt.empty:
+                changes = [c for c in changes if flt.matches(c.doc)]
+            if changes:
+                ident = f"{tid}-{version}"
+                data = orjson.dumps({"view": feed.name, "cut": cut, "position": ident, "changes": [orjson.Fragment(c.envelope) for c in changes]})
+                out.append((ident, data, len(changes)))
+        return out
+
+    async def view_changes(self, request: Request) -> Response:
+        found = self.view(request)
+        if isinstance(found, Response):
+            return found
+        feed, at = found
+        try:
+            tid, version = self._view_position(request)
+            flt = parse_filter(list(request.query_params.multi_items()), at.key)
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        client = self.clients.open(f"{SCHEMA}.{feed.name}", lambda: feed.at.version if feed.at else 0, version)
+        if client is None:
+            return self.clients.refused()
+        return EventSourceResponse(
+            self._view_stream(feed, tid, version, flt, client),
+            send_timeout=30,
+            headers={"Cache-Control": "no-store", "X-Cdc-Client": client.id},
+            background=BackgroundTask(self.clients.close, client),
+        )
+
+    async def _view_stream(self, feed: ViewFeed, tid: str, version: int, flt: Filter, client: Client) -> AsyncIterator[ServerSentEvent | bytes]:
+        assert self.views is not None
+        sent = metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}")
+        metrics.SUBSCRIBERS.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").inc()
+        try:
+            while True:
+                at = feed.at
+                if at is None:
+                    control: Control | None = Control("rebuilt", f"view {feed.name} has no maintained cut now; fetch its rows anew")
+                else:
+                    got, control = await asyncio.to_thread(self.views.access.changes, at, tid, version)
+                    parts = self._view_events(feed, tid, got.events, flt)
+                    if parts:
+                        yield b"".join(b"id: %s\nevent: change\ndata: %s\n\n" % (i.encode(), d) for i, d, _ in parts)
+                        sent.inc(sum(n for _, _, n in parts))
+                    version = client.position = got.upto
+                if control is not None:
+                    yield ServerSentEvent(orjson.dumps(_view_control(feed, control)).decode(), event="control")
+                    return
+                if at is not None and version < at.version:
+                    continue  # more than one read's worth of cuts behind
+                await feed.changed(self.options.heartbeat_s)
+                if feed.at == at:
+                    ident = f"{tid}-{version}"
+                    yield ServerSentEvent(orjson.dumps({"position": ident}).decode(), event="heartbeat", id=ident)
+        finally:
+            self.clients.close(client)
+            metrics.SUBSCRIBERS.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").dec()
+
+    async def view_poll(self, request: Request) -> Response:
+        found = self.view(request)
+        if isinstance(found, Response):
+            return found
+        feed, at = found
+        assert self.views is not None
+        try:
+            tid, version = self._view_position(request)
+            flt = parse_filter(list(request.query_params.multi_items()), at.key)
+            timeout = min(float(request.query_params.get("timeout", "20")), 60.0)
+            limit = int(request.query_params.get("limit", "100"))
+        except (ValueError, UsageError) as exc:
+            return _bad(exc)
+        if tid == at.table_id[:8] and version == at.version:
+            await feed.changed(timeout)
+            at = feed.at or at
+        got, control = await asyncio.to_thread(self.views.access.changes, at, tid, version)
+        events = got.events[:limit]
+        upto = got.upto if len(events) == len(got.events) else events[-1][0]
+        parts = self._view_events(feed, tid, events, flt)
+        if parts:
+            metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").inc(sum(n for _, _, n in parts))
+        body = {
+            "position": f"{tid}-{upto}",
+            "events": [{"id": i, "event": "change", "data": orjson.Fragment(d)} for i, d, _ in parts],
+            "control": _view_control(feed, control) if control is not None else None,
+        }
+        return _json(200, body)
+
+
+def _view_control(feed: ViewFeed, control: Control) -> dict[str, Any]:
+    return {"control": "must-refetch", "reason": control.reason, "message": control.message, "view": feed.name}
+
+
+def _health(hub: Hub, views: ViewHub | None) -> Response:
+    error = hub.error or (views.error if views is not None else None)
+    return _json(200 if error is None else 503, {"ok": error is None, "error": error})
+
+
 def _bad(exc: Exception) -> Response:
     if isinstance(exc, UsageError):
         return _json(400, {"error": exc.problem, "fix": exc.fix})
     return _json(400, {"error": f"bad parameter: {exc}", "fix": "from, page, limit and timeout are numbers"})
 
 
-def build_app(hub: Hub, grants: list[Grant], options: Options) -> Starlette:
-    feeds = Feeds(hub, grants, options)
+def build_app(hub: Hub, grants: list[Grant], options: Options, views: ViewHub | None = None) -> Starlette:
+    feeds = Feeds(hub, grants, options, views)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await hub.start()
-        task = asyncio.create_task(hub.run())
+        tasks = [asyncio.create_task(hub.run())]
+        if views is not None:
+            await views.start()
+            tasks.append(asyncio.create_task(views.run()))
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     routes: list[Any] = [
         Route("/v1/tables", feeds.tables),
@@ -362,11 +608,11 @@ def build_app(hub: Hub, grants: list[Grant], options: Options) -> Starlette:
         Route("/v1/tables/{name}/changes", feeds.changes),
         Route("/v1/tables/{name}/poll", feeds.poll),
         Route("/metrics", lambda request: Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)),
-        Route("/v1/views/{rest:path}", lambda request: _json(501, {
-            "error": "derived views are not served yet",
-            "fix": "follow the view with a sink (README Derived views), or serve its base tables",
-        })),
-        Route("/healthz", lambda request: _json(200 if hub.error is None else 503, {"ok": hub.error is None, "error": hub.error})),
+        Route("/v1/views", feeds.view_list),
+        Route("/v1/views/{name}", feeds.view_initial),
+        Route("/v1/views/{name}/changes", feeds.view_changes),
+        Route("/v1/views/{name}/poll", feeds.view_poll),
+        Route("/healthz", lambda request: _health(hub, views)),
     ]
     if options.example is not None:
         page = options.example

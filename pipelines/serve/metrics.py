@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
 
 from cdc.metrics import REGISTRY
 
@@ -38,3 +40,37 @@ SUBSCRIBER_LAG = Gauge(
     ["pipeline", "table"],
     registry=REGISTRY,
 )
+
+
+class ClientLag:
+    """`pgcdc_serve_client_lag{pipeline,table,client}`: per connected SSE client, how far it is behind
+    the newest the server has read: log positions (offsets: one per change event) for a table, Delta
+    versions (one per maintained cut) for a derived view. Computed when /metrics is scraped (nothing on
+    the hot path); a client's series goes away when it disconnects. `client` is the id the server
+    assigns (header X-Cdc-Client, and printed when the client connects), never the token; at most
+    --max-clients of them exist at a time (the server refuses more connections)."""
+
+    NAME = "pgcdc_serve_client_lag"
+
+    def __init__(self) -> None:
+        self.clients: dict[str, Any] = {}  # id -> an object with .table (str) and .lag() -> int
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            self.NAME,
+            "How far each connected SSE client is behind the newest read (table: log positions; view: Delta versions)",
+            labels=["pipeline", "table", "client"],
+        )
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = self._family()
+        for cid, client in list(self.clients.items()):
+            family.add_metric([PIPELINE.name, client.table, cid], float(client.lag()))
+        return [family]
+
+
+CLIENT_LAG = ClientLag()
+REGISTRY.register(CLIENT_LAG)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from pipelines.serve.logview import Access, LogAccess
 from pipelines.serve.registry import record_server
 from pipelines.serve.shape import table_shapes
 from pipelines.serve.tokens import load_grants
+from pipelines.serve.viewfeed import ViewAccess, ViewHub
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve" / "index.html"
 
@@ -78,7 +79,11 @@ def serve(
             raise UsageError(f"--example: the page {EXAMPLE} is not here", "run cdc serve from a checkout of pgcdc, or leave out --example")
         options.example = EXAMPLE
     hub = Hub(access, shapes, pipeline.name, poll_s, ring)
-    app = build_app(hub, grants, options)
+    names = [v.name for v in pipeline.views]
+    if sink_cfg is not None:
+        names = [n for n in names if n in sink_cfg.settings.views]
+    views = ViewHub(ViewAccess(pipeline.state_path, names), poll_s) if names else None
+    app = build_app(hub, grants, options, views)
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,7 +96,7 @@ def serve(
     url = f"{scheme}://{host}:{port}"
     if not _loopback(bind) and tls_cert is None:
         say(f"warning: serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)")
-    say(f"serving {len(shapes)} table(s) of {pipeline.name} at {url}/v1/tables" + (f" (example page: {url}/)" if example else ""))
+    say(f"serving {len(shapes)} table(s) and {len(names)} view(s) of {pipeline.name} at {url}/v1/tables" + (f" (example page: {url}/)" if example else ""))
     config = uvicorn.Config(
         app,
         log_level="warning",

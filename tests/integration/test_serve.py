@@ -68,7 +68,7 @@ def test_auth_refused(server: Server) -> None:
     assert refused.status_code == 403 and "may not read" in refused.json()["error"]
     assert httpx.get(server.url + "/v1/tables/public.items/changes?from=0", timeout=10).status_code == 401
     assert server.get("/v1/tables", token=OTHER_TOKEN).json() == {"tables": []}
-    assert server.get("/v1/views/order_docs").status_code == 501  # said, not a silent 404
+    assert server.get("/v1/views/order_docs").status_code == 404  # no view in this pipeline (tests/integration/test_serve_views.py)
 
 
 def _insert_txns(dsn: str, first: int, count: int) -> None:
@@ -163,6 +163,70 @@ def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> No
         rest = stream.until(lambda e: e.event == "change" and 39 in _ids([e]))
     assert got + _ids(rest) == list(range(40))  # every transaction once, in order: before the cut, then the rest
     assert server.get("/metrics", token=None).text.count('pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0') == 1
+
+
+def _lag(server: Server, client: str) -> float | None:
+    """The lag gauge of one client on /metrics (None: no series for it)."""
+    for line in server.get("/metrics", token=None).text.splitlines():
+        if line.startswith("pgcdc_serve_client_lag{") and f'client="{client}"' in line:
+            assert 'pipeline="test"' in line, line
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_lag_per_client_on_metrics_and_max_clients(pipe: Pipe) -> None:
+    """A client that reads nothing: its catch-up on 40 transactions of 400 kB (more than the sockets'
+    buffers hold) fills its connection, so the 5 transactions after it stay queued: its lag on
+    /metrics, under the id the server gave it (X-Cdc-Client), is exactly those 5 positions; the
+    series goes when it disconnects; a third stream of a --max-clients 2 server is refused (503)."""
+    srv = start_server(pipe.file, "--heartbeat", "0.5", "--client-queue", "1000", "--max-clients", "2")
+    try:
+        body, _ = initial_rows(srv, "public.big")
+        start = body["position"]
+        sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, repeat(md5('{i}'), 12500))" for i in range(1000, 1040)])
+        deadline = time.monotonic() + 120
+        newest = start
+        while newest < start + 40 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            newest = next(t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big")
+        assert newest >= start + 40, (start, newest)
+        host, port = srv.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            f"GET /v1/tables/public.big/changes?from={start} HTTP/1.0\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
+        head = b""
+        sock.settimeout(30)
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        client = next(line.split(":", 1)[1].strip() for line in head.decode().splitlines() if line.lower().startswith("x-cdc-client:"))
+        time.sleep(1.5)  # its catch-up (16 MB) is written to its connection, the next heartbeat waits
+        assert _lag(srv, client) == 0.0
+        sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, 'small')" for i in range(2000, 2005)])
+        deadline = time.monotonic() + 60
+        now = newest
+        while now < newest + 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = next(t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big")
+        assert now == newest + 5 and _lag(srv, client) == 5.0
+        with sse(srv, "public.items", **{"from": initial_rows(srv, "public.items")[0]["position"]}) as other:
+            other_id = other.response.headers["x-cdc-client"]
+            assert other_id != client and _lag(srv, other_id) == 0.0
+            refused = srv.get("/v1/tables/public.items/changes", **{"from": 0})
+            assert refused.status_code == 503 and "--max-clients" in refused.json()["error"] and refused.headers["retry-after"]
+        sock.close()
+        deadline = time.monotonic() + 30
+        while (_lag(srv, client) is not None or _lag(srv, other_id) is not None) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _lag(srv, client) is None and _lag(srv, other_id) is None  # gone with their clients
+        out, err = srv.stop()
+        assert f"client {client} follows public.big" in err and TOKEN not in out + err
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
 
 
 def test_status_lists_the_server_and_metrics_count(pipe: Pipe, server: Server) -> None:

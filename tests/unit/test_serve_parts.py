@@ -94,3 +94,71 @@ def test_masks_equal_the_sinks() -> None:
     for kind in ("hash", "redact", "null"):
         assert mask_text(kind, "x" * 16, "value") == shaping.mask_text(kind, "x" * 16, "value")
     assert shaping.REDACTED == "[redacted]"
+
+
+def _view_cut(path: Path, rows: list[dict], cut: int, first: bool = False) -> None:
+    """One cut of a view's out table as the view stage leaves it: a MERGE by key (deletes: rows with
+    `gone`), committed with the Delta txn (cdc-view:<pipeline>:<view>, cut id), CDF on."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    txn = CommitProperties(app_transactions=[Transaction("cdc-view:test:docs", cut)])
+    table = pa.table({"id": [r["id"] for r in rows], "name": [r.get("name") for r in rows], "gone": [bool(r.get("gone")) for r in rows]})
+    if first:
+        write_deltalake(str(path), table.drop_columns(["gone"]), configuration={"delta.enableChangeDataFeed": "true"}, commit_properties=txn)
+        return
+    (
+        DeltaTable(str(path))
+        .merge(table, "t.id = s.id", source_alias="s", target_alias="t", commit_properties=txn)
+        .when_matched_delete("s.gone")
+        .when_matched_update({"name": "s.name"}, "NOT s.gone")
+        .when_not_matched_insert({"id": "s.id", "name": "s.name"}, "NOT s.gone")
+        .execute()
+    )
+
+
+def test_a_views_out_table_read_by_version_with_its_cuts(tmp_path: Path) -> None:
+    """viewfeed.ViewAccess over an out table written by delta-rs like the view stage writes it: rows at
+    the state's version, each later cut one event from the change data feed, must-refetch when the
+    position is of another table (rebuilt), past the end, or its change data is gone (vacuumed)."""
+    import orjson
+
+    from pipelines.serve.viewfeed import ViewAccess, parse_position
+    from pipelines.views.state import ViewState, out_path, save_view_state
+
+    out = out_path(tmp_path, "docs")
+    out.parent.mkdir(parents=True)
+    _view_cut(out, [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}], 7, first=True)  # version 0: cut 7
+    save_view_state(tmp_path, ViewState("docs", cut_id=7, lsn=70, epoch=1, version=0, key=["id"]))
+    access = ViewAccess(tmp_path, ["docs"])
+    at = access.at("docs")
+    assert at is not None and at.version == 0 and at.cut_id == 7
+    assert [orjson.loads(c.envelope)["after"] for c in access.rows(at)] == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    _view_cut(out, [{"id": 1, "name": "A"}, {"id": 2, "gone": True}, {"id": 3, "name": "c"}], 8)  # version 1
+    _view_cut(out, [{"id": 3, "name": "C"}], 9)  # version 2
+    assert access.at("docs") == at  # not served before the state file says the cut is done
+    save_view_state(tmp_path, ViewState("docs", cut_id=9, lsn=90, epoch=1, version=2, key=["id"]))
+    now = access.at("docs")
+    assert now is not None and now.version == 2 and now.position == f"{at.table_id[:8]}-2"
+    got, control = access.changes(now, *parse_position(at.position))
+    assert control is None and got.upto == 2
+    events = [(v, cut, [orjson.loads(c.envelope) for c in changes]) for v, cut, changes in got.events]
+    assert [(v, cut) for v, cut, _ in events] == [(1, 8), (2, 9)]
+    assert [(d["op"], d["before"], d["after"]) for d in events[0][2]] == [
+        ("u", {"id": 1, "name": "a"}, {"id": 1, "name": "A"}),
+        ("d", {"id": 2, "name": "b"}, None),
+        ("c", None, {"id": 3, "name": "c"}),
+    ]
+    assert [(d["op"], d["after"]) for d in events[1][2]] == [("u", {"id": 3, "name": "C"})]
+    assert access.changes(now, at.table_id[:8], 2) == (type(got)([], 2), None)  # at the newest: nothing
+    assert access.changes(now, "0badc0de", 1)[1].reason == "rebuilt"
+    assert access.changes(now, at.table_id[:8], 5)[1].reason == "unknown-position"
+    with pytest.raises(UsageError):
+        parse_position("12")
+    # the change data files vacuumed: a fresh reader (no shared read cached) cannot resume from version 0
+    for file in (out / "_change_data").rglob("*.parquet"):
+        file.unlink()
+    for file in out.glob("*.parquet"):
+        file.unlink()
+    got, control = ViewAccess(tmp_path, ["docs"]).changes(now, at.table_id[:8], 0)
+    assert control is not None and control.reason == "compacted" and got.events == []
