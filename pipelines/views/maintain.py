@@ -57,7 +57,8 @@ from pipelines.views.state import (
     save_view_state,
 )
 from sinks.delta.cuts import cut_record, cut_record_arrow, table_version
-from sinks.delta.features import COLUMN_MAPPING, unsafe_names
+from sinks.delta.features import COLUMN_MAPPING
+from sinks.delta.names import UNSAFE_CHARS
 from sinks.delta.idempotent import follower_write
 from sinks.delta.paths import table_path
 from sinks.delta.snapshot import table_id as delta_table_id
@@ -454,7 +455,7 @@ class ViewMaintainer:
         """A new epoch: the out table made anew (no txn of an older epoch's cut survives) with every row."""
         shutil.rmtree(out, ignore_errors=True)
         builder = DeltaTable.create(self.spark).location(out).property(CDF_PROPERTY, "true")
-        if unsafe_names(rows.columns):
+        if any(UNSAFE_CHARS.intersection(c) for c in rows.columns):  # a name plain Delta cannot hold
             for key, value in COLUMN_MAPPING.items():
                 builder = builder.property(key, value)
         for f in rows.schema.fields:
