@@ -58,8 +58,8 @@ from pipelines.views.state import (
 )
 from sinks.delta.cuts import cut_record, cut_record_arrow, table_version
 from sinks.delta.features import COLUMN_MAPPING
-from sinks.delta.names import UNSAFE_CHARS
 from sinks.delta.idempotent import follower_write
+from sinks.delta.names import UNSAFE_CHARS
 from sinks.delta.paths import table_path
 from sinks.delta.snapshot import table_id as delta_table_id
 from sinks.delta.snapshot import table_property
