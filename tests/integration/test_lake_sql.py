@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pytest
 
 from cdc.ground.lsn import format_lsn
-from tests.conftest import _database
 from tests.fixtures.capture import Pipe
 from tests.fixtures.lake import apply_ok, make_pipe, snapshot, stream
 from tests.fixtures.nojvm import cdc_watched
+from tests.fixtures.services import throwaway_database
 from tests.harness import cdc_here, source_rows, sql
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ class Lake:
 def lake(pg, spark, tmp_path_factory) -> Iterator[Lake]:
     from sinks.delta.cuts import cut_record_arrow
 
-    with _database(pg) as dsn:
+    with throwaway_database(pg) as dsn:
         sql(dsn, *SETUP)
         tmp = tmp_path_factory.mktemp("lakesql")
         pipe = make_pipe(tmp, dsn, TABLES)
