@@ -350,8 +350,9 @@ def test_apply_metrics_follow_the_follower(pg_db: str, tmp_path: Path, spark) ->
 
 @pytest.mark.integration
 def test_metrics_port_taken_and_json_errors(pg_db: str, tmp_path: Path) -> None:
-    """A port already in use: exit 2 with error/fix (as one JSON record with --log-format json);
-    `metrics:` in the pipeline file is checked like every key (did you mean)."""
+    """The file's metrics.port in use: a one-shot verb (beside a running `cdc run`, which holds it)
+    says so and serves none; an explicit --metrics-port in use is exit 2 with error/fix (as one JSON
+    record with --log-format json); `metrics:` in the pipeline file is checked like every key."""
     sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY)")
     import socket
 
@@ -361,12 +362,15 @@ def test_metrics_port_taken_and_json_errors(pg_db: str, tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         pipe = make_pipe(tmp_path, pg_db, ["public.t"], metrics={"port": port})
         run = cdc("snapshot", pipe.file, "--no-progress")
+        assert run.code == 0, run
+        assert f"metrics: port {port} (metrics.port) is in use" in run.out + run.err, run
+        run = cdc("snapshot", pipe.file, "--no-progress", "--metrics-port", str(port))
         assert run.code == 2, run
         assert (
             f"error: cannot serve metrics on 127.0.0.1:{port}" in run.err
             and "  fix: choose a free port" in run.err
         ), run
-        run = cdc("stream", pipe.file, "--until", "current", env={"CDC_LOG_FORMAT": "json"})
+        run = cdc("stream", pipe.file, "--until", "current", "--metrics-port", str(port), env={"CDC_LOG_FORMAT": "json"})
         assert run.code == 2, run
         (record,) = [json.loads(line) for line in run.err.splitlines()]
         assert (
