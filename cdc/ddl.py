@@ -194,7 +194,7 @@ def can_create_event_trigger(conn) -> tuple[bool, str]:
 def load_installed(state_dir: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((Path(state_dir) / STATE_FILE).read_text())
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # an unusable state_dir is said elsewhere
         return None
     return data if isinstance(data, dict) and data.get("installed") else None
 
