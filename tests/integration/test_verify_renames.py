@@ -33,8 +33,9 @@ def test_verify_names_a_rename_the_follower_has_not_got_yet(pg_db: str, tmp_path
 
     # The rename with no change after it: the log and the follower still have `v`. One row of the
     # follower is changed by hand, so a real difference must still be found next to the rename.
+    # Not streamed after the rename: a stream with nothing pending may record the catalog's columns
+    # (the idle-table schema check), and then the log, not only the follower, has the new name.
     sql(pg_db, 'ALTER TABLE r RENAME COLUMN v TO "v renamed"')
-    stream(pipe)
     spark.sql(f"UPDATE delta.`{lake}` SET n = -1 WHERE id = 7")
     code, report = verify(pipe.file, spark)
     assert code == 1, report
