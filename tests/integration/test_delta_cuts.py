@@ -149,6 +149,7 @@ def disk_files(path: Path) -> tuple[int, int]:
     return data, len(list((path / "_delta_log").glob("*.json")))
 
 
+@pytest.mark.slow  # a soak: apply keeps applying cuts for as long as maintenance runs (make test-slow)
 def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> None:
     """Many small cuts, then `cdc maintain` (OPTIMIZE, VACUUM, checkpoint) while apply keeps
     applying cuts: nothing lost or doubled (delta-rs read equal to the source, cdc verify 0), an

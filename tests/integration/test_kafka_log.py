@@ -368,6 +368,7 @@ def test_log_read_prints_envelopes_in_commit_order(pg_db: str, tmp_path: Path, k
 
 
 # ---- 2. broker outage: the slot waits for Kafka, nothing lost or reordered ----------------------------
+@pytest.mark.slow  # a fault round (the chaos slice restarts the broker too): make test-slow
 def test_broker_outage_holds_the_slot_back_and_loses_nothing(
     pg_db: str, tmp_path: Path, own_kafka, spark
 ) -> None:
@@ -635,6 +636,7 @@ def kill_while_publishing(proc: subprocess.Popen, pipe: KPipe, table: str, timeo
     return False
 
 
+@pytest.mark.slow  # a crash round (the chaos slice kills the publisher child too): make test-slow
 def test_kill_9_while_publishing_followers_end_identical(pg_db: str, tmp_path: Path, kafka, spark) -> None:
     """`cdc stream` and its publisher are killed with SIGKILL while records are in flight to Kafka,
     and restarted, three times: the topic may hold republished copies (same positions, same
