@@ -7,6 +7,7 @@ means a bug; set CDC_DEBUG=1 to see one for expected failures too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -740,8 +741,30 @@ def dev_status(services: tuple[str, ...], base: Path) -> None:
         say(line)
 
 
+# Arrow-based readers (delta-rs, DataFusion, pyarrow) keep native thread pools whose C++
+# destructors can abort the interpreter's shutdown (SIGABRT, "terminate called without an
+# active exception") after a verb has printed its answer. Without a JVM to stop, run the
+# atexit hooks and leave without the native teardown; the exit code is the verb's own.
+_NATIVE_POOLS = ("deltalake", "datafusion", "pyarrow", "polars", "pyiceberg")
+
+
 def main() -> None:
-    cli(prog_name="cdc")
+    try:
+        cli(prog_name="cdc")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    if "pyspark" in sys.modules or not any(m in sys.modules for m in _NATIVE_POOLS):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
