@@ -66,3 +66,28 @@ def spark():
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+
+
+# delta-rs, DataFusion and pyarrow keep native thread pools whose C++ teardown can abort the
+# interpreter after the last test (SIGABRT, "terminate called without an active exception"),
+# turning a green session red. Once pytest has reported, leave as `cdc` does (pipelines/cli.py
+# main): the atexit hooks, then os._exit with pytest's own status.
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import atexit
+    import os
+    import sys
+
+    if _EXIT_STATUS not in config.stash:
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(config.stash[_EXIT_STATUS])
