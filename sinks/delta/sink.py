@@ -5,6 +5,8 @@
 * Exactly once per batch: the MERGE commits with Delta's idempotent-write confs
   (txnAppId = this follower, txnVersion = the cut id), so a cut applied again after a crash
   between MERGE and checkpoint is skipped by Delta itself.
+* A table made in this cut gets its netted rows as an append: on an empty table that is all the
+  MERGE would do, without its join; a replay finds the table made and MERGEs, changing nothing.
 * Truncate: rows older than the truncate's position are deleted, then the batch's later
   events merge in. A follower starting a table over (new snapshot base) deletes the rows older
   than the snapshot first.
@@ -62,7 +64,7 @@ from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
-from sinks.delta.snapshot import reader_protocol, table_property
+from sinks.delta.snapshot import reader_protocol, table_property, written_rows
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -391,6 +393,13 @@ class DeltaSink(Sink):
             )
             stats.inserted = scd2["inserted"]
             return stats
+        if fresh:
+            # A table made for this cut holds no row, so the MERGE's whole effect is inserting the
+            # netted rows that are not deletes: an append does that without the join. A replay
+            # (a crash before the checkpoint) finds the table made and MERGEs, which changes nothing.
+            stats.inserted = retry_conflicts(lambda: self._append_to_new(path, batch, changes, cut_id))
+            self._retire(path, batch)
+            return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
             older = self._older_than(batch.snapshot_lsn, 0)
             retry_conflicts(lambda: target.delete(older))  # start over from the snapshot
@@ -399,18 +408,38 @@ class DeltaSink(Sink):
             retry_conflicts(lambda: target.delete(older))
         # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
         metrics = retry_conflicts(lambda: self._merge(target, batch, changes, cut_id))
-        if batch.retired and self.config.dropped_columns != "keep":  # sinks/delta/dropped.py
-            from sinks.delta.dropped import retire_columns
-
-            done = retire_columns(self.spark, path, sorted(batch.retired), self.config.dropped_columns)
-            if done:
-                how = "set NULL in every row" if self.config.dropped_columns == "null" else "dropped from the table"
-                self.say(f"sink {self.name}: {batch.table}: column(s) {', '.join(done)} dropped at the source: {how}")
+        self._retire(path, batch)
         if metrics is not None:
             stats.inserted = int(metrics["num_inserted_rows"])
             stats.updated = int(metrics["num_updated_rows"])
             stats.deleted = int(metrics["num_deleted_rows"])
         return stats
+
+    def _retire(self, path: str, batch: DeltaBatch) -> None:
+        if batch.retired and self.config.dropped_columns != "keep":  # sinks/delta/dropped.py
+            from sinks.delta.dropped import retire_columns
+
+            done = retire_columns(self.spark, path, sorted(batch.retired), self.config.dropped_columns)
+            if done:
+                how = (
+                    "set NULL in every row"
+                    if self.config.dropped_columns == "null"
+                    else "dropped from the table"
+                )
+                self.say(
+                    f"sink {self.name}: {batch.table}: column(s) {', '.join(done)} dropped at the source: {how}"
+                )
+
+    def _append_to_new(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int) -> int:
+        """The rows the MERGE's insert clause would write, appended; returns how many."""
+        types = {f.name: f.dataType for f in batch.spark_schema.fields} | self._meta()
+        columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+        rows = changes.df.where(F.col("_cdc_op") != "d").select(
+            *(F.col(q(c)).cast(types[c]).alias(c) for c in columns)
+        )
+        with follower_write(self.spark, self.app_id, cut_id):
+            rows.write.format("delta").mode("append").save(path)
+        return written_rows(self.spark, path, self.app_id, cut_id)
 
     def _merge(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)

@@ -52,3 +52,27 @@ def reader_protocol(spark: SparkSession, path: str) -> tuple[int, set[str]]:
         while it.hasNext():
             names.add(str(it.next()))
     return int(protocol.minReaderVersion()), names
+
+
+def written_rows(spark: SparkSession, path: str, app_id: str, txn_version: int, look_back: int = 5) -> int:
+    """`numOutputRows` of the newest commit that carries the follower's idempotent write (app_id,
+    txn_version), read from its commit file (one small file, no Spark job); 0 when none of the
+    last `look_back` commits does."""
+    import json
+
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    latest = table_version(spark, path)
+    for version in range(latest, max(latest - look_back, -1), -1):
+        commit = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log/{version:020d}.json")
+        stream = commit.getFileSystem(conf).open(commit)
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        txn = next((a["txn"] for a in actions if "txn" in a), None)
+        if txn and txn.get("appId") == app_id and int(txn.get("version", -1)) == txn_version:
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            return int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
+    return 0
