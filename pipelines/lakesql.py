@@ -1,7 +1,8 @@
 """`cdc sql PIPELINE "SELECT ..." [--sink NAME] [--cut N] [--engine auto|datafusion|spark]`: SQL
 over a Delta follower's tables, every table as of the same applied cut (the latest complete one by
 default), read through `_cdc_cuts` (sinks/delta/cuts.py). Tables answer to their source names,
-qualified or bare (pipelines/lakenames.py).
+qualified or bare (pipelines/lakenames.py); columns to their stored names, and the header gives a
+column stored encoded its source name (sinks/delta/names.py).
 
 Engines: DataFusion (pipelines/lakesql_df.py, no JVM, about a second) runs the query by default;
 `auto` hands a query DataFusion cannot open, plan or run to Spark (a note on stderr says why),
@@ -97,11 +98,15 @@ def _spark_rows(
     spark: SparkSession, base: str | Path, record: CutRecord, query: str, limit: int
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The query on Spark: a temp view per table at the cut's version, table names rewritten."""
+    from pipelines.lakesql_df import source_header
+
     views = spark_views(record.versions)
+    fields: dict[str, Any] = {}
     for table, view in views.items():
         version = record.versions[table]
         df = spark.read.format("delta").option("versionAsOf", version).load(table_dir(base, record, table))
         df.createOrReplaceTempView(view)
+        fields.update((f.name, f.metadata) for f in df.schema.fields if f.metadata.get("comment"))
     try:
         df = spark.sql(spark_query(query, views))
     except Exception as exc:  # a bad query is the user's input: exit 2 with Spark's own first line
@@ -113,4 +118,4 @@ def _spark_rows(
             "views: " + ", ".join(f"{v} = {t}" for t, v in views.items())
             + " (schema.table works too; quote names with `backticks` in Spark SQL)",
         ) from None
-    return list(df.columns), [tuple(r) for r in df.limit(limit).collect()]
+    return source_header(list(df.columns), fields), [tuple(r) for r in df.limit(limit).collect()]

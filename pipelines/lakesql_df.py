@@ -14,6 +14,7 @@ from typing import Any
 
 from pipelines.lakenames import datafusion_names, quoted, schemas_of
 from sinks.delta.cuts import CutRecord, table_dir
+from sinks.delta.names import source_name
 
 
 class DataFusionRefused(Exception):
@@ -36,6 +37,13 @@ def _reraise_ours(exc: BaseException) -> None:
         raise exc
 
 
+def source_header(columns: list[str], fields: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+    """The output's column names with a table column stored encoded (`unit_x0020_price`, a name
+    plain Delta cannot hold) given back under its source name (`unit price`), as its comment says.
+    `fields`: stored name -> metadata of the tables' columns."""
+    return [source_name(c, fields[c]) if c in fields else c for c in columns]
+
+
 def query_at_cut(
     base: str | Path, record: CutRecord, query: str, limit: int
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -49,16 +57,20 @@ def query_at_cut(
             if schema != "public":  # DataFusion's default schema exists already
                 qb.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
         names: Mapping[str, list[str]] = datafusion_names(record.versions)
+        fields: dict[str, Mapping[str, Any] | None] = {}
         for table, version in sorted(record.versions.items()):
             dt = DeltaTable(table_dir(base, record, table), version=version)
             for name in names[table]:
                 qb.register(name, dt)
+            for f in dt.schema().fields:
+                if source_name(f.name, f.metadata) != f.name:
+                    fields[f.name] = f.metadata
     except BaseException as exc:  # deltalake's own errors (a table feature it cannot read), a Rust panic
         _reraise_ours(exc)
         raise DataFusionRefused(f"delta-rs cannot open the tables: {_first_line(exc)}") from None
     try:
         reader = pa.RecordBatchReader.from_stream(qb.execute(query))
-        columns = list(reader.schema.names)
+        columns = source_header(list(reader.schema.names), fields)
         rows: list[tuple[Any, ...]] = []
         for batch in reader:  # stop reading once `limit` rows are here
             # by position, not to_pylist()'s dicts: two output columns may share a name

@@ -41,6 +41,7 @@ from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
+from cdc.log.history import History, position_in
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
 from cdc.source import _slot, connect, publication_names
@@ -71,6 +72,10 @@ class TableVerdict:
     missing_columns: list[str] = field(default_factory=list)  # the source has them, the follower does not
     # (old name, new name): renamed in the source, the follower still has the old name (compared under it)
     renamed_columns: list[tuple[str, str]] = field(default_factory=list)
+    # (old name, new name, LSN): the same, but the log has the rename (at LSN): the follower's next apply brings it
+    pending_renames: list[tuple[str, str, int]] = field(default_factory=list)
+    # (name, LSN): added in the source, in the log at LSN, not applied by the follower yet (not compared)
+    pending_columns: list[tuple[str, int]] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)  # said on the report: columns no follower can have
 
     @property
@@ -79,6 +84,8 @@ class TableVerdict:
             self.missing == self.extra == self.different == 0
             and not self.missing_columns
             and not self.renamed_columns
+            and not self.pending_renames
+            and not self.pending_columns
         )
 
 
@@ -147,6 +154,37 @@ def source_columns(
     }
     generated = [name for name, _o, _m, _d, gen, _a in rows if gen and name not in known]
     return tuple(cols), generated, renamed
+
+
+def follower_columns(
+    history: History, follower_lsn: int, columns: tuple[Column, ...]
+) -> dict[str, tuple[str | None, int | None]]:
+    """Source columns (at the verification point, with their attnums) that a follower having applied
+    the log up to `follower_lsn` has under another name or not at all, matched by attnum against
+    the schema version it applied last (the newest one from at or before its position): name ->
+    (the follower's name for it, None when it has not got it; the LSN of the log's first later
+    version that brings the change, None when the log has not got the change yet)."""
+    if not history:
+        return {}
+    applied = [i for i, (_v, since, _s) in enumerate(history) if since <= follower_lsn]
+    at = applied[-1] if applied else 0
+    have = history[at][2]
+    out: dict[str, tuple[str | None, int | None]] = {}
+    for c in columns:
+        i = position_in(have, c)
+        old = have.columns[i].name if i >= 0 else None
+        if old == c.name:
+            continue
+        brings = next(
+            (
+                since
+                for _v, since, schema in history[at + 1 :]
+                if (j := position_in(schema, c)) >= 0 and schema.columns[j].name != old
+            ),
+            None,
+        )
+        out[c.name] = (old, brings)
+    return out
 
 
 def copy_source(
@@ -247,9 +285,13 @@ def compare(
     table: str,
     renamed: dict[str, str] | None = None,
     since: int | None = None,
+    columns: dict[str, tuple[str | None, int | None]] | None = None,
 ) -> TableVerdict:
     """`renamed`: new name -> old name of source columns renamed since the log last saw the table;
     a follower that has the old name and not the new one is compared under the old name.
+    `columns`: what `follower_columns` says of the follower's columns (by attnum, through the log's
+    schema history): a column the log has renamed is compared under the follower's old name, one
+    the log has added is not compared; both are named as not applied yet.
     `since`: a keyless table's follower rows committed at or after it are excused (past the source's point)."""
     verdict = TableVerdict(table)
     names = [c.name for c in schema.columns]
@@ -260,12 +302,26 @@ def compare(
         later = F.col("_cdc_lsn") >= since
         verdict.excused = follower.filter(later).count()
         follower = follower.filter(~later)
-    old = {
-        n: o
-        for n, o in (renamed or {}).items()
-        if n in names and n not in follower.columns and o in follower.columns
-    }
-    verdict.renamed_columns = [(o, n) for n, o in old.items()]
+    old: dict[str, str] = {}
+    for n in names:
+        if n in follower.columns:
+            continue
+        was, brings = (columns or {}).get(n, (None, None))
+        if was is not None and was in follower.columns:
+            old[n] = was
+            if brings is None:
+                verdict.renamed_columns.append((was, n))
+            else:
+                verdict.pending_renames.append((was, n, brings))
+        elif was is None and brings is not None and n not in keys:
+            verdict.pending_columns.append((n, brings))
+        elif (o := (renamed or {}).get(n)) is not None and o in follower.columns:
+            old[n] = o
+            verdict.renamed_columns.append((o, n))
+    if verdict.pending_columns:  # the follower's next apply brings them: the rest is compared
+        pending = {n for n, _ in verdict.pending_columns}
+        names = [n for n in names if n not in pending]
+        source = source.select(*(q(n) for n in names))
     missing_cols = [n for n in names if n not in follower.columns and n not in old]
     verdict.missing_columns = missing_cols
     follower = follower.select(
@@ -504,6 +560,7 @@ def _verify_sink(
                         str(table),
                         source.renamed.get(table),
                         source.point if ckpt.lsn >= source.point else None,
+                        follower_columns(_history(log, table), ckpt.lsn, schema.columns),
                     )
                 )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
@@ -514,6 +571,12 @@ def _verify_sink(
     except CdcError as exc:
         verdict.error = str(exc)
     return verdict
+
+
+def _history(log, table: TableName) -> History:
+    """The log's schema versions of `table`, oldest first (none from a log that keeps no history)."""
+    history = getattr(log, "schema_history", None)
+    return history(table) if history is not None else []
 
 
 def _verify_view(
@@ -612,6 +675,22 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
                     f"    column(s) the follower does not have: {', '.join(t.missing_columns)} (added in the source; the log "
                     f"learns of a new column with the table's next change; `{snap}` brings it at once, then "
                     f"`{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`)"
+                )
+            apply_cmd = (
+                pipeline.command("apply", "--once", "--sink", v.sink) if pipeline else "cdc apply PIPELINE --once"
+            )
+            if t.pending_columns:
+                say(
+                    f"    column(s) the follower does not have: "
+                    f"{', '.join(f'{n} (added in the source, in the log at {format_lsn(lsn)}, not applied yet)' for n, lsn in t.pending_columns)}; "
+                    f"not compared until then. `{apply_cmd}` brings it (or wait for `cdc run`); no rebuild is needed"
+                )
+            if t.pending_renames:
+                say(
+                    f"    column(s) the follower has under their old name: "
+                    f"{', '.join(f'{o} (renamed in the source: {o} -> {n}, in the log at {format_lsn(lsn)}, not applied yet)' for o, n, lsn in t.pending_renames)}; "
+                    f"their values were compared under the old name. `{apply_cmd}` brings the rename "
+                    "(or wait for `cdc run`); no rebuild is needed"
                 )
             if t.renamed_columns:
                 say(

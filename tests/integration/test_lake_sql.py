@@ -1,6 +1,7 @@
 """`cdc sql` over a Delta follower applied by Spark from a real PostgreSQL (issue 33 items 6, 7):
 DataFusion (no JVM) returns the source's rows as of a cut, every table at the same cut while a later
-cut exists; tables answer to qualified, bare and quoted names in both engines; a query only Spark
+cut exists; tables answer to qualified, bare and quoted names in both engines, and the output names a
+column stored encoded by its source name; a query only Spark
 can run goes to Spark; `cdc sql` and `cdc log read` run without importing pyspark, `cdc status` and `cdc wait` without
 starting a JVM.
 
@@ -28,10 +29,11 @@ SETUP = (
     "CREATE SCHEMA sales",
     "CREATE TABLE public.t(id int PRIMARY KEY, v text, n numeric(10,2))",
     "CREATE TABLE sales.t(id int PRIMARY KEY, v text)",
-    'CREATE TABLE public."Order Items"(id int PRIMARY KEY, "Qty" int)',
+    # "unit price": a name plain Delta cannot hold, stored encoded (unit_x0020_price); `cdc sql` says "unit price"
+    'CREATE TABLE public."Order Items"(id int PRIMARY KEY, "Qty" int, "unit price" int)',
     "INSERT INTO public.t SELECT g, 'v' || g, g * 1.5 FROM generate_series(1, 5) g",
     "INSERT INTO sales.t SELECT g, 's' || g FROM generate_series(1, 4) g",
-    'INSERT INTO public."Order Items" SELECT g, g * 10 FROM generate_series(1, 3) g',
+    'INSERT INTO public."Order Items" SELECT g, g * 10, g + 100 FROM generate_series(1, 3) g',
 )
 CHANGES = (  # one transaction over two tables: cut B
     "BEGIN",
@@ -78,7 +80,7 @@ def rows_of(out: str) -> dict[tuple, dict]:
 
 def test_datafusion_reads_the_source_rows_at_a_cut_without_a_jvm(lake: Lake) -> None:
     f = lake.pipe.file
-    cols = {"public.t": "id, v, n", "sales.t": "id, v", 'public."Order Items"': 'id, "Qty"'}
+    cols = {"public.t": "id, v, n", "sales.t": "id, v", 'public."Order Items"': 'id, "Qty", unit_x0020_price'}
     for cut, expected in ((lake.cut_b, None), (lake.cut_a, lake.at_a)):
         for table, select in cols.items():
             run, jvm, pyspark = cdc_watched("sql", f, "--json", "--engine", "datafusion", "--cut", cut, f"SELECT {select} FROM {table}")
@@ -117,6 +119,9 @@ def test_qualified_bare_and_quoted_names(lake: Lake, engine: str) -> None:
         run = cdc_here("sql", lake.pipe.file, "--engine", engine, query)
         assert run.code == 0 and run.out.splitlines() == ["c", want], (query, run)
         assert f"engine {engine}" in run.err, run.err
+    # the header gives an encoded column its source name (queries name it as stored)
+    run = cdc_here("sql", lake.pipe.file, "--engine", engine, f"SELECT {q}Qty{q}, unit_x0020_price FROM {q}Order Items{q} WHERE id = 3")
+    assert run.code == 0 and run.out.splitlines() == ["Qty\tunit price", "30\t103"], run
 
 
 def test_a_query_only_spark_runs_goes_to_spark(lake: Lake) -> None:

@@ -91,3 +91,27 @@ def test_versions_without_attnums_match_by_name() -> None:
     followed = followed_schema([(1, 10, old), (2, 20, new)])
     assert followed.layout(old) == [0, 1, -1]
     assert followed.renames == {}
+
+
+def test_verify_matches_the_followers_columns_by_attnum() -> None:
+    """`cdc verify`: a follower at the version it applied last has `note` (attnum 2); the source
+    renamed it, added `tier` and dropped `n`. What the follower has by another name or not at all,
+    and the LSN of the log's version that brings it (None: the log has not got it)."""
+    from pipelines.verify import follower_columns
+
+    renamed = schema(("id", INT, 1), ("remark", TEXT, 2), ("n", INT, 3))
+    added = schema(("id", INT, 1), ("remark", TEXT, 2), ("tier", TEXT, 4))
+    history = [(1, 100, V1), (2, 200, renamed), (3, 300, added)]
+    source = added.columns
+    # the log has both (the rename at 200, the new column at 300); the follower applied up to 150
+    assert follower_columns(history, 150, source) == {"remark": ("note", 200), "tier": (None, 300)}
+    assert follower_columns(history, 250, source) == {"tier": (None, 300)}
+    assert follower_columns(history, 300, source) == {}
+    # the log lacks both: the source's columns with their catalog attnums
+    assert follower_columns(history[:1], 150, source) == {"remark": ("note", None), "tier": (None, None)}
+    # renamed twice in the log (note -> remark -> memo): the first version that renames it
+    memo = schema(("id", INT, 1), ("memo", TEXT, 2))
+    assert follower_columns([*history[:2], (3, 300, memo)], 150, memo.columns) == {"memo": ("note", 200)}
+    # a log without attnums matches by name: a renamed column is not recognised, as before
+    plain = TableSchema(tuple(Column(c.name, c.type_oid, -1) for c in V1.columns), ("id",), V1.types)
+    assert follower_columns([(1, 100, plain)], 150, (Column("remark", TEXT, -1),)) == {"remark": (None, None)}

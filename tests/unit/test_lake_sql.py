@@ -13,7 +13,7 @@ import pytest
 
 from cdc.ground.errors import UsageError
 from pipelines.lakenames import datafusion_names, spark_query, spark_views
-from pipelines.lakesql_df import DataFusionRefused, query_at_cut
+from pipelines.lakesql_df import DataFusionRefused, query_at_cut, source_header
 from sinks.delta.cuts import cut_record_arrow, list_cuts_arrow
 
 pytestmark = pytest.mark.unit
@@ -104,6 +104,33 @@ def test_limit_and_cut_not_recorded(lake: Path) -> None:
     assert len(run(lake, "SELECT * FROM public.t", limit=2)[1]) == 2
     with pytest.raises(UsageError, match="cut 9 is not recorded"):
         cut_record_arrow(lake, 9)
+
+
+def test_the_header_has_source_names_for_encoded_columns(tmp_path: Path) -> None:
+    """A source column plain Delta cannot hold is stored encoded (`unit_x0020_price`) with its
+    source name in the column's comment, as the Delta sink writes it: the output's header says
+    `unit price`; an alias, and a comment that is not the sink's, stay as they are."""
+    import json
+
+    from deltalake import write_deltalake
+
+    ours = {"comment": "pgcdc source column: " + json.dumps("unit price")}
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64()),
+            pa.field("unit_x0020_price", pa.int64(), metadata=ours),
+            pa.field("note_x0020_x", pa.string(), metadata={"comment": "a user's own"}),
+        ]
+    )
+    write_deltalake(str(tmp_path / "r"), pa.table([[1], [250], ["n"]], schema=schema))
+    cut = {
+        "cut_id": 1, "lsn": 1, "lsn_text": "0/1", "log_id": "log-a", "versions": [("public.r", 0)],
+        "paths": [("public.r", "r")], "applied_at": dt.datetime(2026, 11, 28, tzinfo=dt.UTC),
+    }
+    write_deltalake(str(tmp_path / "_cdc_cuts"), pa.Table.from_pylist([cut], CUTS_SCHEMA))
+    assert run(tmp_path, "SELECT * FROM public.r") == (["id", "unit price", "note_x0020_x"], [(1, 250, "n")])
+    assert run(tmp_path, "SELECT unit_x0020_price AS p, unit_x0020_price FROM r")[0] == ["p", "unit price"]
+    assert source_header(["a_x0020_b", "c"], {"a_x0020_b": None}) == ["a_x0020_b", "c"]  # no comment
 
 
 def test_datafusion_names() -> None:
