@@ -112,7 +112,7 @@ def test_alert_rules_pass_promtool() -> None:
     check = subprocess.run(
         [promtool(), "check", "rules", "alerts.yml"], cwd=MONITORING, capture_output=True, text=True
     )
-    assert check.returncode == 0 and "SUCCESS: 11 rules found" in check.stdout, check
+    assert check.returncode == 0 and "SUCCESS: 13 rules found" in check.stdout, check
     test = subprocess.run(
         [promtool(), "test", "rules", "alerts_test.yml"], cwd=MONITORING, capture_output=True, text=True
     )
