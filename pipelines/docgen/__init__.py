@@ -1,5 +1,6 @@
 """Reference pages generated from the code (issue 41): the CLI from the click command tree, the
-pipeline file from the pydantic models, the type mapping from cdc/typetable.py. Written by
+pipeline file from the pydantic models, the type mapping from cdc/typetable.py, the metrics from
+the Prometheus registry. Written by
 `scripts/gen_docs.py`; tests/unit/test_reference_docs.py fails when a page is out of date."""
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ def pages() -> dict[str, Callable[[], str]]:
     """docs/reference/<file> -> its text (imports are lazy: each page only needs its own code)."""
     from pipelines.docgen.cli_ref import cli_page
     from pipelines.docgen.config_ref import pipeline_file_page
+    from pipelines.docgen.metrics_ref import metrics_page
     from pipelines.docgen.types_ref import types_page
 
-    return {"cli.md": cli_page, "pipeline-file.md": pipeline_file_page, "types.md": types_page}
+    return {
+        "cli.md": cli_page,
+        "pipeline-file.md": pipeline_file_page,
+        "types.md": types_page,
+        "metrics.md": metrics_page,
+    }
