@@ -1,5 +1,5 @@
 # The two entry points of the README. Both run the idempotent set-up first.
-.PHONY: setup demo test test-slow lint
+.PHONY: setup demo test test-slow lint docs
 setup:
 	@scripts/setup.sh
 demo: setup
@@ -14,3 +14,7 @@ test-slow: setup
 	.venv/bin/python -m pytest -m slow
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+# The documentation site (docs/, mkdocs.yml) into site/; the reference pages are regenerated first.
+docs: setup
+	.venv/bin/python scripts/gen_docs.py
+	.venv/bin/mkdocs build --strict
