@@ -435,18 +435,18 @@ def test_malformed_record_stops_the_apply_or_goes_to_the_dead_letter_table(
     assert parked[1]["reason"] == "no `op`"
 
 
-# ---- issue 23 item 8: the README's worked example runs as written --------------------------------------
+# ---- issue 23 item 8: the docs' worked example runs as written -----------------------------------------
 def _readme_debezium_example() -> str:
-    """The `format: debezium` pipeline file of README "Kafka log and Debezium", verbatim."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    """The `format: debezium` pipeline file of the docs page "Kafka and Debezium", verbatim."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "kafka-debezium.md").read_text(encoding="utf-8")
     section = readme.split("**What a `format: debezium` pipeline needs.**", 1)[1]
     blocks = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
-    assert blocks and "format: debezium" in blocks[0], "README lost its Debezium example"
+    assert blocks and "format: debezium" in blocks[0], "docs/kafka-debezium.md lost its Debezium example"
     return blocks[0]
 
 
 def test_readme_debezium_example_runs_as_written(pg_db, debezium, kafka, spark, tmp_path, monkeypatch):
-    """The README's example file, with only its documented ${PG_DSN}/${KAFKA_BOOTSTRAP} set (as
+    """The docs' example file, with only its documented ${PG_DSN}/${KAFKA_BOOTSTRAP} set (as
     `cdc dev up postgres kafka` exports them) and a connector with the dev services' topic prefix
     `dbz` on public.items: `cdc apply dbz_shop.yml --once` and `cdc verify dbz_shop.yml`, as printed
     there, from the file's directory, exit 0."""

@@ -1,5 +1,5 @@
-"""The example systemd units in examples/systemd (issue 34 item 5; README "Operations", "Running
-under systemd") pass `systemd-analyze verify`. No systemd runs here: verify loads the units offline
+"""The example systemd units in examples/systemd (issue 34 item 5; docs/run-continuously.md,
+"Running under systemd") pass `systemd-analyze verify`. No systemd runs here: verify loads the units offline
 from a throw-away root (--root) holding them, the executables they start and the distribution's
 own units (for the default dependencies), without man pages or generators."""
 
@@ -70,6 +70,6 @@ def test_the_units_use_the_documented_pieces() -> None:
     assert "EnvironmentFile=/etc/pgcdc/%i.env" in run and "Restart=on-failure" in run
     assert "--metrics-port ${CDC_METRICS_PORT}" in run
     assert "/healthz" in (UNITS / "pgcdc-health@.service").read_text()
-    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "run-continuously.md").read_text()
     for unit in UNITS.iterdir():
-        assert f"examples/systemd/{unit.name}" in readme or unit.name in readme, f"README does not show {unit.name}"
+        assert f"examples/systemd/{unit.name}" in page or unit.name in page, f"the docs do not show {unit.name}"
