@@ -16,7 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_site_builds_strict(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--quiet",
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -32,6 +41,8 @@ def test_readme_links_every_docs_page() -> None:
     """The README is the way in: each page of the site is linked from it."""
     readme = (ROOT / "README.md").read_text()
     missing = [
-        str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")) if str(p.relative_to(ROOT)) not in readme
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "docs").rglob("*.md"))
+        if str(p.relative_to(ROOT)) not in readme
     ]
     assert not missing, f"README.md does not link {missing}"
