@@ -423,7 +423,7 @@ def check_source(
                     f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or give it a unique index on NOT NULL columns "
                     f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; or, to follow its inserts only, "
                     f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT; (updates and deletes of keyless REPLICA IDENTITY "
-                    "FULL tables are not followed yet: README \"Tables without a primary key\")",
+                    "FULL tables are not followed yet: docs/keyless-tables.md)",
                 )
             )
     _check_filters(conn, report, info, options or {})

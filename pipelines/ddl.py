@@ -19,7 +19,7 @@ def _no_right(pipeline: Pipeline, user: str, action: str) -> SourceError:
         "their admin role, where they allow it at all); nothing was changed, and the pipeline goes on following "
         "schema changes with each table's next change",
         f"run `{pipeline.command(f'ddl {action}')}` with a DSN of a superuser, or on a managed service of its admin "
-        "role (README \"Schema changes\": which role may create event triggers on RDS, Cloud SQL, Azure, Supabase)",
+        "role (docs/schema-changes.md: which role may create event triggers on RDS, Cloud SQL, Azure, Supabase)",
     )
 
 

@@ -129,7 +129,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         query = f"SELECT status, count(*) AS orders FROM delta.`{lake}/public/orders` GROUP BY status ORDER BY status"
         say("  query it with Spark SQL:")
         say(f"""    .venv/bin/python -c 'from pipelines.spark import spark_session; spark_session().sql("{query}").show()'""")
-        say("  or without Spark, with delta-rs / Polars (README \"Reading the lake\"):")
+        say("  or without Spark, with delta-rs / Polars (docs/reading-the-lake.md):")
         say(f"""    .venv/bin/python -c 'import polars; print(polars.read_delta("{lake}/public/orders"))'""")
         return code
     finally:

@@ -32,7 +32,7 @@ def check_services(pipeline: Pipeline, tables: list[TableName], say: Say) -> int
 
 
 def _fail(say: Say, problem: str, fix: str | None) -> int:
-    say(f"{BAD} {problem}\n       fix: {fix or 'see the README section Security'}")
+    say(f"{BAD} {problem}\n       fix: {fix or 'see docs/security.md'}")
     return 1
 
 

@@ -78,7 +78,7 @@ class PostgresSource(_Strict):
     failover: bool = Field(
         default=False,
         description="create the slot as a failover slot (PostgreSQL 17 or later): a standby with sync_replication_slots "
-        "keeps a copy, so after a failover the pipeline goes on against the promoted standby (README Operations)",
+        "keeps a copy, so after a failover the pipeline goes on against the promoted standby (docs/recovery-and-rewind.md, Failover)",
     )
     min_sslmode: Literal["require", "verify-ca", "verify-full"] = Field(
         default="verify-full",
@@ -514,7 +514,7 @@ class SinkConfig(_Strict):
     dropped_columns: Literal["keep", "null", "drop"] = Field(
         default="keep",
         description="a column the source drops: keep its last values, set it NULL in every row, or drop it "
-        "from the follower (delta mode scd1 and redis; README Schema changes)",
+        "from the follower (delta mode scd1 and redis; docs/schema-changes.md)",
     )
 
     @model_validator(mode="after")
@@ -1011,7 +1011,7 @@ def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None 
         lines = [_describe(e) for e in exc.errors()]
         raise PipelineFileError(
             f"{source}: invalid pipeline file:\n  " + "\n  ".join(lines),
-            "see the README section 'Pipeline file reference'",
+            "see docs/reference/pipeline-file.md",
         ) from None
     return pipeline.model_copy(update={"base_dir": base_dir or Path(".")})
 

@@ -65,6 +65,6 @@ def check_version(fmt: Format, found: int | str | None, where: str, writer: str 
             f"{fmt.name} format {fmt.version} and older",
             f"run {'cdc ' + writer + ' or newer' if writer else 'the newer cdc that wrote it'} "
             "(`cdc --version` shows the formats a release reads), or start this pipeline over with "
-            "`cdc teardown` and `cdc snapshot` (README \"Upgrading\")",
+            "`cdc teardown` and `cdc snapshot` (docs/upgrades.md)",
         )
     return number

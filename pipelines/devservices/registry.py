@@ -204,6 +204,6 @@ def access_notes(base: Path, services: Iterable[str]) -> list[str]:
     if open_ones:
         notes.append(
             "note: open to every local user of this machine (127.0.0.1 only, no authentication or TLS; "
-            f"dev services, README Security): {', '.join(open_ones)}"
+            f"dev services, docs/security.md): {', '.join(open_ones)}"
         )
     return notes

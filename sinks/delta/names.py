@@ -122,8 +122,8 @@ class ColumnNames:
 def collision(table: str, path: str, name: str, other: str, stored: str, what: str) -> SinkError:
     return SinkError(
         f"Delta table {path} ({table}): source column {name!r} would be stored as {stored!r}, "
-        f"the name of the {what} {other!r} (README 'Reading the lake': column names)",
+        f"the name of the {what} {other!r} (docs/reading-the-lake.md: column names)",
         f"rename one of the two columns in the source (ALTER TABLE {table} RENAME COLUMN ...), or, if "
-        f"{other!r} is a column the source dropped, drop it from the Delta table (README 'Schema changes', "
+        f"{other!r} is a column the source dropped, drop it from the Delta table (docs/schema-changes.md, "
         "DROP COLUMN) or move the table away so it is rebuilt from the log",
     )

@@ -435,7 +435,7 @@ class OpenSearchSink(SearchSink):
             )
         return EngineSettingError(
             f"OpenSearch at {show_hosts(self.hosts)} does not allow {who} {what} (HTTP 403)",
-            "give that user a role with the index rights README Security lists for the search sink "
+            "give that user a role with the index rights docs/security.md lists for the search sink "
             f"(indices {self.prefix}.*: create, write, read, manage aliases; cluster: monitor), or check {check}",
         )
 

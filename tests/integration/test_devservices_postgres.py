@@ -83,7 +83,7 @@ def test_dev_postgres_is_owner_only() -> None:
             "note: open to every local user of this machine (127.0.0.1 only, no authentication or TLS; "
             in up.err
         )
-        assert up.err.rstrip().endswith("README Security): redis"), up.err
+        assert up.err.rstrip().endswith("docs/security.md): redis"), up.err
     finally:
         down = cdc("dev", "down", "postgres", "redis", "--dir", str(base), timeout=180)
         shutil.rmtree(base, ignore_errors=True)
