@@ -20,6 +20,12 @@ In protocol v2, messages sent inside a streamed transaction (between Stream Star
 Stop) carry the xid right after the kind byte for the kinds that have one (Relation, Type,
 Insert, Update, Delete, Truncate, Message). The wire format does not say whether the field is
 there, so the caller passes ``in_stream=True`` while it is between those two messages.
+
+Two ways in: `decode` builds a message object with every value decoded; the stream reader's hot path
+(cdc/stream/loop.py) takes `raw_insert`, `raw_update`, `raw_delete`, `begin_fields` and
+`commit_fields`, which split a message without decoding its values, and `decode` is built on them,
+so there is one parser. It stays one module (over 450 lines) for that reason: both ways share the
+low-level readers and the TupleData loops.
 """
 
 from __future__ import annotations
