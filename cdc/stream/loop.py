@@ -73,6 +73,9 @@ class ReceiveLoop:
         max_events, max_seconds = self.cfg.batch_max_events, self.cfg.batch_max_seconds
         target = stats.target_lsn
         beat = self._beat.beat
+        # bound once, not looked up per message
+        insert_parts, update_parts, delete_parts = raw_insert, raw_update, raw_delete
+        key_prefix, key_bytes, change_rows = tuple_prefix, key_from_values, self._change_rows
 
         in_txn = skip = False
         commit_lsn = xid = ts = seq = 0
@@ -159,12 +162,12 @@ class ReceiveLoop:
             if kind == INSERT:
                 if skip:
                     continue
-                relid, new = raw_insert(p)
+                relid, new = insert_parts(p)
                 rel = rels.get(relid)
                 if rel is None:
                     continue
                 seq += 1
-                vals = tuple_prefix(new, 0, rel.key_len)
+                vals = key_prefix(new, 0, rel.key_len)
                 rows = buffers.get(rel.table_id)
                 if rows is None:
                     rows = buffers[rel.table_id] = []
@@ -173,9 +176,7 @@ class ReceiveLoop:
                         commit_lsn,
                         seq,
                         "c",
-                        b"%d\t%d" % (commit_lsn, seq)
-                        if rel.positional
-                        else key_from_values(vals, rel.key_idx),
+                        b"%d\t%d" % (commit_lsn, seq) if rel.positional else key_bytes(vals, rel.key_idx),
                         new,
                         None,
                         None,
@@ -194,9 +195,9 @@ class ReceiveLoop:
                 if skip:
                     continue
                 if kind == UPDATE:
-                    relid, old_kind, old, new = raw_update(p)
+                    relid, old_kind, old, new = update_parts(p)
                 else:
-                    (relid, old_kind, old), new = raw_delete(p), None
+                    (relid, old_kind, old), new = delete_parts(p), None
                 rel = rels.get(relid)
                 if rel is None:
                     continue
@@ -204,9 +205,7 @@ class ReceiveLoop:
                 if rows is None:
                     rows = buffers[rel.table_id] = []
                 before = seq
-                seq = self._change_rows(
-                    rel, old_kind, old, new, rows, commit_lsn, seq, xid, ts, msg.data_start
-                )
+                seq = change_rows(rel, old_kind, old, new, rows, commit_lsn, seq, xid, ts, msg.data_start)
                 batch_events += seq - before
                 if len(rows) >= _FLUSH_ROWS:
                     log.append(rel.table_id, rows)
