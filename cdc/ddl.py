@@ -5,7 +5,7 @@ next row change, which for a quiet table may be never. With the trigger installe
 install PIPELINE`, by a role that may create event triggers), every `ddl_command_end`,
 `table_rewrite` and `sql_drop` of a table the pipeline's publication covers writes a
 transactional logical message (`pg_logical_emit_message(true, <prefix>, <json>)`) in the DDL's
-own transaction, so the stream (cdc/reader.py, which already asks pgoutput for messages) gets the
+own transaction, so the stream (cdc/stream/, which already asks pgoutput for messages) gets the
 table's new columns at the DDL's commit position, in order with the rows around it.
 
 The message body (JSON, version 1):
