@@ -348,7 +348,9 @@ class StreamReader:
         if owner is None:
             return  # not a table this log captures
         if event.event == "drop":
-            return  # the table watch marks it dropped once the log is durable past this point
+            flush()  # its rows of this transaction (before the DROP) go to the log first
+            self._watch.dropped_at(owner.id, owner.table, commit_lsn)  # marked once the log has the commit
+            return
         if event.event == "rewrite":
             self._rewrites.rewritten(
                 conn, owner.table, owner.id, commit_lsn, "its rows were rewritten by DDL (a type change or a volatile default)"
