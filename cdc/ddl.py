@@ -97,9 +97,10 @@ BEGIN
     RETURN;
   END IF;
   IF TG_EVENT = 'sql_drop' THEN
-    -- the catalog no longer has the table: the stream keeps only OIDs it captures
+    -- the catalog no longer has the table: the stream keeps only OIDs it captures. Not only the
+    -- objects named (`original`): DROP SCHEMA ... CASCADE drops its tables as dependents
     FOR r IN SELECT objid, schema_name, object_name FROM pg_event_trigger_dropped_objects()
-              WHERE object_type = 'table' AND original AND NOT is_temporary LOOP
+              WHERE object_type = 'table' AND NOT is_temporary LOOP
       PERFORM pg_logical_emit_message(true, {prefix}, json_build_object(
         'v', 1, 'event', 'drop', 'tag', TG_TAG, 'oid', r.objid, 'schema', r.schema_name,
         'table', r.object_name)::text);

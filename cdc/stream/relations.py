@@ -160,7 +160,9 @@ class RelationTracking:
         if owner is None:
             return  # not a table this log captures
         if event.event == "drop":
-            return  # the table watch marks it dropped once the log is durable past this point
+            flush()  # its rows of this transaction (before the DROP) go to the log first
+            self._watch.dropped_at(owner.id, owner.table, commit_lsn)  # marked once the log has the commit
+            return
         if event.event == "rewrite":
             self._rewrites.rewritten(
                 conn,
