@@ -5,7 +5,7 @@ next row change, which for a quiet table may be never. With the trigger installe
 install PIPELINE`, by a role that may create event triggers), every `ddl_command_end`,
 `table_rewrite` and `sql_drop` of a table the pipeline's publication covers writes a
 transactional logical message (`pg_logical_emit_message(true, <prefix>, <json>)`) in the DDL's
-own transaction, so the stream (cdc/reader.py, which already asks pgoutput for messages) gets the
+own transaction, so the stream (cdc/stream/, which already asks pgoutput for messages) gets the
 table's new columns at the DDL's commit position, in order with the rows around it.
 
 The message body (JSON, version 1):
@@ -97,9 +97,10 @@ BEGIN
     RETURN;
   END IF;
   IF TG_EVENT = 'sql_drop' THEN
-    -- the catalog no longer has the table: the stream keeps only OIDs it captures
+    -- the catalog no longer has the table: the stream keeps only OIDs it captures. Not only the
+    -- objects named (`original`): DROP SCHEMA ... CASCADE drops its tables as dependents
     FOR r IN SELECT objid, schema_name, object_name FROM pg_event_trigger_dropped_objects()
-              WHERE object_type = 'table' AND original AND NOT is_temporary LOOP
+              WHERE object_type = 'table' AND NOT is_temporary LOOP
       PERFORM pg_logical_emit_message(true, {prefix}, json_build_object(
         'v', 1, 'event', 'drop', 'tag', TG_TAG, 'oid', r.objid, 'schema', r.schema_name,
         'table', r.object_name)::text);

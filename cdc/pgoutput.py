@@ -20,6 +20,12 @@ In protocol v2, messages sent inside a streamed transaction (between Stream Star
 Stop) carry the xid right after the kind byte for the kinds that have one (Relation, Type,
 Insert, Update, Delete, Truncate, Message). The wire format does not say whether the field is
 there, so the caller passes ``in_stream=True`` while it is between those two messages.
+
+Two ways in: `decode` builds a message object with every value decoded; the stream reader's hot path
+(cdc/stream/loop.py) takes `raw_insert`, `raw_update`, `raw_delete`, `begin_fields` and
+`commit_fields`, which split a message without decoding its values, and `decode` is built on them,
+so there is one parser. It stays one module (over 450 lines) for that reason: both ways share the
+low-level readers and the TupleData loops.
 """
 
 from __future__ import annotations
@@ -31,8 +37,16 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 __all__ = [
+    "BEGIN",
     "CHANGE_TUPLE_OFFSET",
+    "COMMIT",
+    "DELETE",
+    "INSERT",
+    "MESSAGE",
+    "RELATION",
+    "TRUNCATE",
     "UNCHANGED",
+    "UPDATE",
     "Begin",
     "BinaryValue",
     "ColumnValue",
@@ -53,9 +67,14 @@ __all__ = [
     "Type",
     "Unchanged",
     "Update",
+    "begin_fields",
+    "commit_fields",
     "decode",
     "decode_change_header",
     "decode_tuple",
+    "raw_delete",
+    "raw_insert",
+    "raw_update",
     "tuple_end",
     "tuple_prefix",
 ]
@@ -245,6 +264,8 @@ _MSG_HEAD = struct.Struct("!BQ")  # flags, lsn
 _STREAM_START = struct.Struct("!IB")  # xid, first segment
 _STREAM_COMMIT = struct.Struct("!IBQQq")  # xid, flags, commit lsn, end lsn, commit ts
 _STREAM_ABORT = struct.Struct("!II")  # xid, subxid
+_CHANGE_HEAD = struct.Struct("!IB")  # relation id, first tuple marker (Insert, Update, Delete)
+_unpack_change_head = _CHANGE_HEAD.unpack_from
 _unpack_i32 = _I32.unpack_from  # bound once: the TupleData loops call them per column
 _unpack_u16 = _U16.unpack_from
 
@@ -256,6 +277,21 @@ Layout: kind byte, Int32 relation id, then 'N' (Insert: the new tuple), 'K'/'O' 
 tuple; Update: the old tuple, the new one follows) or 'N' (Update without old tuple). Inside a
 streamed transaction the xid shifts it by 4 bytes.
 """
+
+# Message kind bytes as ints (indexing bytes yields ints): a payload's first byte says its kind.
+BEGIN: Final = 66  # b"B"
+COMMIT: Final = 67  # b"C"
+RELATION: Final = 82  # b"R"
+INSERT: Final = 73  # b"I"
+UPDATE: Final = 85  # b"U"
+DELETE: Final = 68  # b"D"
+TRUNCATE: Final = 84  # b"T"
+MESSAGE: Final = 77  # b"M"
+
+# Tuple markers inside Insert, Update and Delete
+_NEW_TUPLE: Final = 78  # b"N"
+_KEY_TUPLE: Final = 75  # b"K": the old row's replica identity columns only
+_OLD_TUPLE: Final = 79  # b"O": the whole old row (REPLICA IDENTITY FULL)
 
 _TRUNCATE_CASCADE: Final = 1
 _TRUNCATE_RESTART_IDENTITY: Final = 2
@@ -445,18 +481,91 @@ def decode_change_header(
         raise PgOutputError(f"truncated {kind} message: relation id at offset {off} is cut off") from None
 
 
+# -- changes without decoding their values (the stream reader's hot path) ---------------------------
+# The stream keeps each row's TupleData as the raw bytes the server sent and decodes only the key
+# columns: these split a change into its parts with one header unpack and at most one tuple skip.
+def _head_error(buf: bytes, off: int, what: str, allowed: bytes, marker: str) -> PgOutputError:
+    """What is wrong with a change's relation id and first tuple marker at off (a struct.error there)."""
+    if len(buf) < off + 4:
+        return PgOutputError(
+            f"truncated {what} relation id: needs 4 bytes at offset {off}, only {max(len(buf) - off, 0)} left"
+        )
+    return _marker_error(buf, off + 4, allowed, marker)
+
+
+def _marker_error(buf: bytes, off: int, allowed: bytes, what: str) -> PgOutputError:
+    if off >= len(buf):
+        return PgOutputError(f"truncated {what}: needs 1 byte at offset {off}, only 0 left")
+    expected = ", ".join(repr(bytes([a])) for a in allowed)
+    return PgOutputError(f"offset {off}: expected {what} ({expected}), got {buf[off : off + 1]!r}")
+
+
+# One unpack, one slice, one frame per change: these run once per captured row.
+def raw_insert(buf: bytes, in_stream: bool = False) -> tuple[int, bytes]:
+    """(relation id, new TupleData bytes) of an Insert; the values stay undecoded (`tuple_prefix`)."""
+    off = 5 if in_stream else 1
+    try:
+        relid, marker = _unpack_change_head(buf, off)
+    except struct.error:
+        raise _head_error(buf, off, "Insert", b"N", "new tuple marker") from None
+    if marker != _NEW_TUPLE:
+        raise _marker_error(buf, off + 4, b"N", "new tuple marker")
+    return relid, buf[off + 5 :]
+
+
+def raw_update(buf: bytes, in_stream: bool = False) -> tuple[int, str | None, bytes | None, bytes]:
+    """(relation id, old kind, old TupleData bytes, new TupleData bytes) of an Update.
+
+    Old kind 'K' (key columns only, others null), 'O' (whole old row) or None (no old tuple: the key
+    did not change and the identity is not FULL), with the old bytes None.
+    """
+    off = 5 if in_stream else 1
+    try:
+        relid, marker = _unpack_change_head(buf, off)
+    except struct.error:
+        raise _head_error(buf, off, "Update", b"KON", "tuple marker") from None
+    if marker == _NEW_TUPLE:
+        return relid, None, None, buf[off + 5 :]
+    if marker != _KEY_TUPLE and marker != _OLD_TUPLE:
+        raise _marker_error(buf, off + 4, b"KON", "tuple marker")
+    end = tuple_end(buf, off + 5)
+    if buf[end : end + 1] != b"N":
+        raise _marker_error(buf, end, b"N", "new tuple marker")
+    return relid, "K" if marker == _KEY_TUPLE else "O", buf[off + 5 : end], buf[end + 1 :]
+
+
+def raw_delete(buf: bytes, in_stream: bool = False) -> tuple[int, str, bytes]:
+    """(relation id, old kind 'K' or 'O', old TupleData bytes) of a Delete."""
+    off = 5 if in_stream else 1
+    try:
+        relid, marker = _unpack_change_head(buf, off)
+    except struct.error:
+        raise _head_error(buf, off, "Delete", b"KO", "old tuple marker") from None
+    if marker != _KEY_TUPLE and marker != _OLD_TUPLE:
+        raise _marker_error(buf, off + 4, b"KO", "old tuple marker")
+    return relid, "K" if marker == _KEY_TUPLE else "O", buf[off + 5 : tuple_end(buf, off + 5)]
+
+
+def begin_fields(buf: bytes) -> tuple[int, int, int]:
+    """(final LSN, commit timestamp, xid) of a Begin, without building a `Begin`."""
+    return _unpack(_BEGIN, buf, 1, "Begin")
+
+
+def commit_fields(buf: bytes) -> tuple[int, int, int, int]:
+    """(flags, commit LSN, end LSN, commit timestamp) of a Commit, without building a `Commit`."""
+    return _unpack(_COMMIT, buf, 1, "Commit")
+
+
 # -- messages -------------------------------------------------------------------------------------
 _Decoded = tuple[PgOutputMessage, int]
 
 
 def _begin(buf: bytes, in_stream: bool) -> _Decoded:
-    final_lsn, commit_ts, xid = _unpack(_BEGIN, buf, 1, "Begin")
-    return Begin(final_lsn, commit_ts, xid), 1 + _BEGIN.size
+    return Begin(*begin_fields(buf)), 1 + _BEGIN.size
 
 
 def _commit(buf: bytes, in_stream: bool) -> _Decoded:
-    flags, commit_lsn, end_lsn, commit_ts = _unpack(_COMMIT, buf, 1, "Commit")
-    return Commit(flags, commit_lsn, end_lsn, commit_ts), 1 + _COMMIT.size
+    return Commit(*commit_fields(buf)), 1 + _COMMIT.size
 
 
 def _origin(buf: bytes, in_stream: bool) -> _Decoded:
@@ -495,43 +604,24 @@ def _type(buf: bytes, in_stream: bool) -> _Decoded:
     return Type(type_oid, namespace, name, xid), off
 
 
-def _expect(buf: bytes, off: int, allowed: bytes, what: str) -> str:
-    b = _byte(buf, off, what)
-    if b not in allowed:
-        expected = ", ".join(repr(bytes([a])) for a in allowed)
-        raise PgOutputError(f"offset {off}: expected {what} ({expected}), got {bytes([b])!r}")
-    return chr(b)
-
-
 def _insert(buf: bytes, in_stream: bool) -> _Decoded:
-    xid, off = _xid(buf, 1, in_stream)
-    (relid,) = _unpack(_U32, buf, off, "Insert relation id")
-    _expect(buf, off + 4, b"N", "new tuple marker")
-    new, off = decode_tuple(buf, off + 5)
-    return Insert(relid, new, xid), off
+    relid, new = raw_insert(buf, in_stream)
+    values, end = decode_tuple(buf, len(buf) - len(new))
+    return Insert(relid, values, _xid(buf, 1, in_stream)[0]), end
 
 
 def _update(buf: bytes, in_stream: bool) -> _Decoded:
-    xid, off = _xid(buf, 1, in_stream)
-    (relid,) = _unpack(_U32, buf, off, "Update relation id")
-    off += 4
-    marker = _expect(buf, off, b"KON", "tuple marker")
-    old: tuple[ColumnValue, ...] | None = None
-    old_kind: str | None = None
-    if marker != "N":
-        old_kind = marker
-        old, off = decode_tuple(buf, off + 1)
-        _expect(buf, off, b"N", "new tuple marker")
-    new, off = decode_tuple(buf, off + 1)
-    return Update(relid, new, old, old_kind, xid), off
+    relid, old_kind, old, new = raw_update(buf, in_stream)
+    new_start = len(buf) - len(new)
+    old_values = None if old is None else decode_tuple(buf, new_start - 1 - len(old))[0]
+    values, end = decode_tuple(buf, new_start)
+    return Update(relid, values, old_values, old_kind, _xid(buf, 1, in_stream)[0]), end
 
 
 def _delete(buf: bytes, in_stream: bool) -> _Decoded:
-    xid, off = _xid(buf, 1, in_stream)
-    (relid,) = _unpack(_U32, buf, off, "Delete relation id")
-    old_kind = _expect(buf, off + 4, b"KO", "old tuple marker")
-    old, off = decode_tuple(buf, off + 5)
-    return Delete(relid, old, old_kind, xid), off
+    relid, old_kind, old = raw_delete(buf, in_stream)
+    values, end = decode_tuple(buf, len(buf) - len(old))
+    return Delete(relid, values, old_kind, _xid(buf, 1, in_stream)[0]), end
 
 
 def _truncate(buf: bytes, in_stream: bool) -> _Decoded:

@@ -15,7 +15,8 @@ nothing more. The log records the OID of every table it captures (`tables.relid`
   committed before the WAL position current when that is noticed, so once the log is durable
   past that position the table is marked dropped: its events stay in the log and in cuts (a
   follower that has not applied its last changes still gets them); `cdc log remove-table`
-  takes it out.
+  takes it out. With DDL capture (cdc/ddl.py) the `sql_drop` trigger's message says the same at
+  the DROP's commit: the table is marked dropped at that position (every change it had precedes it).
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class TableWatch:
         # dropped tables (by log id) waiting for the log to be durable past _until
         self._pending: dict[int, TableName] = {}
         self._until = 0
+        # dropped tables known from a DDL capture message: log id -> (name, the DROP's commit LSN)
+        self._at: dict[int, tuple[TableName, int]] = {}
         self._checked = time.monotonic()
 
     # ---- gone tables -----------------------------------------------------------------------------
@@ -136,8 +139,16 @@ class TableWatch:
                     )
         return absent
 
+    def dropped_at(self, table_id: int, table: TableName, lsn: int) -> None:
+        """The DDL capture message of `DROP TABLE`, read at its commit `lsn`: the table is marked
+        dropped at that position once the log is durable past it (not at the later position the
+        catalog poll notices it at)."""
+        self._pending.pop(table_id, None)
+        if table_id not in self._at:
+            self._at[table_id] = (table, lsn)
+
     def _arm(self, conn, gone: dict[TableName, int]) -> None:
-        new = {tid: t for t, tid in gone.items() if tid not in self._pending}
+        new = {tid: t for t, tid in gone.items() if tid not in self._pending and tid not in self._at}
         if not new:
             return
         self._pending.update(new)
@@ -155,6 +166,14 @@ class TableWatch:
         if now - self._checked >= POLL_S:
             self._checked = now
             self._arm(conn, self.dropped(conn))
+        for lsn in sorted({at for _t, at in self._at.values() if at <= durable}):
+            ids = [tid for tid, (_t, at) in self._at.items() if at == lsn]
+            self.log.mark_dropped(ids, lsn)
+            names = ", ".join(str(self._at.pop(tid)[0]) for tid in ids)
+            self.say(
+                f"marked dropped in the log: {names} at {format_lsn(lsn)}, the DROP's commit (DDL capture; followers keep "
+                f"their copy; `{self.command('log remove-table', '--table', 'TABLE', '--yes')}` takes a table out of the log)"
+            )
         if self._pending and durable >= self._until:
             self.log.mark_dropped(list(self._pending), self._until)
             names = ", ".join(map(str, self._pending.values()))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -244,7 +244,8 @@ class ViewMaintainer:
         except CdcError as exc:
             return _failed(self.state, view.name, base.cut_id, exc)
         except Exception as exc:  # Spark's analysis of the SQL (a dropped column), a duplicate key...
-            return _failed(self.state, view.name, base.cut_id, _explain(view, exc, spark_error_line(exc)))
+            renamed = lambda column: renamed_column(self.log, plan.tables, column)  # noqa: E731
+            return _failed(self.state, view.name, base.cut_id, _explain(view, exc, spark_error_line(exc), renamed))
         finally:
             for name in self._temp:
                 self.spark.catalog.dropTempView(name)
@@ -500,12 +501,48 @@ class _LazySources(dict):
         return name
 
 
-def _explain(view: ViewConfig, exc: Exception, line: str) -> SinkError:
+def renamed_column(log, tables: Sequence[TableName], column: str) -> tuple[TableName, str] | None:
+    """(table, the column's name now) when `column` is an earlier name of a column of one of
+    `tables` that the source renamed since (the log's schema versions keep each column's attnum)."""
+    history = getattr(log, "schema_history", None)  # Debezium topics keep no versions
+    if history is None:
+        return None
+    for table in tables:
+        try:
+            versions = history(table)
+        except CdcError:
+            continue
+        if not versions:
+            continue
+        now = {c.attnum: c.name for c in versions[-1][2].columns if c.attnum}
+        if any(c.lower() == column.lower() for c in now.values()):
+            continue
+        for _v, _since, schema in reversed(versions[:-1]):
+            old = next((c for c in schema.columns if c.name.lower() == column.lower() and c.attnum), None)
+            if old is not None:
+                return (table, now[old.attnum]) if old.attnum in now else None
+    return None
+
+
+def _explain(
+    view: ViewConfig,
+    exc: Exception,
+    line: str,
+    renamed: Callable[[str], tuple[TableName, str] | None] = lambda _c: None,
+) -> SinkError:
     """A Spark failure of the view as an error naming the view (and the column, for a column the
-    source no longer has)."""
+    source renamed or no longer has)."""
     match = _UNRESOLVED.search(str(exc))
     if match:
         column = match.group(2) or match.group(1)
+        found = renamed(column)
+        if found is not None:
+            table, now = found
+            return SinkError(
+                f"view {view.name}: column {column} of {table} it uses was renamed to {now} at the source; the view "
+                "keeps its last good cut and its followers wait",
+                f"change the view's SQL in the pipeline file to use {now} (the view is then rebuilt)",
+            )
         return SinkError(
             f"view {view.name}: column {column} it uses is not in the captured tables any more "
             f"(dropped at the source?): {line}",

@@ -217,3 +217,124 @@ def test_idle_table_schema_check_without_the_trigger(pg_db: str, tmp_path: Path)
     finally:
         log.close()
     assert set(columns) == {"id", "w", "tier"} and columns["w"].attnum == 2 and columns["tier"].missing == "std", columns
+
+
+def test_ddl_reaches_search_cache_and_views_without_a_later_write(
+    pg_db: str, tmp_path: Path, spark, opensearch, redis_db: str
+) -> None:
+    """With the trigger, a rename, an added column with a default and a dropped column of a table
+    that gets no later write reach an OpenSearch follower, a Redis follower and a derived view
+    (followed by Redis) with one `stream --until current` and one `apply --once`, read with
+    opensearch-py and redis-py; a view whose SQL names the renamed column is refused naming the new
+    name. `DROP TABLE` is marked in the log at its own commit, before a later write to another table."""
+    import redis
+
+    from cdc.log.local import LocalLog
+    from pipelines.apply.job import ApplyJob
+    from tests.fixtures.readers import opensearch_docs, opensearch_ids, redis_rows
+
+    sql(
+        pg_db,
+        "CREATE TABLE doc (id int PRIMARY KEY, v text, gone text)",
+        "INSERT INTO doc SELECT g, 'word' || g, 'g' || g FROM generate_series(1, 3) g",
+        "CREATE TABLE tmp (id int PRIMARY KEY, x text)",
+        "INSERT INTO tmp VALUES (1, 'x')",
+        "CREATE TABLE other (id int PRIMARY KEY)",
+        "INSERT INTO other VALUES (1)",
+    )
+    prefix = f"dd{uuid.uuid4().hex[:8]}"
+    search = {"engine": "opensearch", "hosts": [opensearch.url], "index_prefix": prefix, "replicas": 0}
+    file = write_pipeline(
+        tmp_path,
+        pg_db,
+        ["public.*"],
+        name="ddlcap",
+        views=[
+            {"name": "doc_all", "sql": "SELECT * FROM public.doc", "key": ["id"]},
+            {"name": "doc_v", "sql": "SELECT id, v FROM public.doc", "key": ["id"]},
+        ],
+        sinks=[
+            {"name": "search", "search": {**search, "tables": ["public.doc"]}},
+            {"name": "cache", "redis": {"url": redis_db, "tables": ["public.doc"], "views": ["doc_all"]},
+             "dropped_columns": "drop"},
+            {"name": "oldnames", "redis": {"url": redis_db, "views": ["doc_v"]}},
+        ],
+    )
+    assert cdc_here("ddl", "install", file).code == 0
+    assert cdc("snapshot", file).code == 0
+    apply_once(file, spark)
+
+    sql(
+        pg_db,
+        "ALTER TABLE doc RENAME COLUMN v TO w",
+        "ALTER TABLE doc ADD COLUMN tier text DEFAULT 'std'",
+        "ALTER TABLE doc DROP COLUMN gone",
+        "UPDATE tmp SET x = 'last'",
+        "DROP TABLE tmp",
+    )
+    ((drop_lsn,),) = sql(pg_db, "SELECT pg_current_wal_lsn() - '0/0'")
+    sql(pg_db, "INSERT INTO other VALUES (2)")
+    out = _stream(file, "DDL capture: on", "marked dropped in the log: public.tmp at")
+    runs = {r.sink: r for r in ApplyJob(load_pipeline(file), spark, say=lambda _m: None).run_once()}
+
+    # OpenSearch: the field renamed, the new one with its default, the dropped one kept (`keep`)
+    docs = opensearch_docs(opensearch.url, f"{prefix}.public.doc")
+    assert {d["id"] for d in docs.values()} == {1, 2, 3}, docs
+    for d in docs.values():
+        assert "v" not in d and d["w"] == f"word{d['id']}" and d["tier"] == "std" and d["gone"] == f"g{d['id']}", d
+    assert opensearch_ids(opensearch.url, f"{prefix}.public.doc", {"match": {"w": "word2"}}) == {"2"}
+    assert opensearch_ids(opensearch.url, f"{prefix}.public.doc", {"term": {"tier": "std"}}) == {"1", "2", "3"}
+    # Redis: the same, the dropped column gone (`dropped_columns: drop`)
+    client = redis.Redis.from_url(redis_db)
+    cached = redis_rows(client, "public.doc:")
+    assert sorted(cached) == ["public.doc:1", "public.doc:2", "public.doc:3"], sorted(cached)
+    for row in cached.values():
+        mine = {k: v for k, v in row.items() if not k.startswith("_cdc_")}
+        assert mine == {"id": row["id"], "w": f"word{row['id']}", "tier": "std"}, row
+    # the view over `*` follows the new columns
+    viewed = redis_rows(client, "views.doc_all:")
+    client.close()
+    assert len(viewed) == 3, viewed
+    for row in viewed.values():
+        assert "v" not in row and row["w"] == f"word{row['id']}" and row["tier"] == "std", row
+    # the view naming the old column: refused, naming the rename and the fix
+    assert runs["cache"].error is None and runs["search"].error is None, runs
+    error = runs["oldnames"].error
+    assert error is not None and "column v" in error.problem and "renamed to w" in error.problem, error
+    assert "view's SQL" in (error.fix or ""), error
+    # DROP TABLE: marked at its commit, before the later insert into another table
+    log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
+    try:
+        states = {str(s.table): s for s in log.tables()}
+    finally:
+        log.close()
+    assert states["public.tmp"].state == "dropped", states
+    assert states["public.tmp"].dropped_lsn is not None and states["public.tmp"].dropped_lsn <= int(drop_lsn), (
+        states["public.tmp"].dropped_lsn, drop_lsn, out)
+
+
+def test_drop_schema_cascade_marks_its_tables_dropped_at_the_commit(pg_db: str, tmp_path: Path) -> None:
+    """`DROP SCHEMA ... CASCADE` drops its tables as dependents: the sql_drop message still names
+    them, so the log marks the captured one dropped at the DROP's commit, before a later write."""
+    from cdc.log.local import LocalLog
+
+    sql(
+        pg_db,
+        "CREATE SCHEMA side",
+        "CREATE TABLE side.t (id int PRIMARY KEY)",
+        "INSERT INTO side.t VALUES (1)",
+        "CREATE TABLE later (id int PRIMARY KEY)",
+    )
+    file = _pipeline(tmp_path, pg_db, ["side.t", "public.later"])
+    assert cdc_here("ddl", "install", file).code == 0
+    assert cdc("snapshot", file).code == 0
+    sql(pg_db, "DROP SCHEMA side CASCADE")
+    ((drop_lsn,),) = sql(pg_db, "SELECT pg_current_wal_lsn() - '0/0'")
+    sql(pg_db, "INSERT INTO later VALUES (1)")
+    _stream(file, "marked dropped in the log: side.t at")
+    log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
+    try:
+        st = next(s for s in log.tables() if str(s.table) == "side.t")
+    finally:
+        log.close()
+    assert st.state == "dropped" and st.dropped_lsn is not None and st.dropped_lsn <= int(drop_lsn), st

@@ -35,6 +35,10 @@ from cdc.pgoutput import (
     Update,
     decode,
     decode_change_header,
+    decode_tuple,
+    raw_delete,
+    raw_insert,
+    raw_update,
     tuple_end,
     tuple_prefix,
 )
@@ -80,6 +84,18 @@ def _decode_all(rows: list[tuple[int, bytes]]) -> list[PgOutputMessage]:
             assert tuple_prefix(data, off, len(first)) == list(first)
             end = tuple_end(data, off)
             assert end == len(data) or data[end : end + 1] == b"N"
+            # the stream reader's split (raw TupleData bytes) holds what decode() gives
+            if isinstance(msg, Insert):
+                raw = raw_insert(data, in_stream)
+                parts = (raw[0], decode_tuple(raw[1], 0)[0])
+                assert parts == (msg.relation_id, msg.new)
+            elif isinstance(msg, Update):
+                relid, kind, old, new = raw_update(data, in_stream)
+                parts = (relid, kind, old and decode_tuple(old, 0)[0], decode_tuple(new, 0)[0])
+                assert parts == (msg.relation_id, msg.old_kind, msg.old, msg.new)
+            else:
+                relid, kind, old = raw_delete(data, in_stream)
+                assert (relid, kind, decode_tuple(old, 0)[0]) == (msg.relation_id, msg.old_kind, msg.old)
         if isinstance(msg, StreamStart):
             in_stream = True
         elif isinstance(msg, StreamStop):

@@ -14,6 +14,7 @@ import struct
 
 import pytest
 
+from cdc import pgoutput
 from cdc.pgoutput import (
     CHANGE_TUPLE_OFFSET,
     UNCHANGED,
@@ -37,9 +38,14 @@ from cdc.pgoutput import (
     Type,
     Unchanged,
     Update,
+    begin_fields,
+    commit_fields,
     decode,
     decode_change_header,
     decode_tuple,
+    raw_delete,
+    raw_insert,
+    raw_update,
     tuple_end,
     tuple_prefix,
 )
@@ -424,6 +430,56 @@ def test_change_header_and_tuple_offset() -> None:
     streamed = b"I" + struct.pack("!II", 731, 16384) + b"N" + tup(t(b"5"))
     assert decode_change_header(streamed, in_stream=True) == ("I", 16384)
     assert tuple_prefix(streamed, CHANGE_TUPLE_OFFSET + 4, 1) == [b"5"]
+
+
+def test_raw_changes_split_without_decoding() -> None:
+    """The stream reader's split: relation id, old kind and the raw TupleData bytes, as sent."""
+    new, old = tup(t(b"10"), t(b"a"), b"n"), tup(t(b"1"), b"n")
+    assert raw_insert(b"I" + struct.pack("!I", 16384) + b"N" + new) == (16384, new)
+    assert raw_update(b"U" + struct.pack("!I", 7) + b"N" + new) == (7, None, None, new)
+    assert raw_update(b"U" + struct.pack("!I", 7) + b"K" + old + b"N" + new) == (7, "K", old, new)
+    assert raw_delete(b"D" + struct.pack("!I", 3) + b"O" + old) == (3, "O", old)
+    assert raw_insert(b"I" + struct.pack("!II", 731, 16384) + b"N" + new, in_stream=True) == (16384, new)
+    assert begin_fields(b"B" + struct.pack("!QqI", LSN, TS, XID)) == (LSN, TS, XID)
+    assert commit_fields(b"C" + struct.pack("!BQQq", 0, LSN, LSN + 8, TS)) == (0, LSN, LSN + 8, TS)
+    kinds = [
+        pgoutput.BEGIN,
+        pgoutput.COMMIT,
+        pgoutput.RELATION,
+        pgoutput.INSERT,
+        pgoutput.UPDATE,
+        pgoutput.DELETE,
+    ]
+    assert list(b"BCRIUD") == kinds
+    assert list(b"TM") == [pgoutput.TRUNCATE, pgoutput.MESSAGE]
+    with pytest.raises(PgOutputError, match="expected new tuple marker"):
+        raw_insert(b"I" + struct.pack("!I", 1) + b"K" + new)
+    with pytest.raises(PgOutputError, match="truncated Delete relation id"):
+        raw_delete(b"D\x00")
+
+
+@pytest.mark.parametrize("in_stream", [False, True])
+def test_raw_changes_agree_with_decode(in_stream: bool) -> None:
+    rng = random.Random(11 + in_stream)
+    for _ in range(300):
+        for msg in _random_messages(rng, in_stream):
+            wire = encode(msg, in_stream=in_stream)
+            if isinstance(msg, Insert):
+                relid, new = raw_insert(wire, in_stream)
+                assert (relid, decode_tuple(new, 0)) == (msg.relation_id, (msg.new, len(new)))
+            elif isinstance(msg, Update):
+                relid, old_kind, old, new = raw_update(wire, in_stream)
+                assert (relid, old_kind, decode_tuple(new, 0)[0]) == (msg.relation_id, msg.old_kind, msg.new)
+                assert (None if old is None else decode_tuple(old, 0)) == (
+                    None if msg.old is None else (msg.old, len(old))
+                )
+            elif isinstance(msg, Delete):
+                relid, old_kind, old = raw_delete(wire, in_stream)
+                assert (relid, old_kind, decode_tuple(old, 0)) == (
+                    msg.relation_id,
+                    msg.old_kind,
+                    (msg.old, len(old)),
+                )
 
 
 @pytest.mark.parametrize("wire", [b"", b"B" + bytes(20), b"M", b"Ix", b"I\x00\x00\x00", b"E"])

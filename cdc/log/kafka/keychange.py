@@ -1,7 +1,7 @@
 """Debezium's primary-key-change headers on the records of a key change.
 
 An UPDATE that changes a row's key is logged as a delete of the old key and a create of the new
-one (cdc/reader.py): one WAL record, so the two events share the commit LSN and the event LSN,
+one (cdc/stream/changes.py): one WAL record, so the two events share the commit LSN and the event LSN,
 and have consecutive sequence numbers. Debezium's PostgreSQL connector marks such a pair with
 message headers (RelationalChangeRecordEmitter): the DELETE record (and the tombstone after it)
 carries `__debezium.newkey` = the new key, the CREATE record `__debezium.oldkey` = the old key.
