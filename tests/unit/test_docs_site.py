@@ -46,3 +46,17 @@ def test_readme_links_every_docs_page() -> None:
         if str(p.relative_to(ROOT)) not in readme
     ]
     assert not missing, f"README.md does not link {missing}"
+
+
+def test_the_declare_a_pipeline_example_is_a_valid_pipeline_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    import yaml
+
+    from cdc.ground.config import parse_pipeline
+
+    monkeypatch.setenv("SHOP_DSN", "dbname=shop")
+    page = (ROOT / "docs" / "declare-a-pipeline.md").read_text()
+    example = re.findall(r"```yaml\n(.*?)```", page, flags=re.S)[0]
+    pipeline = parse_pipeline(yaml.safe_load(example), "docs/declare-a-pipeline.md")
+    assert [s.name for s in pipeline.sinks] == ["lake", "search", "cache"]
