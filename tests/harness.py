@@ -172,8 +172,8 @@ def _apply(rows: dict[tuple, dict[str, Any]], rec: LogRecord, key_texts) -> None
 
 def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
     """`cdc apply --once` in-process on the test session's SparkSession; raises on a sink failure."""
-    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
+    from sinks.registry import load_pipeline
 
     job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
     runs = job.run_once(sink)
@@ -207,8 +207,8 @@ def apply_crashing(pipeline_file: Path, spark, point: str, sink: str | None = No
 
 def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, str]:
     """`cdc verify` in-process: (exit code, printed report)."""
-    from cdc.ground.config import load_pipeline
     from pipelines.verify import run_verify
+    from sinks.registry import load_pipeline
 
     lines: list[str] = []
     code = run_verify(load_pipeline(pipeline_file), spark, sink, 0, lines.append)
@@ -217,8 +217,8 @@ def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, st
 
 def stream_until_current(pipeline_file: Path):
     """`cdc stream --until current` in-process; returns the StreamStats."""
-    from cdc.ground.config import load_pipeline
     from cdc.reader import run_stream
+    from sinks.registry import load_pipeline
 
     return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.apply.job import ApplyJob
 from pipelines.checkpoints import checkpoint_dir
 from pipelines.locks import LockBusy
+from sinks.registry import load_pipeline
 from tests.fixtures.lake import FAST_JVM, apply, make_pipe, snapshot, stream
 from tests.harness import cdc_popen, sql, verify
 

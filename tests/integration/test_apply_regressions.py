@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.teardown import run_teardown
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.harness import apply_once, sql, stream_until_current, verify, write_pipeline
 

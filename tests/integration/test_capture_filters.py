@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import Pipe, log_read, make_pipe, no_traceback
 from tests.fixtures.readers import delta_rows
 from tests.harness import apply_once, cdc, flush_wal, sql, verify

@@ -155,9 +155,9 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
     applying cuts: nothing lost or doubled (delta-rs read equal to the source, cdc verify 0), an
     older cut still readable; then, with no apply running, a retention below the safety default
     removes the compacted files and the cuts older than it."""
-    from cdc.ground.config import load_pipeline
     from pipelines.maintain import run_maintain
     from sinks.delta.cuts import cut_record, tables_at_cut_arrow
+    from sinks.registry import load_pipeline
     from tests.fixtures.lake import verified
     from tests.fixtures.readers import delta_rows
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.keys import key_texts
 from cdc.log.local import LocalLog
 from pipelines.devservices.base import as_user, give_to
 from pipelines.devservices.postgres import LocalPostgres
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.readers import delta_rows
 from tests.harness import (

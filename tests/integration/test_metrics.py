@@ -18,8 +18,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdc.ground.config import load_pipeline
 from pipelines.metrics import free_port, serving
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import make_pipe, no_traceback, snapshot
 from tests.fixtures.readers import delta_rows
 from tests.harness import (

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from cdc.filters import published
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.session import libpq_options
 from pipelines.validate import run_validate
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import log_read, no_traceback
 from tests.fixtures.lake import apply_ok, delta_df, make_pipe, snapshot, verified
 from tests.harness import cdc, flush_wal, sql

@@ -15,10 +15,10 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
 from tests.fixtures.readers import delta_rows

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cdc.ground.config import load_pipeline
 from pipelines.checkpoints import load_checkpoint
 from pipelines.cli import cli
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.capture import Pipe, start_stream, stop_stream
 from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_ids

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
@@ -30,7 +29,7 @@ from pipelines.apply.readers import change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.devservices.opensearch import LocalOpenSearch
 from sinks.changes import TableBatch
-from sinks.registry import make_sink
+from sinks.registry import load_pipeline, make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
