@@ -46,7 +46,6 @@ from cdc.pgoutput_encode import encode_tuple
 from cdc.rebase import Rebaser, RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
 from cdc.source import (
-    _slot,
     connect,
     flushed_wal_lsn,
     insert_publication,
@@ -58,6 +57,7 @@ from cdc.source import (
     stream_application_name,
     table_info,
 )
+from cdc.source.slots import _slot
 from cdc.tablewatch import TableWatch, check_pipeline_source
 
 PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
