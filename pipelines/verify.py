@@ -44,7 +44,8 @@ from cdc.log.base import Column, TableSchema
 from cdc.log.history import History, position_in
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
-from cdc.source import _slot, connect, publication_names
+from cdc.source import connect, publication_names
+from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
