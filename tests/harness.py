@@ -24,9 +24,17 @@ from cdc.session import libpq_options, run_sql
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_pipeline(directory: Path, dsn: str, tables: Sequence[str], name: str = "test", **extra: Any) -> Path:
-    """A pipeline file in `directory` (state under directory/.cdc/<name>); returns its path."""
-    doc: dict[str, Any] = {"name": name, "source": {"postgres": {"dsn": dsn, "tables": list(tables)}}}
+def write_pipeline(
+    directory: Path,
+    dsn: str,
+    tables: Sequence[str],
+    name: str = "test",
+    postgres: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
+    """A pipeline file in `directory` (state under directory/.cdc/<name>) with `postgres` as further
+    source.postgres settings and `extra` as further top-level keys; returns its path."""
+    doc: dict[str, Any] = {"name": name, "source": {"postgres": {"dsn": dsn, "tables": list(tables), **(postgres or {})}}}
     doc.update(extra)
     path = directory / f"{name}.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

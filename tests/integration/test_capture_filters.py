@@ -18,7 +18,7 @@ import pytest
 from cdc.ground.config import load_pipeline
 from tests.fixtures.capture import Pipe, log_read, make_pipe, no_traceback
 from tests.fixtures.readers import delta_rows
-from tests.harness import apply_once, cdc, edit_pipeline, flush_wal, sql, verify
+from tests.harness import apply_once, cdc, flush_wal, sql, verify
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,7 @@ ORDERS = {"where": "status <> 'draft'"}
 
 
 def _write(tmp_path: Path, dsn: str, options: dict) -> Pipe:
-    pipe = make_pipe(tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE)
-    edit_pipeline(pipe.file, lambda doc: doc["source"]["postgres"].update(table_options=options))
-    return pipe
+    return make_pipe(tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE, postgres={"table_options": options})
 
 
 def _validate(pipe: Pipe) -> str:

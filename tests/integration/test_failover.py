@@ -27,7 +27,6 @@ from tests.fixtures.readers import delta_rows
 from tests.harness import (
     apply_once,
     cdc,
-    edit_pipeline,
     flush_wal,
     materialize,
     source_rows,
@@ -44,11 +43,9 @@ STANDBY_SLOT = "standby1"
 
 
 def _pipeline(tmp_path: Path, dsn: str) -> Path:
-    file = write_pipeline(
-        tmp_path, dsn, ["public.t"], name="fo", sinks=[{"name": "lake", "delta": {"path": "lake"}}]
+    return write_pipeline(
+        tmp_path, dsn, ["public.t"], name="fo", postgres={"failover": True}, sinks=[{"name": "lake", "delta": {"path": "lake"}}]
     )
-    edit_pipeline(file, lambda doc: doc["source"]["postgres"].update(failover=True))
-    return file
 
 
 @pytest.fixture

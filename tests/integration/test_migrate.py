@@ -18,7 +18,7 @@ from cdc.session import libpq_options
 from pipelines.validate import run_validate
 from tests.fixtures.capture import log_read, no_traceback
 from tests.fixtures.lake import LAKE, apply_ok, delta_df, make_pipe, snapshot, verified
-from tests.harness import cdc, edit_pipeline, flush_wal, sql
+from tests.harness import cdc, flush_wal, sql
 
 pytestmark = pytest.mark.integration
 
@@ -56,9 +56,8 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
         "CREATE TABLE users(id int PRIMARY KEY, name text, login_count int, password_hash text)",
         "INSERT INTO users SELECT g, 'u' || g, g, 'secret' || g FROM generate_series(1, 40) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.users"], sinks=[LAKE])
     options = {"public.users": {"exclude_columns": ["password_hash"]}}
-    edit_pipeline(pipe.file, lambda doc: doc["source"]["postgres"].update(table_options=options))
+    pipe = make_pipe(tmp_path, pg_db, ["public.users"], sinks=[LAKE], postgres={"table_options": options})
     snapshot(pipe)
     apply_ok(pipe, spark)
     lines: list[str] = []
