@@ -39,6 +39,7 @@ from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
 from cdc.log.history import History, position_in
@@ -102,10 +103,6 @@ class SinkVerdict:
     @property
     def identical(self) -> bool:
         return self.error is None and self.behind is None and all(t.identical for t in self.tables)
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 # ---- source side ----------------------------------------------------------------------------------

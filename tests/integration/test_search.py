@@ -33,7 +33,17 @@ from sinks.registry import load_pipeline, make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
-from tests.harness import apply_once, cdc, cdc_here, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import (
+    apply_once,
+    cdc,
+    cdc_here,
+    edit_pipeline,
+    source_rows,
+    sql,
+    stream_changes,
+    verify,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -472,9 +482,7 @@ def test_rejected_row_names_table_and_key(engine: str, pg_db: str, tmp_path: Pat
         apply_once(f, spark)  # the same cut again: still rejected
 
     # the remedy the error names: a field type that fits; the index is rebuilt and the batch goes through
-    doc = yaml.safe_load(f.read_text())
-    doc["sinks"][0]["search"]["fields"] = {"public.t": {"v": "keyword"}}
-    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    edit_pipeline(f, lambda doc: doc["sinks"][0]["search"].update(fields={"public.t": {"v": "keyword"}}))
     apply_once(f, spark)
     assert load_checkpoint(state, "s").pending is None
     assert_verified(f, spark)
