@@ -322,7 +322,7 @@ def update_tables(dsn: str, names: list[str], per_table: int, per_txn: int = 100
 
 
 def with_parallelism(pipe: Path, parallelism: int | None):
-    from cdc.ground.config import load_pipeline
+    from sinks.registry import load_pipeline
 
     pipeline = load_pipeline(pipe)
     return pipeline.model_copy(

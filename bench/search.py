@@ -92,12 +92,12 @@ def _count(rows) -> list[int]:
 
 def floor(pipeline: Path, after: int, upto: int, changes: int) -> dict[str, Any]:
     """Read (after, upto] of the log, reduce it to the net change, bring the rows to Python executors."""
-    from cdc.ground.config import load_pipeline
     from cdc.ground.tables import TableName
     from cdc.log import open_log_view
     from pipelines.apply.readers import change_reader
     from pipelines.spark import spark_session
     from sinks.changes import TableBatch
+    from sinks.registry import load_pipeline
     from sinks.search.documents import write_frame
 
     p = load_pipeline(pipeline)

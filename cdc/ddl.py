@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from psycopg2 import sql
 
+from cdc.ground.clock import now_ms
 from cdc.ground.private import private_dir, private_open
 from cdc.log.base import Column
 
@@ -208,7 +208,7 @@ def save_installed(state_dir: Path, installed: bool) -> None:
     private_dir(path.parent)
     tmp = path.with_suffix(".tmp")
     with private_open(tmp, "w") as f:
-        f.write(json.dumps({"installed": True, "at_ms": int(time.time() * 1000)}))
+        f.write(json.dumps({"installed": True, "at_ms": now_ms()}))
     os.replace(tmp, path)
 
 

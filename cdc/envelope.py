@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
 
+from cdc.ground import clock
 from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
@@ -186,7 +186,7 @@ class EnvelopeRenderer:
             record.lsn,
             record.event_lsn,
             record.xid,
-            now_ms if now_ms is not None else int(time.time() * 1000),
+            now_ms if now_ms is not None else clock.now_ms(),
         )
 
     def value_from_parts(
@@ -224,7 +224,7 @@ class EnvelopeRenderer:
             if (
                 not n & 1023
             ):  # ts_ms is the time of rendering; one clock read per 1024 records is close enough
-                now_ms = int(time.time() * 1000)
+                now_ms = clock.now_ms()
             key = self.key_json(record)
             yield record, key, self.value_json(record, now_ms)
             if record.op == "d":

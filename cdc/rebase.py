@@ -30,11 +30,11 @@ import json
 import os
 import shlex
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from cdc.ground.clock import now_ms
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
@@ -67,7 +67,7 @@ def save_state(state_dir: Path, table: TableName, **fields: Any) -> None:
         path = Path(state_dir) / STATE_FILE
         states = load_states(state_dir)
         entry = states.setdefault(str(table), {})
-        entry.update(fields, updated_ms=int(time.time() * 1000))
+        entry.update(fields, updated_ms=now_ms())
         private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
         with private_open(tmp, "w") as f:
@@ -228,7 +228,7 @@ class RewriteWatch:
         self.say(
             f"{table}: {reason}: re-basing the table (a new snapshot of it into the log, as `cdc snapshot --tables {table}`)"
         )
-        save_state(self.state_dir, table, state="running", reason=reason, started_ms=int(time.time() * 1000))
+        save_state(self.state_dir, table, state="running", reason=reason, started_ms=now_ms())
         self.rebaser.start(table, reason)
 
 

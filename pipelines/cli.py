@@ -142,7 +142,7 @@ def _quiet_exit_on_closed_stdout() -> None:
 
 
 def load(path: Path, check_state_dir: bool = True, upgrade: bool = True):
-    from cdc.ground.config import load_pipeline
+    from sinks.registry import load_pipeline
 
     pipeline = load_pipeline(path)
     logformat.set_pipeline(pipeline.name)

@@ -18,10 +18,10 @@ from pathlib import Path
 import orjson
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import ServiceError
 from cdc.session import run_sql
 from pipelines.devservices.postgres import LocalPostgres
+from sinks.registry import load_pipeline
 
 SCHEMA = (Path(__file__).parent / "examples" / "shop.sql").read_text()
 

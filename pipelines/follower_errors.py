@@ -8,10 +8,10 @@ One small JSON file per sink under `<state_dir>/errors/` (owner-only, written li
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+from cdc.ground.clock import now_ms
 from cdc.ground.errors import CdcError
 from pipelines.checkpoints import read_record, write_record
 
@@ -29,7 +29,7 @@ def last_error(state_path: Path, sink: str) -> dict[str, Any] | None:
 
 
 def record_error(state_path: Path, sink: str, error: CdcError) -> None:
-    now = int(time.time() * 1000)
+    now = now_ms()
     before = last_error(state_path, sink) or {}
     record = {
         "sink": sink,

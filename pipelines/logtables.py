@@ -10,7 +10,8 @@ from cdc.ground.config import Pipeline
 from cdc.ground.errors import UsageError
 from cdc.ground.tables import TableName
 from cdc.log import open_log
-from cdc.source import _slot, connect
+from cdc.source import connect
+from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid
 
 

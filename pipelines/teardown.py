@@ -10,7 +10,8 @@ from cdc import ddl
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError
 from cdc.ground.tables import quote_ident
-from cdc.source import _slot, connect, insert_publication, slot_holder
+from cdc.source import connect, insert_publication, slot_holder
+from cdc.source.slots import _slot
 from pipelines.ddl import remove as remove_ddl_capture
 from pipelines.teardown_data import find_topics, finish_topics, left_in_place, remove_captured
 

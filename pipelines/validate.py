@@ -20,6 +20,7 @@ from cdc.sslcheck import tls_warning
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.ddl import describe as describe_ddl
 from pipelines.validate_services import check_services
+from sinks.cache.settings import RedisSettings
 from snapshot.chunked import watermark_right
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
@@ -278,21 +279,20 @@ def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
 def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     """Followers' engines set up to lose data (a Redis that may evict keys): FAIL lines, their count.
     An engine that cannot be reached is a note here (`cdc apply` reports it when it runs)."""
-    if not any(sink.redis is not None for sink in pipeline.sinks):
-        return 0  # sinks.cache imports its Spark sink (pyspark): only for a pipeline with Redis
+    redis = [(sink.name, sink.settings) for sink in pipeline.sinks if isinstance(sink.settings, RedisSettings)]
+    if not redis:
+        return 0  # the Redis client is imported only for a pipeline with Redis
     from sinks.cache.eviction import EVICTION_FIX, eviction_problem
     from sinks.cache.writer import connect as redis_connect
     from sinks.cache.writer import describe
 
     problems = 0
-    for sink in pipeline.sinks:
-        if sink.redis is None:
-            continue
-        where = f"sink {sink.name}: Redis at {redact(sink.redis.url)}"
+    for name, settings in redis:
+        where = f"sink {name}: Redis at {redact(settings.url)}"
         try:
-            client = redis_connect(sink.redis.url)
+            client = redis_connect(settings.url)
             try:
-                problem = eviction_problem(client, sink.redis.ttl)
+                problem = eviction_problem(client, settings.ttl)
             finally:
                 client.close()
         except Exception as exc:  # redis-py errors: unreachable, auth, INFO not allowed
@@ -300,7 +300,7 @@ def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
             continue
         if problem is None:
             say(f"{OK} {where}: keys are not evicted")
-        elif sink.redis.allow_eviction:
+        elif settings.allow_eviction:
             say(f"note: {where}: {problem} (accepted: allow_eviction: true)")
         else:
             problems += 1

@@ -16,6 +16,7 @@ from typing import Any
 from cdc.ground.config import KafkaLog, Pipeline
 from cdc.ground.errors import CdcError
 from cdc.ground.tables import TableName
+from sinks.search.settings import SearchSettings
 
 OK, BAD = "ok  ", "FAIL"
 Say = Callable[[str], None]
@@ -122,7 +123,7 @@ def _kafka_rights(client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[T
 def check_opensearch(pipeline: Pipeline, say: Say) -> int:
     problems = 0
     for sink in pipeline.sinks:
-        if sink.search is None or sink.search.engine != "opensearch":
+        if not isinstance(sink.settings, SearchSettings) or sink.settings.engine != "opensearch":
             continue
         from sinks.search.opensearch_engine import OpenSearchSink, show_hosts
 

@@ -39,12 +39,14 @@ from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 from cdc.log import open_log_view
 from cdc.log.base import Column, TableSchema
 from cdc.log.history import History, position_in
 from cdc.pgoutput import Begin, Relation, Truncate, decode
 from cdc.schema import TypeCache, pgtype_to_dict
-from cdc.source import _slot, connect, publication_names
+from cdc.source import connect, publication_names
+from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
@@ -101,10 +103,6 @@ class SinkVerdict:
     @property
     def identical(self) -> bool:
         return self.error is None and self.behind is None and all(t.identical for t in self.tables)
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 # ---- source side ----------------------------------------------------------------------------------

@@ -33,13 +33,13 @@ from cdc.log import open_log
 from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
 from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
 from cdc.source import (
-    _slot,
     connect,
     ensure_publication,
     insert_publication,
     publication_names,
     resolve_tables,
 )
+from cdc.source.slots import _slot
 from cdc.tablewatch import check_pipeline_source, gone_from_source
 from snapshot.chunked import ChunkedSnapshot, ChunkedTable, orderable_key, stream_covers
 from snapshot.chunks import plan_chunks

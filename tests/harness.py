@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,28 @@ from cdc.session import libpq_options, run_sql
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_pipeline(directory: Path, dsn: str, tables: Sequence[str], name: str = "test", **extra: Any) -> Path:
-    """A pipeline file in `directory` (state under directory/.cdc/<name>); returns its path."""
-    doc: dict[str, Any] = {"name": name, "source": {"postgres": {"dsn": dsn, "tables": list(tables)}}}
+def write_pipeline(
+    directory: Path,
+    dsn: str,
+    tables: Sequence[str],
+    name: str = "test",
+    postgres: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
+    """A pipeline file in `directory` (state under directory/.cdc/<name>) with `postgres` as further
+    source.postgres settings and `extra` as further top-level keys; returns its path."""
+    doc: dict[str, Any] = {"name": name, "source": {"postgres": {"dsn": dsn, "tables": list(tables), **(postgres or {})}}}
     doc.update(extra)
     path = directory / f"{name}.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def edit_pipeline(path: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Rewrite the pipeline file at `path` after `edit` changed its document in place."""
+    doc = yaml.safe_load(path.read_text())
+    edit(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 @dataclass
@@ -86,6 +102,23 @@ def stop_process(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.communicate()
+
+
+def wait_for(
+    what: str, check: Callable[[], Any], proc: subprocess.Popen | None = None, timeout: float = 120, interval: float = 0.2
+) -> Any:
+    """Poll `check()` until it is truthy and return its value; fail early if `proc` exited meanwhile
+    (with its output). The timeout only ends a hung wait: nothing asserts how long the wait took."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"process exited {proc.returncode} while waiting for {what}:\n{out}\n{err}")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f}s"
+        time.sleep(interval)
 
 
 sql = run_sql  # statements in autocommit mode; the last one's rows (if any)
@@ -172,8 +205,8 @@ def _apply(rows: dict[tuple, dict[str, Any]], rec: LogRecord, key_texts) -> None
 
 def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
     """`cdc apply --once` in-process on the test session's SparkSession; raises on a sink failure."""
-    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
+    from sinks.registry import load_pipeline
 
     job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
     runs = job.run_once(sink)
@@ -207,23 +240,24 @@ def apply_crashing(pipeline_file: Path, spark, point: str, sink: str | None = No
 
 def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, str]:
     """`cdc verify` in-process: (exit code, printed report)."""
-    from cdc.ground.config import load_pipeline
     from pipelines.verify import run_verify
+    from sinks.registry import load_pipeline
 
     lines: list[str] = []
     code = run_verify(load_pipeline(pipeline_file), spark, sink, 0, lines.append)
     return code, "\n".join(lines)
 
 
-def stream_until_current(pipeline_file: Path):
-    """`cdc stream --until current` in-process; returns the StreamStats."""
-    from cdc.ground.config import load_pipeline
+def stream_in_process(pipeline_file: Path):
+    """`cdc stream --until current` in-process, without flush_wal (stream_changes flushes first;
+    tests.fixtures.capture.stream_until_current runs the `cdc stream` command); returns the StreamStats."""
     from cdc.reader import run_stream
+    from sinks.registry import load_pipeline
 
     return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)
 
 
 def stream_changes(pipeline_file: Path, dsn: str):
-    """Every change committed to `dsn` so far into the log: flush_wal, then stream_until_current."""
+    """Every change committed to `dsn` so far into the log: flush_wal, then stream_in_process."""
     flush_wal(dsn)
-    return stream_until_current(pipeline_file)
+    return stream_in_process(pipeline_file)

@@ -12,9 +12,9 @@ MASTER = "local[2]"
 def apply_job(pipe: Path, confs: dict[str, str] | None = None, say=lambda _m: None) -> tuple[Any, Any]:
     """(spark, ApplyJob) of the pipeline file; runtime SQL confs (e.g. spark.sql.shuffle.partitions)
     set first; `say` gets the job's output lines."""
-    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
     from pipelines.spark import spark_session
+    from sinks.registry import load_pipeline
 
     spark = spark_session(master=MASTER)
     for key, value in (confs or {}).items():

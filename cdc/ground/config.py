@@ -5,6 +5,10 @@ the file, the key path and what was expected. `${VAR}` and `${VAR:-default}` in 
 values are taken from the environment (`$$` is a literal `$`), or from the file `$VAR_FILE` names
 (a mounted secret, trailing newline stripped). Relative paths are relative
 to the directory holding the pipeline file.
+
+Here: the pipeline-level model (source, log, views, runtime knobs, a `sinks:` entry's common
+keys) and loading. Each follower kind's settings live beside the kind (sinks/<kind>/settings.py)
+and are registered in sinks/registry.py, whose load_pipeline/parse_pipeline read files with them.
 """
 
 from __future__ import annotations
@@ -13,44 +17,23 @@ import difflib
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
 from cdc.ground.errors import PipelineFileError, UsageError
+from cdc.ground.settings import NAME_RE, SinkSettings, Strict, TableList, check_tables, options_of
 from cdc.ground.tables import TableName, TableSelector
 
-NAME_RE = r"^[a-z][a-z0-9_]*$"
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
-
-
-def _check_tables(values: list[str] | None) -> list[str] | None:
-    for value in values or []:
-        TableSelector.parse(value)  # raises ValueError with a readable message
-    return values
-
-
-TableList = Annotated[list[str], Field(min_length=1)]
-
-
 # --- source ---------------------------------------------------------------------------------------
-def options_of(table_options: dict[str, Any], table: TableName) -> Any:
-    """The `table_options` entry naming `table`, source's or a sink's (keys are parsed, so quoting
-    and case follow SQL); None when the table has none."""
-    for key, options in table_options.items():
-        if TableName.parse(key) == table:
-            return options
-    return None
-
-
-class SourceTableOptions(_Strict):
+class SourceTableOptions(Strict):
     """What of one table leaves PostgreSQL (README "Choosing what is captured"): pushed down as the
     publication's column list and row filter (PostgreSQL 15 or later) and used by the snapshot's COPY."""
 
@@ -70,7 +53,7 @@ class SourceTableOptions(_Strict):
         return self
 
 
-class PostgresSource(_Strict):
+class PostgresSource(Strict):
     dsn: str = Field(description="libpq connection string or postgresql:// URI")
     tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
     slot: str | None = Field(default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)")
@@ -91,7 +74,7 @@ class PostgresSource(_Strict):
         description="per table of `tables` (schema-qualified name): columns or exclude_columns, and where",
     )
 
-    _tables = field_validator("tables")(_check_tables)
+    _tables = field_validator("tables")(check_tables)
 
     @model_validator(mode="after")
     def _options_name_tables(self) -> PostgresSource:
@@ -108,12 +91,12 @@ class PostgresSource(_Strict):
         return options_of(self.table_options, table)
 
 
-class Source(_Strict):
+class Source(Strict):
     postgres: PostgresSource = Field(description="the PostgreSQL database captured")
 
 
 # --- log ------------------------------------------------------------------------------------------
-class LocalLog(_Strict):
+class LocalLog(Strict):
     path: str | None = Field(default=None, description="directory of the SQLite log (default <state_dir>/log)")
     synchronous: Literal["full", "normal"] = Field(
         default="full", description="SQLite fsync policy: full survives power loss, normal survives process crashes"
@@ -129,7 +112,7 @@ class LocalLog(_Strict):
     )
 
 
-class KafkaLog(_Strict):
+class KafkaLog(Strict):
     bootstrap_servers: str | list[str] = Field(description='"host:port" (comma-separated) or a list of them')
     topic_prefix: str | None = Field(default=None, description="topic prefix (default: the pipeline name)")
     format: Literal["cdc", "debezium"] = Field(
@@ -186,7 +169,7 @@ class KafkaLog(_Strict):
         return self
 
 
-class LogConfig(_Strict):
+class LogConfig(Strict):
     local: LocalLog | None = Field(default=None, description="the embedded SQLite log (the default when `log` is left out)")
     kafka: KafkaLog | None = Field(default=None, description="Kafka topics (give exactly one of local and kafka)")
 
@@ -198,314 +181,19 @@ class LogConfig(_Strict):
 
 
 # --- sinks ----------------------------------------------------------------------------------------
-MaskKind = Literal["hash", "redact", "null"]
-# A renamed table's name in every sink kind: a Delta/tantivy directory, an OpenSearch index, a Redis key prefix.
-RENAME_RE = r"^[a-z0-9][a-z0-9_.-]*$"
-MIN_MASK_KEY = 16
-
-
-class SinkTableOptions(_Strict):
-    """What one sink gets of one table (README "Choosing what is captured"); applied by sinks/shaping.py."""
-
-    columns: list[str] | None = Field(default=None, min_length=1, description="only these columns (key columns always)")
-    exclude_columns: list[str] | None = Field(default=None, min_length=1, description="every column but these")
-    mask: dict[str, MaskKind] = Field(
-        default_factory=dict,
-        description="per column: hash (HMAC-SHA256 hex with mask_key), redact (the text [redacted]) or null",
-    )
-    rename: str | None = Field(
-        default=None,
-        pattern=RENAME_RE,
-        description="the follower's name for the table: Delta table directory <path>/<rename>, search index "
-        "<rename>, Redis keys <rename>:<pk>",
-    )
-
-    @field_validator("mask", mode="before")
-    @classmethod
-    def _yaml_null(cls, value: Any) -> Any:
-        # `mask: {notes: null}` without quotes is YAML's null: it means the mask `null`
-        if isinstance(value, dict):
-            return {k: "null" if v is None else v for k, v in value.items()}
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SinkTableOptions:
-        if self.columns is not None and self.exclude_columns is not None:
-            raise ValueError("give `columns` or `exclude_columns`, not both")
-        dropped = set(self.exclude_columns or ())
-        for column in self.mask:
-            if column in dropped:
-                raise ValueError(f"mask: column {column!r} is excluded (exclude_columns), so there is nothing to mask")
-        return self
-
-
-class _ShapedSink(_Strict):
-    """Per-table columns, masks and renames, common to every sink kind."""
-
-    table_options: dict[str, SinkTableOptions] = Field(
-        default_factory=dict,
-        description="per table of this sink: columns / exclude_columns, mask, rename "
-        '(e.g. {"public.users": {"exclude_columns": ["password_hash"], "mask": {"email": "hash"}}})',
-    )
-    mask_key: str | None = Field(
-        default=None,
-        repr=False,
-        description=f"secret key of the `hash` mask (at least {MIN_MASK_KEY} characters), from the environment: ${{CDC_MASK_KEY}}",
-    )
-
-    @model_validator(mode="after")
-    def _options(self) -> _ShapedSink:
-        hashed = [f"{t}.{c}" for t, o in self.table_options.items() for c, m in o.mask.items() if m == "hash"]
-        if hashed and not self.mask_key:
-            raise ValueError(
-                f"mask hash ({', '.join(hashed)}) needs mask_key: write `mask_key: ${{CDC_MASK_KEY}}` in the sink "
-                f"and export CDC_MASK_KEY=<a secret of at least {MIN_MASK_KEY} characters>"
-            )
-        if self.mask_key is not None and len(self.mask_key) < MIN_MASK_KEY:
-            raise ValueError(
-                f"mask_key is shorter than {MIN_MASK_KEY} characters (a short key makes hashed values guessable); "
-                "export a longer secret in its environment variable"
-            )
-        renamed: dict[str, str] = {}
-        for table, options in self.table_options.items():
-            TableName.parse(table)  # schema.table, no wildcard (raises ValueError with a readable message)
-            if options.rename is not None:
-                if options.rename in renamed:
-                    raise ValueError(
-                        f"table_options: {renamed[options.rename]} and {table} are both renamed to {options.rename!r}"
-                    )
-                renamed[options.rename] = table
-        return self
-
-    def options_for(self, table: TableName) -> SinkTableOptions | None:
-        return options_of(self.table_options, table)
-
-
-def _view_names(values: list[str]) -> list[str]:
-    seen: set[str] = set()
-    for value in values:
-        if value in seen:
-            raise ValueError(f"view {value!r} is named twice")
-        seen.add(value)
-    return values
-
-
-# Every sink kind may follow derived views (README "Derived views"): named here, declared in `views:`.
-def _view_list() -> Any:
-    return Field(
-        default_factory=list,
-        description="derived views (names from the top-level `views:`) this sink follows, as tables views.<name>; "
-        "a sink naming views and no `tables` follows only its views",
-    )
-
-
-class DeltaSink(_ShapedSink):
-    path: str = Field(description="directory of the Delta tables (a table is <path>/<schema>/<table>)")
-    mode: Literal["scd1", "scd2"] = Field(
-        default="scd1", description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn"
-    )
-    tables: list[str] | None = Field(
-        default=None, description="subset of the source tables (default: all, or none when `views` is given)"
-    )
-    views: list[str] = _view_list()
-    # Table features (README "Reading the lake"): every feature a table takes on costs readers.
-    column_mapping: Literal["auto", "name"] = Field(
-        default="auto",
-        description="auto: no column mapping; a column name plain Delta cannot hold (one of ' ,;{}()=', "
-        "tab, newline) is stored encoded (`a b` -> `a_x0020_b`, the source name in the column's comment), so "
-        "every reader reads the table; name: column mapping on every table this sink creates (renames are "
-        "metadata only; delta-rs's Arrow path and Polars refuse such tables, its DataFusion reader and Spark "
-        "read them)",
-    )
-    on_type_change: Literal["rewrite", "widen", "stop"] = Field(
-        default="rewrite",
-        description="a source column type Delta can widen (int -> bigint, float -> double, larger decimal, "
-        "date -> timestamp): rewrite the table with the new type (every reader keeps it), widen in place "
-        "with Delta type widening (only Spark with Delta 4+ reads the table then), or stop the apply",
-    )
-
-    _tables = field_validator("tables")(_check_tables)
-    _views = field_validator("views")(_view_names)
-
-
-SearchFieldType = Literal[
-    "text", "keyword", "long", "integer", "short", "double", "float", "boolean", "date", "binary", "stored"
-]
-
-
-class AwsSigV4(_Strict):
-    region: str = Field(min_length=1, description="the AWS region of the domain or collection (e.g. eu-west-1)")
-    service: Literal["es", "aoss"] = Field(
-        default="es", description="es: an Amazon OpenSearch Service domain; aoss: an OpenSearch Serverless collection"
-    )
-
-
-class SearchSink(_ShapedSink):
-    engine: Literal["tantivy", "opensearch"] = Field(
-        default="tantivy", description="tantivy: an embedded index on disk; opensearch: a cluster at `hosts`"
-    )
-    tables: TableList | None = Field(default=None, description="required unless `views` is given")
-    views: list[str] = _view_list()
-    path: str | None = Field(default=None, description="tantivy: index directory (default <state_dir>/search)")
-    hosts: list[str] | None = Field(default=None, description="opensearch: node URLs")
-    index_prefix: str | None = Field(default=None, description="opensearch: index name prefix (default: pipeline name)")
-    fields: dict[str, dict[str, SearchFieldType]] = Field(
-        default_factory=dict,
-        description="per table, per column: the field type instead of the one derived from the source type "
-        "(text: tokenized, keyword: exact, long/integer/short/double/float/boolean/date, binary or stored: kept, not searchable); "
-        'e.g. {"public.customers": {"email": "keyword"}}',
-    )
-    gc_deletes: str = Field(
-        default="7d",
-        pattern=r"^[0-9]+(ms|s|m|h|d)$",
-        description="opensearch: how long a deleted document's version is remembered (index.gc_deletes); a write "
-        "older than a delete and arriving later than this could bring the document back",
-    )
-    shards: int | None = Field(
-        default=None, ge=1, description="opensearch: primary shards of new indices (default 1)"
-    )
-    replicas: int | None = Field(
-        default=None, ge=0, description="opensearch: replicas of new indices (default: the cluster's)"
-    )
-    bulk_actions: int = Field(
-        default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request"
-    )
-    timeout_s: float = Field(default=60.0, gt=0, description="opensearch: seconds a request may take")
-    # Security (README Security): passed to every OpenSearch client of the tool (driver and executors)
-    username: str | None = Field(default=None, description="opensearch: HTTP basic auth user (e.g. ${OPENSEARCH_USER})")
-    password: str | None = Field(default=None, repr=False, description="opensearch: its password, from ${ENV}")
-    ca_file: str | None = Field(default=None, description="opensearch: PEM CA file for https hosts (default: the system's CAs)")
-    client_cert: str | None = Field(default=None, description="opensearch: client certificate (PEM), for mTLS")
-    client_key: str | None = Field(default=None, description="opensearch: the client certificate's key (PEM, unencrypted)")
-    verify_certs: bool = Field(
-        default=True, description="opensearch: check the nodes' certificates (and that they name the host)"
-    )
-    aws_sigv4: AwsSigV4 | None = Field(
-        default=None,
-        description="opensearch: sign requests with AWS SigV4 (Amazon OpenSearch Service / Serverless); "
-        "credentials from the standard AWS chain (env, profile, role); needs boto3",
-    )
-
-    _tables = field_validator("tables")(_check_tables)
-    _views = field_validator("views")(_view_names)
-
-    @model_validator(mode="after")
-    def _engine_options(self) -> SearchSink:
-        _tables_or_views(self)
-        if self.engine == "opensearch" and not self.hosts:
-            raise ValueError("engine opensearch needs `hosts`")
-        security = ("username", "password", "ca_file", "client_cert", "client_key", "aws_sigv4")
-        given = [k for k in security if getattr(self, k) is not None]
-        if self.engine != "opensearch" and (given or not self.verify_certs):
-            raise ValueError(f"{', '.join(given) or 'verify_certs'}: only for engine opensearch")
-        if (self.username is None) != (self.password is None):
-            raise ValueError("username and password go together (HTTP basic auth)")
-        if (self.client_cert is None) != (self.client_key is None):
-            raise ValueError("client_cert and client_key go together (a client certificate and its key)")
-        if self.aws_sigv4 is not None and self.username is not None:
-            raise ValueError("aws_sigv4 and username/password exclude each other (one way to sign in)")
-        selectors = [TableSelector.parse(t) for t in self.tables or []]
-        for table, columns in self.fields.items():
-            name = TableName.parse(table)  # raises ValueError with a readable message
-            if not any(s.matches(name) for s in selectors):
-                raise ValueError(f"fields: table {table} is not among this sink's `tables`")
-            if not all(columns):
-                raise ValueError(f"fields: {table}: empty column name")
-        return self
-
-
-class RedisSink(_ShapedSink):
-    url: str = Field(description="redis:// (or rediss://) URL of the database, e.g. redis://127.0.0.1:6379/0")
-    tables: TableList | None = Field(default=None, description="required unless `views` is given")
-    views: list[str] = _view_list()
-    key: str | None = Field(default=None, description="key template (default '{schema}.{table}:{pk}')")
-    ttl: int | None = Field(default=None, gt=0, description="seconds a cached row lives (default: forever)")
-    allow_eviction: bool = Field(
-        default=False,
-        description="accept a Redis maxmemory-policy that may evict the follower's keys (a cache whose rows may go missing)",
-    )
-
-    _tables = field_validator("tables")(_check_tables)
-    _views = field_validator("views")(_view_names)
-
-    @model_validator(mode="after")
-    def _follows_something(self) -> RedisSink:
-        _tables_or_views(self)
-        return self
-
-
-class IcebergCatalog(_Strict):
-    """Where the Iceberg follower's tables are listed (README "Iceberg follower", catalogs)."""
-
-    type: Literal["sqlite", "jdbc", "rest"] = Field(
-        default="sqlite",
-        description="sqlite: Iceberg's JDBC catalog in the SQLite file <warehouse>/catalog.db (no server; "
-        "pyiceberg's SqlCatalog reads it); jdbc: Iceberg's JDBC catalog on a database (`uri`, e.g. "
-        "jdbc:postgresql://host/db); rest: an Iceberg REST catalog (`uri`)",
-    )
-    uri: str | None = Field(default=None, description="jdbc: the JDBC URL; rest: the catalog's URL")
-    user: str | None = Field(default=None, description="jdbc: the database user")
-    password: str | None = Field(default=None, repr=False, description="jdbc: its password, from ${ENV}")
-    properties: dict[str, str] = Field(
-        default_factory=dict,
-        description="more Iceberg catalog properties, passed as they are (object stores: io-impl, s3.endpoint, "
-        "...; rest: credential, token, ...)",
-    )
-
-    @model_validator(mode="after")
-    def _uri(self) -> IcebergCatalog:
-        if self.type == "sqlite" and self.uri is not None:
-            raise ValueError("catalog type sqlite keeps its file at <warehouse>/catalog.db: give no `uri`")
-        if self.type != "sqlite" and not self.uri:
-            raise ValueError(f"catalog type {self.type} needs `uri`")
-        if self.type != "jdbc" and (self.user or self.password):
-            raise ValueError("user and password are for catalog type jdbc")
-        return self
-
-
-class IcebergSink(_ShapedSink):
-    """An Iceberg follower (sinks/iceberg/): one Iceberg table per source table, namespace = its schema."""
-
-    warehouse: str = Field(description="where table files go: a path (relative to the pipeline file) or a URI")
-    catalog: IcebergCatalog = Field(default_factory=IcebergCatalog, description="where the tables are registered")
-    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
-    views: list[str] = Field(default_factory=list, description="derived views into Iceberg: not yet (give none)")
-    write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
-        default="merge-on-read",
-        description="how a MERGE changes a data file: merge-on-read writes position deletes (a small cut "
-        "rewrites no file), copy-on-write rewrites the files it touches",
-    )
-    on_type_change: Literal["widen", "stop"] = Field(
-        default="widen",
-        description="a source column type Iceberg can widen (int -> bigint, float -> double, larger decimal "
-        "precision): widen it in place (metadata only), or stop the apply",
-    )
-
-    _tables = field_validator("tables")(_check_tables)
-
-    @field_validator("views")
-    @classmethod
-    def _no_views(cls, value: list[str]) -> list[str]:
-        if value:
-            raise ValueError("derived views into an Iceberg sink are not supported yet: follow them with a delta sink")
-        return value
-
-
-def _tables_or_views(settings: SearchSink | RedisSink) -> None:
-    """Search and Redis sinks name what they follow: tables, views or both (no "every table" default)."""
-    if not settings.tables and not settings.views:
-        raise ValueError("give `tables` (source tables) or `views` (derived views), or both")
-
-
-SINK_KINDS = ("delta", "search", "redis", "iceberg")
-
-
-class SinkConfig(_Strict):
+# A `sinks:` entry is its name and options here, plus one follower kind's settings under the kind's
+# key (`delta:`, `search:`, ...). The kinds and their settings models live in the sinks layer
+# (sinks/<kind>/settings.py, registered in sinks/registry.py), above this one: it builds the full
+# model with pipeline_model(), and loads pipeline files through it.
+class _SinkName(Strict):
     name: str = Field(pattern=NAME_RE, description="the sink's name (`--sink NAME`; its checkpoint and metrics label)")
-    delta: DeltaSink | None = Field(default=None, description="a Delta Lake follower (give exactly one sink kind)")
-    search: SearchSink | None = Field(default=None, description="a search index follower (tantivy or OpenSearch)")
-    redis: RedisSink | None = Field(default=None, description="a Redis cache follower")
-    iceberg: IcebergSink | None = Field(default=None, description="an Iceberg follower")
+
+
+class SinkConfig(_SinkName):
+    """A `sinks:` entry; pipeline_model() adds one optional key per follower kind."""
+
+    kinds: ClassVar[tuple[str, ...]] = ()  # the kind keys, as pipeline_model() added them
+
     on_lost: Literal["rebuild", "stop"] = Field(
         default="rebuild",
         description="when the engine lost data this follower had applied (its marker is gone or behind): "
@@ -519,12 +207,12 @@ class SinkConfig(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SinkConfig:
-        kinds = [k for k in SINK_KINDS if getattr(self, k) is not None]
-        if len(kinds) != 1:
-            raise ValueError("give exactly one sink kind: `delta`, `iceberg`, `search` or `redis`")
-        if self.dropped_columns != "keep" and (
-            self.search is not None or self.iceberg is not None or (self.delta and self.delta.mode == "scd2")
-        ):
+        given = [k for k in self.kinds if getattr(self, k) is not None]
+        if len(given) != 1:
+            names = [f"`{k}`" for k in self.kinds]
+            listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+            raise ValueError(f"give exactly one sink kind: {listed}")
+        if self.dropped_columns != "keep" and not self.settings.drops_columns():
             raise ValueError(
                 "dropped_columns: null and drop are for delta sinks with mode scd1 and redis sinks "
                 "(scd2 keeps every version's values, search keeps the field, iceberg: not yet): use keep"
@@ -533,15 +221,17 @@ class SinkConfig(_Strict):
 
     @property
     def kind(self) -> str:
-        return next(k for k in SINK_KINDS if getattr(self, k) is not None)
+        return next(k for k in self.kinds if getattr(self, k) is not None)
 
     @property
-    def settings(self) -> DeltaSink | SearchSink | RedisSink | IcebergSink:
-        return getattr(self, self.kind)
+    def settings(self) -> SinkSettings:
+        """The kind's settings (sinks/<kind>/settings.py)."""
+        settings: SinkSettings = getattr(self, self.kind)
+        return settings
 
 
 # --- runtime knobs --------------------------------------------------------------------------------
-class SparkConfig(_Strict):
+class SparkConfig(Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
     trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
@@ -582,7 +272,7 @@ class SparkConfig(_Strict):
     )
 
 
-class StreamConfig(_Strict):
+class StreamConfig(Strict):
     batch_max_events: int = Field(default=20000, gt=0, description="commit to the log after this many events...")
     batch_max_seconds: float = Field(default=0.5, gt=0, description="...or this many seconds, at a transaction boundary")
     status_interval_s: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
@@ -597,7 +287,7 @@ class StreamConfig(_Strict):
 SnapshotMode = Literal["auto", "exported", "chunked"]
 
 
-class SnapshotConfig(_Strict):
+class SnapshotConfig(Strict):
     """How `cdc snapshot` copies tables (README "Snapshots of big tables")."""
 
     mode: SnapshotMode = Field(
@@ -631,7 +321,7 @@ class SnapshotConfig(_Strict):
         return self.mode
 
 
-class MetricsConfig(_Strict):
+class MetricsConfig(Strict):
     port: int | None = Field(
         default=None,
         ge=1,
@@ -645,7 +335,7 @@ class MetricsConfig(_Strict):
 VIEW_SCHEMA = "views"  # a view is followed as the table views.<name>
 
 
-class ViewConfig(_Strict):
+class ViewConfig(Strict):
     """A derived view (README "Derived views"): Spark SQL over the captured tables, kept up to date
     cut by cut (pipelines/views) and followed by sinks that name it in their `views`."""
 
@@ -668,7 +358,9 @@ class ViewConfig(_Strict):
         return TableName(VIEW_SCHEMA, self.name)
 
 
-class Pipeline(_Strict):
+class Pipeline(Strict):
+    sink_config: ClassVar[type[SinkConfig]] = SinkConfig  # a `sinks:` entry (pipeline_model() gives it its kinds)
+
     name: str = Field(pattern=NAME_RE, description="the pipeline's name (default slot, publication and topic prefix)")
     source: Source = Field(description="where changes come from")
     log: LogConfig | None = Field(default=None, description="where captured changes are kept (default: local)")
@@ -695,12 +387,13 @@ class Pipeline(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _search_files(self) -> Pipeline:
-        """The search sinks' certificate files too."""
+    def _sink_files(self) -> Pipeline:
+        """The sinks' files (certificates) too."""
         for sink in self.sinks:
-            for key in ("ca_file", "client_cert", "client_key"):
-                if sink.search is not None and getattr(sink.search, key):
-                    object.__setattr__(sink.search, key, str(self.path(getattr(sink.search, key))))
+            settings = sink.settings
+            for key in settings.file_keys:
+                if getattr(settings, key):
+                    object.__setattr__(settings, key, str(self.path(getattr(settings, key))))
         return self
 
     @model_validator(mode="after")
@@ -853,6 +546,33 @@ class Pipeline(_Strict):
         raise UsageError(f"pipeline {self.name} has no {kind} sink", f"add a sink with `{example}`")
 
 
+def pipeline_model(kinds: Mapping[str, tuple[type[SinkSettings], str]], module: str) -> type[Pipeline]:
+    """The pipeline file's model with these follower kinds: kind key -> (its settings model, its
+    description in the reference). The sinks layer builds it from its registry (sinks/registry.py).
+    The models keep the names Pipeline and SinkConfig (pydantic's messages say them); pickle finds
+    them as `module`.PipelineModel and `module`.SinkConfigModel, which the caller keeps."""
+    keys: dict[str, Any] = {
+        kind: (settings | None, Field(default=None, description=description))
+        for kind, (settings, description) in kinds.items()
+    }
+    # pydantic lists fields base first along the MRO: name, the kinds, then SinkConfig's own keys
+    # (the order of the reference and of pydantic's messages)
+    kind_keys = create_model("SinkKinds", __base__=_SinkName, __module__=module, **keys)
+    sink_config = create_model("SinkConfig", __base__=(SinkConfig, kind_keys), __module__=module)
+    sink_config.kinds = tuple(kinds)
+    sink_config.__qualname__ = "SinkConfigModel"
+    sinks = Pipeline.model_fields["sinks"]
+    pipeline = create_model(
+        "Pipeline",
+        __base__=Pipeline,
+        __module__=module,
+        sinks=(list[sink_config], Field(default_factory=list, description=sinks.description)),  # type: ignore[valid-type]
+    )
+    pipeline.sink_config = sink_config
+    pipeline.__qualname__ = "PipelineModel"
+    return pipeline
+
+
 def pipeline_tables(pipeline: Pipeline, tables: list[TableName]) -> list[TableName]:
     """The tables of `tables` the pipeline file names in source.postgres.tables. The log may hold
     more (a table removed from the file, or renamed away): followers follow the file."""
@@ -950,10 +670,10 @@ def _models_in(tp: Any) -> list[Any]:
     return [tp]
 
 
-def keys_at(loc: tuple[Any, ...]) -> list[str]:
+def keys_at(model: type[Pipeline], loc: tuple[Any, ...]) -> list[str]:
     """The keys the pipeline file allows in the mapping at `loc` (a pydantic error location);
     union tags pydantic puts into locations are stepped over."""
-    current: list[Any] = [Pipeline]
+    current: list[Any] = [model]
     for part in loc:
         following: list[Any] = []
         for tp in (m for c in current for m in _models_in(c)):
@@ -978,13 +698,13 @@ def keys_at(loc: tuple[Any, ...]) -> list[str]:
 _SECRET_KEYS = frozenset({"mask_key", "sasl_password", "password"})
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: dict[str, Any], model: type[Pipeline]) -> str:
     loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":
         parent, key = loc.rpartition(".")[0], error["loc"][-1]
         # a typo (stat_dir, mdoe) gets the key it most likely meant
-        close = difflib.get_close_matches(str(key), keys_at(tuple(error["loc"][:-1])), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(str(key), keys_at(model, tuple(error["loc"][:-1])), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{parent or '(top level)'}: unknown key {key!r}{hint}"
     if kind == "missing":
@@ -997,7 +717,11 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{loc}: {msg}{shown}"
 
 
-def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None = None) -> Pipeline:
+def parse_pipeline(
+    data: Any, source: str = "<pipeline>", base_dir: Path | None = None, *, model: type[Pipeline]
+) -> Pipeline:
+    """The pipeline file's parsed YAML as `model` (pipeline_model(): sinks/registry.py's
+    parse_pipeline and load_pipeline give the follower kinds)."""
     if not isinstance(data, dict):
         raise PipelineFileError(f"{source}: the pipeline file must be a YAML mapping (name:, source:, ...)")
     try:
@@ -1006,9 +730,9 @@ def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None 
         raise PipelineFileError(f"{source}: {exc.problem}", exc.fix) from None
     try:
         # base_dir first: validators resolve relative paths (certificate files) against it
-        pipeline = Pipeline.model_validate(data | {"base_dir": base_dir or Path(".")})
+        pipeline = model.model_validate(data | {"base_dir": base_dir or Path(".")})
     except ValidationError as exc:
-        lines = [_describe(e) for e in exc.errors()]
+        lines = [_describe(e, model) for e in exc.errors()]
         raise PipelineFileError(
             f"{source}: invalid pipeline file:\n  " + "\n  ".join(lines),
             "see docs/reference/pipeline-file.md",
@@ -1016,7 +740,7 @@ def parse_pipeline(data: Any, source: str = "<pipeline>", base_dir: Path | None 
     return pipeline.model_copy(update={"base_dir": base_dir or Path(".")})
 
 
-def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
+def load_pipeline(path: str | os.PathLike[str], *, model: type[Pipeline]) -> Pipeline:
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -1034,5 +758,5 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
             f"{file}: not valid YAML{at}: {problem}",
             "fix the YAML syntax there (indentation, a missing ':', an unclosed bracket or quote)",
         ) from None
-    pipeline = parse_pipeline(data, str(file), file.resolve().parent)
+    pipeline = parse_pipeline(data, str(file), file.resolve().parent, model=model)
     return pipeline.model_copy(update={"file": str(path)})

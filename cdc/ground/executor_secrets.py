@@ -122,20 +122,8 @@ def with_password(url: str, password: str) -> str:
 
 
 def sink_secrets(sink: SinkConfig) -> dict[str, str]:
-    """Variable -> value: the secrets of one sink its executors need."""
-    found: dict[str, str] = {}
-    if sink.redis is not None:
-        password = split_password(sink.redis.url)[1]
-        if password:
-            found[env_name(sink.name, "password")] = password
-    elif sink.search is not None and sink.search.engine == "opensearch":
-        if sink.search.password:
-            found[env_name(sink.name, "password")] = sink.search.password
-        for i, host in enumerate(sink.search.hosts or []):
-            password = split_host_password(host)[1]
-            if password:
-                found[env_name(sink.name, f"host{i}_password")] = password
-    return found
+    """Variable -> value: the secrets of one sink its executors need (its kind's settings say which)."""
+    return sink.settings.executor_secrets(sink.name)
 
 
 def executor_secrets(pipeline: Pipeline) -> dict[str, str]:

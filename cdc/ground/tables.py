@@ -18,6 +18,11 @@ def quote_ident(name: str) -> str:
     return name if _PLAIN.match(name) else '"' + name.replace('"', '""') + '"'
 
 
+def spark_ident(name: str) -> str:
+    """A Spark SQL identifier, always backquoted (a backquote in the name doubled)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _split_qualified(text: str) -> list[str]:
     """Split on dots outside double quotes, unquoting and case-folding each part."""
     parts: list[str] = []

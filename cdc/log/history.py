@@ -9,7 +9,9 @@ drop + add does not); versions written before attnums were recorded match by nam
 * per version, where each of those columns sits in it (a row written before a rename carries
   the value under the old name);
 * per column, the older names it had in those versions, newest first, so a follower can rename
-  its column.
+  its column;
+* per fast-default column of the newest version, the LSN it appeared at (rows last written
+  before that hold the default without any event saying so).
 """
 
 from __future__ import annotations
@@ -86,3 +88,22 @@ def followed_schema(history: History, from_lsn: int | None = None) -> FollowedSc
     return FollowedSchema(
         dataclasses.replace(newest, columns=tuple(columns), types=types), frozenset(retired), renames
     )
+
+
+def column_defaults(history: Sequence[tuple[int, TableSchema]]) -> dict[str, tuple[int, str]]:
+    """From (since LSN, schema) versions, oldest first: fast-default columns of the newest schema
+    -> (LSN the column appeared at, default text)."""
+    if not history:
+        return {}
+    out = {}
+    for col in history[-1][1].columns:
+        if col.missing is None:
+            continue
+        # The newest unbroken run of versions that have the column tells when it was added.
+        since = history[-1][0]
+        for lsn, schema in reversed(history):
+            if position_in(schema, col) < 0:  # by attnum: a rename does not make the column new
+                break
+            since = lsn
+        out[col.name] = (since, col.missing)
+    return out

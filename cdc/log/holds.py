@@ -4,7 +4,7 @@ A follower's position is the cut id in its state file: a sink's checkpoint
 (`<state_dir>/checkpoints/<sink>.json`, pipelines/checkpoints.py) and a derived view's state
 (`<state_dir>/views/<view>.json`, pipelines/views/state.py). Like a replication slot or a Kafka
 consumer group, the slowest registered follower holds every cut from its own on: the log drops
-older cuts only (cdc/log/local.py). Only followers the pipeline file names count (a sink removed
+older cuts only (cdc/log/local/cuts.py). Only followers the pipeline file names count (a sink removed
 from the file holds nothing); one that never applied a cut holds nothing either.
 
 This reads the files' `cut_id` fields only, so the capture layer needs nothing of `pipelines`.

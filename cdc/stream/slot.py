@@ -16,7 +16,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from cdc.ground.errors import SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.log.base import LogWriter
-from cdc.source import _slot, connect, publication_names, slot_holder, slot_state, stream_application_name
+from cdc.source import connect, publication_names, slot_holder, slot_state, stream_application_name
+from cdc.source.slots import _slot
 
 
 class Stopped(Exception):

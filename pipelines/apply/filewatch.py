@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import CdcError
+from sinks.registry import load_pipeline
 
 
 def _stamp(path: str) -> int | None:

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc import health, metrics
+from cdc.ground.clock import now_ms
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
@@ -293,7 +294,7 @@ class ApplyJob:
         wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
         purged = {str(t): s.purged_below for t, s in names.items()}
         retention = getattr(log, "retention_ms", None)
-        if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
+        if retention and ckpt.ts_ms and now_ms() - ckpt.ts_ms > retention:
             # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
             purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
         sink = self._make_sink(log, sink_cfg)
@@ -399,7 +400,7 @@ class ApplyJob:
         with stage(f"sink {sink_cfg.name}: cut {cut_id}: recording the cut"):
             sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
         crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
-        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
+        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, now_ms()
         for name in wanted:
             if name in cut_tables:
                 ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
@@ -498,7 +499,7 @@ class ApplyJob:
         if not lost:
             return
         what = "; ".join(f"{t}: {why}" for t, why in sorted(lost.items()))
-        note = {"ts_ms": int(time.time() * 1000), "tables": lost}
+        note = {"ts_ms": now_ms(), "tables": lost}
         if sink_cfg.on_lost == "stop":
             fix = (
                 f"rebuild it from the log's base: `{self.pipeline.command('reset', '--sink', sink_cfg.name, '--rebuild', '--yes')}`, "

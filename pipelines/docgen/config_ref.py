@@ -1,5 +1,6 @@
-"""docs/reference/pipeline-file.md from the pydantic models of cdc/ground/config.py: every key
-with its type, default, allowed values, constraints and description."""
+"""docs/reference/pipeline-file.md from the pydantic models of the pipeline file (cdc/ground/config.py,
+each follower kind's sinks/<kind>/settings.py, put together by sinks/registry.py): every key with
+its type, default, allowed values, constraints and description."""
 
 from __future__ import annotations
 
@@ -134,8 +135,8 @@ them by a name you choose (a table such as `public.orders`).
 
 
 def pipeline_file_page() -> str:
-    from cdc.ground.config import Pipeline
+    from sinks.registry import PipelineModel
 
-    out = [header("the pydantic models of cdc/ground/config.py").rstrip("\n"), "", INTRO]
-    _section("", Pipeline, out, set())
+    out = [header("the pydantic models of cdc/ground/config.py and sinks/*/settings.py").rstrip("\n"), "", INTRO]
+    _section("", PipelineModel, out, set())
     return "\n".join(out).rstrip("\n") + "\n"

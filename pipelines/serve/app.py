@@ -277,16 +277,22 @@ class Feeds:
                 return txns[:i], end, Control("schema-changed", f"the columns of {feed.name} changed; fetch its rows anew")
         return txns, upto, None
 
-    async def changes(self, request: Request) -> Response:
+    async def _feed_request(self, request: Request) -> tuple[TableFeed, int, Filter] | Response:
+        """The feed, start position and filter a changes or poll request names, or the response refusing it."""
         found = self.feed(request)
         if isinstance(found, Response):
             return found
         feed, _ = found
         try:
-            position = self._position(request)
-            flt = await self.filter(request, feed)
+            return feed, self._position(request), await self.filter(request, feed)
         except (ValueError, UsageError) as exc:
             return _bad(exc)
+
+    async def changes(self, request: Request) -> Response:
+        read = await self._feed_request(request)
+        if isinstance(read, Response):
+            return read
+        feed, position, flt = read
         client = self.clients.open(feed.name, lambda: feed.position, position)
         if client is None:
             return self.clients.refused()
@@ -367,13 +373,11 @@ class Feeds:
         return b"".join(parts)
 
     async def poll(self, request: Request) -> Response:
-        found = self.feed(request)
-        if isinstance(found, Response):
-            return found
-        feed, _ = found
+        read = await self._feed_request(request)
+        if isinstance(read, Response):
+            return read
+        feed, position, flt = read
         try:
-            position = self._position(request)
-            flt = await self.filter(request, feed)
             timeout = min(float(request.query_params.get("timeout", "20")), 60.0)
             limit = int(request.query_params.get("limit", "100"))
         except (ValueError, UsageError) as exc:

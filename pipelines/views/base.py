@@ -17,10 +17,11 @@ from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
-from cdc.ground.config import DeltaSink as DeltaSettings
 from cdc.ground.config import Pipeline, SinkConfig
 from cdc.ground.tables import TableName
 from pipelines.views.state import BASE_SINK, base_path
+from sinks.delta.settings import DeltaSettings
+from sinks.registry import SinkConfigModel
 
 CDF_DEFAULT = "spark.databricks.delta.properties.defaults.enableChangeDataFeed"
 CDF_PROPERTY = "delta.enableChangeDataFeed"
@@ -34,7 +35,7 @@ def base_sink_config(pipeline: Pipeline, tables: list[TableName]) -> SinkConfig:
         tables=sorted(str(t) for t in tables),
         views=[],
     )
-    return SinkConfig.model_construct(name=BASE_SINK, delta=settings)
+    return SinkConfigModel.model_construct(name=BASE_SINK, delta=settings)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +37,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.ground.clock import now_ms
 from cdc.ground.config import Pipeline, SinkConfig, ViewConfig, pipeline_tables
 from cdc.ground.errors import CdcError, SinkError
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 from pipelines.checkpoints import load_checkpoint
 from pipelines.faults import crash_point
 from pipelines.locks import sink_lock
 from pipelines.sparkerrors import spark_error_line
 from pipelines.views.base import CDF_PROPERTY, base_sink_config, change_data_feed
 from pipelines.views.reads import BaseTables, NoChangeData
-from pipelines.views.sql import q
 from pipelines.views.state import (
     BASE_SINK,
     ViewState,
@@ -329,7 +329,7 @@ class ViewMaintainer:
             base=base_tables,
             mode=run.mode,
             reason=run.reason,
-            ts_ms=int(time.time() * 1000),
+            ts_ms=now_ms(),
             cut_tables=base.cut_tables or {},
         )
         save_view_state(self.state, done)
@@ -362,7 +362,7 @@ class ViewMaintainer:
         only the base follower's markers): the view stands at the new cut with the same out table
         version, at no Spark job. Nothing is written, so there is nothing to redo after a crash."""
         current.cut_id, current.lsn, current.base = base.cut_id, base.lsn, base_tables
-        current.mode, current.reason, current.ts_ms = "incremental", "", int(time.time() * 1000)
+        current.mode, current.reason, current.ts_ms = "incremental", "", now_ms()
         current.cut_tables = base.cut_tables or {}
         save_view_state(self.state, current)
         return ViewRun(plan.name, base.cut_id, "incremental", "", current.epoch)

@@ -23,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.tables import spark_ident as q
 from pipelines.views.deltalog import data_changed
-from pipelines.views.sql import q
 from pipelines.views.state import base_path
 from sinks.delta.names import decoded, source_name
 from sinks.delta.paths import table_path

@@ -28,6 +28,7 @@ from sqlglot.errors import ParseError, SqlglotError
 from cdc.ground.config import VIEW_SCHEMA, ViewConfig
 from cdc.ground.errors import UsageError
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 
 __all__ = ["VIEW_SCHEMA", "ViewPlan", "analyse"]
 
@@ -182,11 +183,6 @@ class ViewPlan:
                         before[j] = i
                         todo.append(j)
         raise AssertionError(f"view {self.name}: no join path from {self._occs[start].table} to its anchor")
-
-
-def q(name: str) -> str:
-    """A Spark SQL identifier, always backquoted."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _table_sql(sources: Mapping[TableName, str], table: TableName) -> str:

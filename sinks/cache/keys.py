@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 
 DEFAULT_TEMPLATE = "{schema}.{table}:{pk}"
 INTERNAL = "__cdc:"
@@ -45,10 +46,6 @@ _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 def glob_escape(text: str) -> str:
     return _GLOB_SPECIAL.sub(r"\\\1", text)
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def split_pk(text: str) -> list[str]:

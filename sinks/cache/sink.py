@@ -86,13 +86,14 @@ from cdc.ground.errors import CdcError, EngineSettingError, SinkError
 from cdc.ground.executor_secrets import SecretRef, env_name, split_password
 from cdc.ground.secrets import redact
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 from cdc.log import open_log_view
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
 from sinks.base import ApplyStats, Sink
 from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
-from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape, q
+from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 from sinks.changes import META_COLUMNS, NetChanges, TableBatch
 from sinks.executor_env import missing_error, provide

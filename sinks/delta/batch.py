@@ -7,9 +7,10 @@ from __future__ import annotations
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.tables import spark_ident as q
 from sinks.changes import NetChanges, TableBatch
 from sinks.changes import cached_property as cached
-from sinks.delta.names import ColumnNames, q
+from sinks.delta.names import ColumnNames
 
 
 class DeltaBatch:

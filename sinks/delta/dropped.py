@@ -17,12 +17,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from cdc.ground.tables import spark_ident as q
 from sinks.delta.features import has_column_mapping
 from sinks.delta.snapshot import table_property
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def retire_columns(spark: SparkSession, path: str, columns: list[str], how: str) -> list[str]:
@@ -33,12 +30,12 @@ def retire_columns(spark: SparkSession, path: str, columns: list[str], how: str)
     if not present:
         return []
     if how == "null":
-        held = " OR ".join(f"{_q(c)} IS NOT NULL" for c in present)
-        table.update(held, {_q(c): F.lit(None).cast(fields[c]) for c in present})
+        held = " OR ".join(f"{q(c)} IS NOT NULL" for c in present)
+        table.update(held, {q(c): F.lit(None).cast(fields[c]) for c in present})
         return present
     mapping = table_property(spark, path, "delta.columnMapping.mode")
     if has_column_mapping({"delta.columnMapping.mode": mapping or "none"}):
-        spark.sql(f"ALTER TABLE delta.{_q(path)} DROP COLUMNS ({', '.join(_q(c) for c in present)})")
+        spark.sql(f"ALTER TABLE delta.{q(path)} DROP COLUMNS ({', '.join(q(c) for c in present)})")
     else:
         rows = spark.read.format("delta").load(path).drop(*present)
         rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import SinkError
+from cdc.ground.tables import spark_ident as q
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -75,10 +76,6 @@ def decoded(df: DataFrame) -> DataFrame:
     if all(s == n for n, s in names.items()):
         return df
     return df.select(*(F.col(q(n)).alias(s) for n, s in names.items()))
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)

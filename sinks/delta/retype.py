@@ -26,13 +26,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.tables import spark_ident as q
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _overwrite(df, path: str) -> None:

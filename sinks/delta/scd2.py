@@ -22,15 +22,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc.ground.tables import spark_ident as q
 from sinks.changes import NetChanges
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
 
 SCD2_COLUMNS = {"_cdc_start_lsn": T.LongType(), "_cdc_end_lsn": T.LongType(), "_cdc_end_ts": T.TimestampType()}
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _ends(v: DataFrame, truncates: list[tuple[int, int, int | None]]) -> tuple[SparkColumn, SparkColumn]:

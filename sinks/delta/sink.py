@@ -44,6 +44,7 @@ from pyspark.sql import types as T
 
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
+from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
 from sinks.delta.batch import DeltaBatch
@@ -68,11 +69,6 @@ from sinks.delta.snapshot import reader_protocol, table_property, written_rows
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
-
-
-def q(name: str) -> str:
-    """Backtick-quote an identifier for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def comment_sql(metadata: dict) -> str:

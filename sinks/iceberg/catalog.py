@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from cdc.ground.config import IcebergSink as IcebergSettings
     from cdc.ground.config import Pipeline, SinkConfig
+    from sinks.iceberg.settings import IcebergSettings
 
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import types as T
 
 from cdc.ground.errors import SinkError
+from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
 from sinks.iceberg import catalog
@@ -40,10 +41,6 @@ if TYPE_CHECKING:
     from cdc.ground.tables import TableName
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py), a table property
-
-
-def q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def lit(text: str) -> str:

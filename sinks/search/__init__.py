@@ -1,9 +1,21 @@
 """Search follower: a tantivy index (embedded) or an OpenSearch index per table.
 
 See sinks/search/sink.py (the sink), documents.py (what is stored, position -> version),
-tantivy_engine.py and opensearch_engine.py (the engines) and query.py (`cdc search`).
+tantivy_engine.py and opensearch_engine.py (the engines), query.py (`cdc search`) and settings.py
+(the `search:` settings of a sink).
 """
 
-from sinks.search.sink import SearchSink
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["SearchSink"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported on first use: reading a pipeline file (settings.py) loads no Spark
+    if name == "SearchSink":
+        from sinks.search.sink import SearchSink
+
+        return SearchSink
+    raise AttributeError(name)

@@ -25,7 +25,7 @@ from cdc.ground.executor_secrets import SecretRef, env_name, split_host_password
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
 
-    from cdc.ground.config import SearchSink as SearchSettings
+    from sinks.search.settings import SearchSettings
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def test_capture_list_applied_to_delta(pg_db: str, tmp_path: Path, spark) -> Non
     )
     make_table(pg_db, "tr", 50)
     assert sql(pg_db, "SELECT min(length(big)) FROM t WHERE id <= 4")[0][0] > 8192
-    pipe = make_pipe(tmp_path, pg_db, ["public.t", "public.ty", "public.tr"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.t", "public.ty", "public.tr"], sinks=[LAKE])
 
     # Batch 1: a snapshot taken while a writer changes t (ids > 100 are the writer's).
     writer = Writer(pg_db, "t", list(range(101, 5001)), next_id=1_000_001, seed=1, pause=0.001)
@@ -293,7 +293,7 @@ def test_replays_duplicates_and_verify_differences(pg_db: str, tmp_path: Path, s
     from pyspark.sql import functions as F
 
     make_table(pg_db, "k", 200)
-    pipe = make_pipe(tmp_path, pg_db, ["public.k"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.k"], sinks=[LAKE])
     path = delta_dir(pipe, "public.k")
     snapshot(pipe)
     sql(
@@ -489,7 +489,7 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
     # one table after the other, so "between tables" is one committed and one not started
     # (test_parallel_apply.py crashes a cut applied side by side)
     pipe = make_pipe(
-        tmp_path, pg_db, ["public.a", "public.b"], spark={"conf": FAST_JVM, "apply_parallelism": 1}
+        tmp_path, pg_db, ["public.a", "public.b"], sinks=[LAKE], spark={"conf": FAST_JVM, "apply_parallelism": 1}
     )
     snapshot(pipe)
     apply_ok(pipe, spark)
@@ -547,7 +547,7 @@ def test_compacted_log_and_values_spark_cannot_hold(pg_db: str, tmp_path: Path, 
         "CREATE TABLE r(id int PRIMARY KEY, d date, x numeric(10,2), ts timestamptz)",
         "INSERT INTO r SELECT g, '2024-01-01', 1.5, '2024-01-01 00:00:00+00' FROM generate_series(1, 10) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.p", "public.r"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.p", "public.r"], sinks=[LAKE])
     snapshot(pipe)
     apply_ok(pipe, spark)
     before = ckpt(pipe)
@@ -603,7 +603,7 @@ def test_incompatible_schemas_stop_the_batch(pg_db: str, tmp_path: Path, spark) 
         "CREATE TABLE q(id int PRIMARY KEY, v text, n int)",
         "INSERT INTO q SELECT g, 'q' || g, g FROM generate_series(1, 50) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.p", "public.q"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.p", "public.q"], sinks=[LAKE])
     snapshot(pipe)
     apply_ok(pipe, spark)
     p_dir, q_dir = delta_dir(pipe, "public.p"), delta_dir(pipe, "public.q")
@@ -645,7 +645,7 @@ def test_apply_command_line_errors(pg_db: str, tmp_path: Path) -> None:
     """`cdc apply` without sinks or with an unknown sink: exit 2; without Java: exit 4 and one line
     saying so. No traceback, no Java stack."""
     make_table(pg_db, "t", 5)
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE])
     snapshot(pipe)  # the log exists: what fails below is the command
     (tmp_path / "nosinks").mkdir()
     nosinks = write_pipeline(

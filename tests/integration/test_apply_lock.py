@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.apply.job import ApplyJob
 from pipelines.checkpoints import checkpoint_dir
 from pipelines.locks import LockBusy
-from tests.fixtures.lake import FAST_JVM, apply, make_pipe, snapshot, stream
+from sinks.registry import load_pipeline
+from tests.fixtures.lake import FAST_JVM, LAKE, apply, make_pipe, snapshot, stream
 from tests.harness import cdc_popen, sql, verify
 
 pytestmark = [pytest.mark.integration]
@@ -70,7 +70,7 @@ def test_overlapping_applies(pg_db: str, tmp_path: Path, spark) -> None:
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"], spark={"conf": FAST_JVM})
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": FAST_JVM})
     state = load_pipeline(pipe.file).state_path
     snapshot(pipe)
     sql(pg_db, "INSERT INTO t VALUES (21, 'new')", "UPDATE t SET v = 'changed' WHERE id = 1")

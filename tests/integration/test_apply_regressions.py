@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.teardown import run_teardown
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
-from tests.harness import apply_once, sql, stream_until_current, verify, write_pipeline
+from tests.harness import apply_once, sql, stream_in_process, verify, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) ->
     _snapshot(file)
     for round_ in range(3):
         sql(pg_db, f"UPDATE t SET v = 'r{round_}' WHERE id = {round_ + 1}")
-        stream_until_current(file)
+        stream_in_process(file)
         apply_once(file, spark)
     run_teardown(load_pipeline(file), True, lambda _m: None)
     sql(pg_db, "INSERT INTO t VALUES (7, 'new')")
@@ -45,11 +45,11 @@ def test_follower_table_moved_away_is_rebuilt(pg_db: str, tmp_path: Path, spark)
     file = _pipeline(tmp_path, pg_db)
     _snapshot(file)
     sql(pg_db, "UPDATE t SET v = 'b' WHERE id <= 5", "DELETE FROM t WHERE id = 20")
-    stream_until_current(file)
+    stream_in_process(file)
     apply_once(file, spark)
     shutil.rmtree(tmp_path / "lake" / "public" / "t")
     sql(pg_db, "UPDATE t SET v = 'c' WHERE id = 6")
-    stream_until_current(file)
+    stream_in_process(file)
     apply_once(file, spark)
     code, report = verify(file, spark)
     assert code == 0, report

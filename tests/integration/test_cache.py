@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from pipelines.checkpoints import checkpoint_dir, load_checkpoint
 from pipelines.devservices.base import free_port
 from pipelines.devservices.redis import LocalRedis
 from sinks.cache.keys import KeyTemplate
+from sinks.registry import load_pipeline
 from tests.fixtures.readers import delta_rows, redis_rows
 from tests.fixtures.spark_tasks import shipped_tasks
 from tests.fixtures.workload import BIG_TEXT

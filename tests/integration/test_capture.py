@@ -551,8 +551,8 @@ def test_until_current_includes_async_commits(pg_db: str, tmp_path: Path) -> Non
     also those committed with synchronous_commit=off (common for bulk loads): their commit has
     returned to the client, but the server may not have *written* their WAL yet, so the server's
     write position (pg_current_wal_lsn) can be behind them; the insert position is not."""
-    from cdc.ground.config import load_pipeline
     from cdc.reader import run_stream
+    from sinks.registry import load_pipeline
 
     sql(pg_db, "CREATE TABLE a(id int PRIMARY KEY)")
     pipe = make_pipe(tmp_path, pg_db, ["public.a"])

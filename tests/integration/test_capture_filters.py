@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from cdc.ground.config import load_pipeline
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import Pipe, log_read, make_pipe, no_traceback
 from tests.fixtures.readers import delta_rows
 from tests.harness import apply_once, cdc, flush_wal, sql, verify
@@ -38,11 +37,7 @@ ORDERS = {"where": "status <> 'draft'"}
 
 
 def _write(tmp_path: Path, dsn: str, options: dict) -> Pipe:
-    pipe = make_pipe(tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE)
-    doc = yaml.safe_load(pipe.file.read_text())
-    doc["source"]["postgres"]["table_options"] = options
-    pipe.file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return pipe
+    return make_pipe(tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE, postgres={"table_options": options})
 
 
 def _validate(pipe: Pipe) -> str:

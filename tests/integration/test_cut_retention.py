@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from cdc.log import open_log
 from pipelines.metrics import StateCollector
 from pipelines.status import collect_status, print_status
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import start_stream, stop_stream
 from tests.fixtures.lake import LAKE, apply, apply_ok, ckpt, make_pipe, snapshot, stream, verified
 from tests.fixtures.workload import Writer, make_table

@@ -15,8 +15,8 @@ import pytest
 from psycopg2.extensions import make_dsn
 
 from cdc import ddl
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
+from sinks.registry import load_pipeline
 from tests.fixtures.readers import DELTA_RS_LACKS, delta_reader_features
 from tests.harness import apply_once, cdc, cdc_here, source_rows, sql, verify, write_pipeline
 

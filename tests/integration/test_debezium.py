@@ -178,10 +178,10 @@ def _json(raw: bytes | None):
 def test_debezium_positions_follow_commit_order(pg_db, debezium, kafka, spark, tmp_path):
     """Evidence for the derivation in cdc/log/kafka/debezium.py, from pgoutput itself: a slot
     peeked over the same transactions gives each one's commit LSN and end LSN."""
-    from cdc.ground.config import load_pipeline
     from cdc.log.kafka.debezium import DebeziumLogView
     from cdc.pgoutput import Begin, Commit, decode
     from pipelines.apply.readers.debezium import DebeziumReader
+    from sinks.registry import load_pipeline
 
     _prepare(pg_db)
     prefix = "dbzpos"

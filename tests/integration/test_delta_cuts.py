@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipelines.cli import cli
-from tests.fixtures.lake import apply, apply_ok, make_pipe, snapshot, stream
+from tests.fixtures.lake import LAKE, apply, apply_ok, make_pipe, snapshot, stream
 from tests.harness import source_rows, sql
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_readers_pinned_at_a_cut_see_whole_transactions(
 
     sql(pg_db, *SETUP)
     # one table after the other, so the apply can be held with exactly one table of the cut committed
-    pipe = make_pipe(tmp_path, pg_db, TABLES, spark={"apply_parallelism": 1})
+    pipe = make_pipe(tmp_path, pg_db, TABLES, sinks=[LAKE], spark={"apply_parallelism": 1})
     base = tmp_path / "lake"
     snapshot(pipe)
     apply_ok(pipe, spark)
@@ -155,9 +155,9 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
     applying cuts: nothing lost or doubled (delta-rs read equal to the source, cdc verify 0), an
     older cut still readable; then, with no apply running, a retention below the safety default
     removes the compacted files and the cuts older than it."""
-    from cdc.ground.config import load_pipeline
     from pipelines.maintain import run_maintain
     from sinks.delta.cuts import cut_record, tables_at_cut_arrow
+    from sinks.registry import load_pipeline
     from tests.fixtures.lake import verified
     from tests.fixtures.readers import delta_rows
 
@@ -166,7 +166,7 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
         "CREATE TABLE t(id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE])
     table = tmp_path / "lake" / "public" / "t"
     snapshot(pipe)
     apply_ok(pipe, spark)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.kafka_log import alive, wait_gone
-from tests.fixtures.lake import FAST_JVM, apply_ok, descendants, make_pipe, snapshot, stream, verified
+from tests.fixtures.lake import FAST_JVM, LAKE, apply_ok, descendants, make_pipe, snapshot, stream, verified
 from tests.harness import cdc, cdc_popen, sql
 
 pytestmark = [pytest.mark.integration]
@@ -30,7 +30,7 @@ def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path:
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"], spark={"conf": FAST_JVM})
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": FAST_JVM})
     snapshot(pipe)
     run = cdc_popen("run", pipe.file, env={"CDC_FAULT": "apply:locked:out-of-memory"})
     below: dict[int, str] = {}
@@ -68,7 +68,7 @@ def test_a_driver_out_of_heap_in_verify_names_the_heap(pg_db: str, tmp_path: Pat
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g",
     )
     pipe = make_pipe(
-        tmp_path, pg_db, ["public.t"], spark={"conf": {**FAST_JVM, "spark.driver.memory": "512m"}}
+        tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": {**FAST_JVM, "spark.driver.memory": "512m"}}
     )
     snapshot(pipe)
     apply_ok(pipe, spark)

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.keys import key_texts
 from cdc.log.local import LocalLog
 from pipelines.devservices.base import as_user, give_to
 from pipelines.devservices.postgres import LocalPostgres
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.readers import delta_rows
 from tests.harness import (
@@ -32,8 +31,9 @@ from tests.harness import (
     materialize,
     source_rows,
     sql,
-    stream_until_current,
+    stream_in_process,
     verify,
+    wait_for,
     write_pipeline,
 )
 
@@ -43,22 +43,9 @@ STANDBY_SLOT = "standby1"
 
 
 def _pipeline(tmp_path: Path, dsn: str) -> Path:
-    file = write_pipeline(
-        tmp_path, dsn, ["public.t"], name="fo", sinks=[{"name": "lake", "delta": {"path": "lake"}}]
+    return write_pipeline(
+        tmp_path, dsn, ["public.t"], name="fo", postgres={"failover": True}, sinks=[{"name": "lake", "delta": {"path": "lake"}}]
     )
-    doc = yaml.safe_load(file.read_text())
-    doc["source"]["postgres"]["failover"] = True
-    file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return file
-
-
-def _wait(what: str, check, timeout: float = 120) -> None:
-    """Poll until check() is true (not a timed assertion: the timeout only ends a hung wait)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -159,7 +146,7 @@ def test_failover_slot_survives_promotion_of_the_standby(
         "DELETE FROM t WHERE id = 6",
     )
     flush_wal(dsn)
-    stream_until_current(file)
+    stream_in_process(file)
     # The standby keeps a synchronized copy only once the primary's slot has moved past what the
     # standby has (until then the copy stays temporary): let the stream go on acknowledging.
     standby_dsn = standby.dsn("shop")
@@ -171,7 +158,7 @@ def test_failover_slot_survives_promotion_of_the_standby(
             break
         sql(dsn, "SELECT pg_log_standby_snapshot()", f"INSERT INTO hb VALUES ({beat})")  # hb: not captured
         flush_wal(dsn)
-        stream_until_current(file)
+        stream_in_process(file)
         time.sleep(0.5)
     else:
         raise AssertionError("the standby never got a persistent synchronized copy of the slot")
@@ -181,7 +168,7 @@ def test_failover_slot_survives_promotion_of_the_standby(
     )
     flush_wal(dsn)
     sent = sql(primary.dsn(), "SELECT pg_current_wal_lsn()")[0][0]
-    _wait(
+    wait_for(
         "the standby replays the primary's WAL",
         lambda: sql(standby_dsn, "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", params=(sent,))[0][0],
     )
@@ -199,7 +186,7 @@ def test_failover_slot_survives_promotion_of_the_standby(
     file = _pipeline(tmp_path, standby_dsn)
     validate = cdc("validate", file)
     assert validate.code == 0, validate.out + validate.err
-    stream_until_current(file)
+    stream_in_process(file)
     log_path = tmp_path / ".cdc" / "fo" / "log"
     want = source_rows(standby_dsn, "public.t", ["id"])
     assert materialize(log_path)["public.t"] == want  # nothing lost

@@ -26,12 +26,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from pipelines.checkpoints import checkpoint_path, load_checkpoint
 from pipelines.cli import cli
 from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
+from sinks.registry import load_pipeline
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs
 from tests.harness import cdc, cdc_popen, source_rows, sql, stream_changes, verify, write_pipeline
 

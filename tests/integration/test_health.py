@@ -19,8 +19,7 @@ import pytest
 from pipelines.devservices.postgres import LocalPostgres
 from pipelines.metrics import free_port
 from tests.fixtures.capture import no_traceback
-from tests.harness import cdc_popen, sql, stop_process, write_pipeline
-from tests.integration.test_metrics import wait_for
+from tests.harness import cdc_popen, sql, stop_process, wait_for, write_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -747,9 +747,9 @@ def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
     """Capture into the staging log up to `upto` without acknowledging anything to PostgreSQL: the
     state a stream leaves when it stops (or is killed) after publishing but before its next
     acknowledgement."""
-    from cdc.ground.config import load_pipeline
     from cdc.log import open_log
     from cdc.reader import StreamReader
+    from sinks.registry import load_pipeline
 
     pipeline = load_pipeline(pipe.file)
     log = open_log(pipeline)
@@ -807,9 +807,9 @@ def test_render_workers_publish_what_one_process_publishes(
     tombstones and positions, in the same order. So does the pure-Python renderer
     (CDC_PURE_PYTHON=1) against the C speedup."""
     from cdc.envelope import speedups
-    from cdc.ground.config import load_pipeline
     from cdc.log.kafka.publisher import STATE_KEY, Publisher
     from cdc.log.local import LocalLog
+    from sinks.registry import load_pipeline
 
     sql(
         pg_db,
@@ -885,11 +885,11 @@ def test_a_long_ddl_history_keeps_the_read_plan_small(pg_db: str, tmp_path: Path
     filled Spark's 1 GiB driver heap, again after every restart. The reader now looks the record's
     column names up once in one literal map: the header is read once per record, however long the
     history, and the follower still ends identical."""
-    from cdc.ground.config import load_pipeline
     from cdc.ground.tables import TableName
     from cdc.log.history import followed_schema
     from cdc.log.kafka.view import KafkaLogView
     from pipelines.apply.readers.kafka import KafkaReader
+    from sinks.registry import load_pipeline
 
     sql(
         pg_db,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.devservices.postgres import LocalPostgres
-from tests.fixtures.lake import apply_ok, ckpt_file, delta_dir, make_pipe, snapshot, stream, verified
+from tests.fixtures.lake import LAKE, apply_ok, ckpt_file, delta_dir, make_pipe, snapshot, stream, verified
 from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_live_count
 from tests.harness import cdc_here, sql, verify
 
@@ -121,7 +121,7 @@ def test_pgbench_tpcb_with_history(pg_any: LocalPostgres, pg_any_db: str, tmp_pa
     pgbench = str(pg_any.bin_dir() / "pgbench")
     subprocess.run([pgbench, "-i", "-s", "1", "-q", dsn], check=True, capture_output=True, timeout=300)
     tables = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
-    pipe = make_pipe(tmp_path, dsn, tables)
+    pipe = make_pipe(tmp_path, dsn, tables, sinks=[LAKE])
     load = subprocess.Popen([pgbench, "-c", "2", "-T", "20", "-n", dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(3)
@@ -154,7 +154,7 @@ def test_validate_refuses_what_would_break_the_application(pg_db: str, tmp_path:
     )
     with pytest.raises(Exception, match="does not have a replica identity"):
         sql(pg_db, "UPDATE ev SET what = 'x'")  # what the tool must never set up
-    pipe = make_pipe(tmp_path, pg_db, ["public.ev", "public.full_ev"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.ev", "public.full_ev"], sinks=[LAKE])
     run = cdc_here("validate", pipe.file)
     assert run.code == 3, run.out + run.err
     assert "table public.ev has no primary key and is in publication cdc_test, which publishes updates" in run.out, run.out

@@ -17,7 +17,7 @@ import pytest
 
 from cdc.ground.lsn import format_lsn
 from tests.fixtures.capture import Pipe
-from tests.fixtures.lake import apply_ok, make_pipe, snapshot, stream
+from tests.fixtures.lake import LAKE, apply_ok, make_pipe, snapshot, stream
 from tests.fixtures.nojvm import cdc_watched
 from tests.fixtures.services import throwaway_database
 from tests.harness import cdc_here, source_rows, sql
@@ -61,7 +61,7 @@ def lake(pg, spark, tmp_path_factory) -> Iterator[Lake]:
     with throwaway_database(pg) as dsn:
         sql(dsn, *SETUP)
         tmp = tmp_path_factory.mktemp("lakesql")
-        pipe = make_pipe(tmp, dsn, TABLES)
+        pipe = make_pipe(tmp, dsn, TABLES, sinks=[LAKE])
         at_a = {t: source_rows(dsn, t, ("id",)) for t in TABLES}
         snapshot(pipe)
         apply_ok(pipe, spark)

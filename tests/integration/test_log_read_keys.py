@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness import cdc, flush_wal, sql, stream_until_current, write_pipeline
+from tests.harness import cdc, sql, stream_changes, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +22,7 @@ def test_log_read_keys_numbers_snapshot_rows(pg_db: str, tmp_path: Path) -> None
     file = write_pipeline(tmp_path, pg_db, ["public.t"])
     assert cdc("snapshot", file).code == 0
     sql(pg_db, "INSERT INTO t VALUES (5, 'new')", "UPDATE t SET v = 'x' WHERE id = 2")
-    flush_wal(pg_db)
-    stream_until_current(file)
+    stream_changes(file, pg_db)
 
     run = cdc("log", "read", file, "--keys")
     assert run.code == 0, run

@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdc.ground.config import load_pipeline
 from pipelines.metrics import free_port, serving
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import make_pipe, no_traceback, snapshot
 from tests.fixtures.readers import delta_rows
 from tests.harness import (
@@ -32,6 +30,7 @@ from tests.harness import (
     sql,
     stop_process,
     stream_changes,
+    wait_for,
 )
 
 MONITORING = REPO / "docs" / "monitoring"
@@ -66,20 +65,6 @@ def scrape(port: int) -> Page | None:
         return Page(port)
     except OSError:
         return None
-
-
-def wait_for(what: str, check, proc: subprocess.Popen | None = None, timeout: float = 120) -> Any:
-    """Poll until `check()` is truthy (hang guard only); fail early if `proc` exited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"process exited {proc.returncode} while waiting for {what}:\n{out}\n{err}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.2)
 
 
 def prom_query(port: int, expr: str) -> dict:

@@ -10,15 +10,14 @@ import json
 
 import psycopg2
 import pytest
-import yaml
 
 from cdc.filters import published
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.session import libpq_options
 from pipelines.validate import run_validate
+from sinks.registry import load_pipeline
 from tests.fixtures.capture import log_read, no_traceback
-from tests.fixtures.lake import apply_ok, delta_df, make_pipe, snapshot, verified
+from tests.fixtures.lake import LAKE, apply_ok, delta_df, make_pipe, snapshot, verified
 from tests.harness import cdc, flush_wal, sql
 
 pytestmark = pytest.mark.integration
@@ -57,10 +56,8 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
         "CREATE TABLE users(id int PRIMARY KEY, name text, login_count int, password_hash text)",
         "INSERT INTO users SELECT g, 'u' || g, g, 'secret' || g FROM generate_series(1, 40) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.users"])
-    doc = yaml.safe_load(pipe.file.read_text())
-    doc["source"]["postgres"]["table_options"] = {"public.users": {"exclude_columns": ["password_hash"]}}
-    pipe.file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    options = {"public.users": {"exclude_columns": ["password_hash"]}}
+    pipe = make_pipe(tmp_path, pg_db, ["public.users"], sinks=[LAKE], postgres={"table_options": options})
     snapshot(pipe)
     apply_ok(pipe, spark)
     lines: list[str] = []

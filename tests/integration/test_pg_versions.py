@@ -15,10 +15,10 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
 from tests.fixtures.readers import delta_rows
@@ -29,7 +29,7 @@ from tests.harness import (
     materialize,
     source_rows,
     sql,
-    stream_until_current,
+    stream_in_process,
     verify,
     write_pipeline,
 )
@@ -106,7 +106,7 @@ def test_capture_snapshot_stream_apply_verify_on_each_major(pg_any_db: str, tmp_
         "INSERT INTO ad(id, v, extra) VALUES (5, 'n', 'y')",
     )
     flush_wal(dsn)
-    stream_until_current(file)
+    stream_in_process(file)
 
     log_path = tmp_path / ".cdc" / "ver" / "log"
     # The cases really happened in the stream (not covered up by the snapshot or by compaction).

@@ -94,11 +94,11 @@ def test_state_is_owner_only_whatever_the_umask(
         code, report = verify(file, spark)
         assert code == 0, report
 
-        from cdc.ground.config import load_pipeline
         from cdc.ground.private import private_dir
         from cdc.ground.tables import TableName
         from cdc.log import open_log_view
         from pipelines.verify import copy_source
+        from sinks.registry import load_pipeline
 
         pipeline = load_pipeline(file)
         workdir = private_dir(state / "verify-copy")

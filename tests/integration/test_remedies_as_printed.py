@@ -9,9 +9,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.harness import cdc, sql, write_pipeline
+from tests.harness import cdc, edit_pipeline, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -45,9 +44,7 @@ def test_log_and_status_remedies_run_as_printed(pg_db: str, tmp_path: Path) -> N
     assert "slot does not exist" not in cdc("status", file).out
 
     # A table the file names but the log does not hold yet.
-    doc = yaml.safe_load(file.read_text())
-    doc["source"]["postgres"]["tables"].append("public.b")
-    file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    edit_pipeline(file, lambda doc: doc["source"]["postgres"]["tables"].append("public.b"))
     absent = cdc("log", "read", file, "--table", "public.b")
     assert absent.code == 2 and "public.b is not in the log" in absent.err, absent
     assert "Traceback" not in absent.err

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -30,20 +29,9 @@ from tests.fixtures.capture import (
 from tests.fixtures.readers import delta_rows
 from tests.fixtures.services import postgres
 from tests.fixtures.workload import Writer, make_table
-from tests.harness import apply_once, cdc, cdc_popen, materialize, source_rows, sql, verify
+from tests.harness import apply_once, cdc, cdc_popen, materialize, source_rows, sql, verify, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(what: str, check, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:
-    """Poll `check()` until true; fail early if `proc` exited meanwhile."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"process exited {proc.returncode} while waiting for {what}:\n{out}\n{err}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.1)
 
 
 def stream_walsender(dsn: str, slot: str) -> int | None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cdc.ground.config import load_pipeline
 from pipelines.checkpoints import load_checkpoint
 from pipelines.cli import cli
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.capture import Pipe, start_stream, stop_stream
 from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_ids
@@ -28,7 +28,7 @@ from tests.harness import (
     materialize,
     source_rows,
     sql,
-    stream_until_current,
+    stream_in_process,
     verify,
     write_pipeline,
 )
@@ -82,7 +82,7 @@ def _column_added_after_apply(dsn: str, tmp_path: Path, spark, streamed: bool = 
     apply_once(file, spark)
     sql(dsn, "ALTER TABLE t ADD COLUMN note text")
     if streamed:
-        stream_until_current(file)
+        stream_in_process(file)
     return file
 
 
@@ -108,7 +108,7 @@ def test_add_column_default_on_partitioned_table_reaches_untouched_rows(
         "ALTER TABLE o ADD COLUMN tier text DEFAULT 'std'",
         "INSERT INTO o VALUES (11, 'eu', 'new', 'given')",
     )
-    stream_until_current(file)
+    stream_in_process(file)
     apply_once(file, spark)
     got = _delta(spark, tmp_path, "public.o", ["region", "v", "tier"])
     assert got == _source(pg_db, "public.o", ["region", "v", "tier"])
@@ -267,7 +267,7 @@ def test_generated_column_is_named_by_validate_and_verify(pg_any_db: str, tmp_pa
         fix = next(line for line in run.err.splitlines() if "fix:" in line).split("fix:", 1)[1].strip()
         assert fix == "run ALTER PUBLICATION cdc_ddl SET (publish_generated_columns = none);", fix
         sql(pg_any_db, fix.removeprefix("run "))
-    stream_until_current(file)
+    stream_in_process(file)
     apply_once(file, spark)
     assert _delta(spark, tmp_path, "public.line", ["qty"]) == _source(pg_any_db, "public.line", ["qty"])
     code, report = verify(file, spark)

@@ -38,7 +38,7 @@ def test_defaults_replica_identity_full_key_change_and_set_schema(pg_db: str, tm
         "CREATE SCHEMA other",
     )
     tables = ["public.df", "public.ri", "public.pk", "public.mv"]
-    pipe = make_pipe(tmp_path, pg_db, tables)
+    pipe = make_pipe(tmp_path, pg_db, tables, sinks=[LAKE])
     snapshot(pipe)
     apply_ok(pipe, spark)
 
@@ -104,7 +104,7 @@ def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path) -> Non
         "CREATE TABLE ri(id int PRIMARY KEY, code int NOT NULL UNIQUE, v text)",
         "INSERT INTO ri SELECT g, g * 10, 'x' || g FROM generate_series(1, 3) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.ri"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.ri"], sinks=[LAKE])
     snapshot(pipe)
     ok = cdc("validate", pipe.file)
     assert ok.code == 0 and "REPLICA IDENTITY" not in ok.out, f"{ok.code}\n{ok.out}\n{ok.err}"

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
@@ -30,11 +29,21 @@ from pipelines.apply.readers import change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.devservices.opensearch import LocalOpenSearch
 from sinks.changes import TableBatch
-from sinks.registry import make_sink
+from sinks.registry import load_pipeline, make_sink
 from sinks.search.query import run_search
 from tests.fixtures.opensearch import opensearch_node
 from tests.fixtures.readers import opensearch_docs, opensearch_ids, tantivy_docs, tantivy_ids
-from tests.harness import apply_once, cdc, cdc_here, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import (
+    apply_once,
+    cdc,
+    cdc_here,
+    edit_pipeline,
+    source_rows,
+    sql,
+    stream_changes,
+    verify,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -473,9 +482,7 @@ def test_rejected_row_names_table_and_key(engine: str, pg_db: str, tmp_path: Pat
         apply_once(f, spark)  # the same cut again: still rejected
 
     # the remedy the error names: a field type that fits; the index is rebuilt and the batch goes through
-    doc = yaml.safe_load(f.read_text())
-    doc["sinks"][0]["search"]["fields"] = {"public.t": {"v": "keyword"}}
-    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    edit_pipeline(f, lambda doc: doc["sinks"][0]["search"].update(fields={"public.t": {"v": "keyword"}}))
     apply_once(f, spark)
     assert load_checkpoint(state, "s").pending is None
     assert_verified(f, spark)

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import EngineSettingError
 from cdc.ground.tables import TableName
-from sinks.registry import make_sink
+from sinks.registry import load_pipeline, make_sink
 from sinks.search.query import run_search
 from snapshot.runner import run_snapshot
 from tests.fixtures.certs import make_certs

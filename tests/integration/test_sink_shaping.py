@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import PipelineFileError
 from pipelines.apply.job import ApplyJob
+from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.readers import delta_rows, redis_rows, tantivy_docs
 from tests.harness import apply_once, cdc, source_rows, sql, stream_changes, verify, write_pipeline

@@ -16,13 +16,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-import yaml
 
 from pipelines.devservices.base import give_to
 from pipelines.devservices.postgres import LocalPostgres
 from tests.fixtures.capture import validate_warnings
 from tests.fixtures.services import postgres
-from tests.harness import cdc, sql
+from tests.harness import cdc, sql, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -94,14 +93,7 @@ def tls_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalPost
 
 def pipeline(tmp_path: Path, pg: LocalPostgres, address: str, query: str, **postgres_extra: str) -> Path:
     dsn = f"postgresql://postgres:{quote(pg.password)}@{address}:{pg.port}/postgres?{query}"
-    doc = {
-        "name": "tls",
-        "source": {"postgres": {"dsn": dsn, "tables": ["public.t"], **postgres_extra}},
-        "state_dir": str(tmp_path / "state"),
-    }
-    path = tmp_path / "tls.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_pipeline(tmp_path, dsn, ["public.t"], name="tls", postgres=postgres_extra, state_dir=str(tmp_path / "state"))
 
 
 def test_source_over_tls_and_the_validate_warning(tls_pg, tmp_path: Path) -> None:

@@ -139,7 +139,7 @@ def test_apply_on_standalone_cluster_then_spark_submit(
     Delta jar, no secret on a command line), and the follower verifies."""
     monkeypatch.setenv("SPARK_SECRET", SECRET)  # the in-process snapshot/stream/verify load the file too
     make_table(pg_db, "sc", 300)
-    pipe = make_pipe(tmp_path, pg_db, ["public.sc"], spark=cluster_spark(spark_cluster))
+    pipe = make_pipe(tmp_path, pg_db, ["public.sc"], sinks=[LAKE], spark=cluster_spark(spark_cluster))
     snapshot(pipe)
     sql(
         pg_db,

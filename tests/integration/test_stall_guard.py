@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.lake import FAST_JVM, apply_ok, descendants, make_pipe, snapshot, stream, verified
+from tests.fixtures.lake import FAST_JVM, LAKE, apply_ok, descendants, make_pipe, snapshot, stream, verified
 from tests.harness import cdc_popen, sql
 
 pytestmark = [pytest.mark.integration]
@@ -37,7 +37,7 @@ def test_a_cut_that_stops_moving_ends_cdc_run(pg_db: str, tmp_path: Path, spark)
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 200) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"], spark={"conf": FAST_JVM, "stall_timeout_s": 10})
+    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": FAST_JVM, "stall_timeout_s": 10})
     snapshot(pipe)
     marker = tmp_path / "held"
     run = cdc_popen(

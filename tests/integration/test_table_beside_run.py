@@ -5,31 +5,18 @@ changes, with no restart and no separate `cdc apply`."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from pipelines.metrics import free_port
 from tests.fixtures.capture import make_pipe, no_traceback
 from tests.fixtures.workload import make_table
-from tests.harness import cdc, cdc_popen, sql, stop_process, verify
+from tests.harness import cdc, cdc_popen, edit_pipeline, sql, stop_process, verify, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(what: str, check, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"cdc run exited {proc.returncode} while waiting for {what}:\n{out}\n{err}")
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(0.2)
 
 
 def test_a_table_snapshotted_beside_a_running_cdc_run_is_applied(tmp_path: Path, pg_db, spark):
@@ -55,21 +42,20 @@ def test_a_table_snapshotted_beside_a_running_cdc_run_is_applied(tmp_path: Path,
 
     proc = cdc_popen("run", pipe.file)
     try:
-        _wait("public.t in the lake", lambda: len(rows("public.t")) == 20, proc)
-        data = yaml.safe_load(Path(pipe.file).read_text())
-        data["source"]["postgres"]["tables"].append("public.usage_events")
-        Path(pipe.file).write_text(yaml.safe_dump(data))
+        wait_for("public.t in the lake", lambda: len(rows("public.t")) == 20, proc, timeout=300)
+        edit_pipeline(pipe.file, lambda doc: doc["source"]["postgres"]["tables"].append("public.usage_events"))
         snap = cdc("snapshot", pipe.file, "--tables", "public.usage_events")
         assert snap.code == 0, snap.out + snap.err
         no_traceback(snap)
         assert f"port {port} (metrics.port) is in use" in snap.out + snap.err
         sql(pg_db, "UPDATE usage_events SET v = 'changed' WHERE id = 1", "UPDATE t SET v = 'also' WHERE id = 2")
-        _wait(
+        wait_for(
             "public.usage_events and its change in the lake",
             lambda: len(rows("public.usage_events")) == 30 and rows("public.usage_events").get("1") == "changed",
             proc,
+            timeout=300,
         )
-        _wait("the change of public.t", lambda: rows("public.t").get("2") == "also", proc)
+        wait_for("the change of public.t", lambda: rows("public.t").get("2") == "also", proc, timeout=300)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
             assert b"pgcdc_up" in page.read()  # cdc run kept its endpoint
     finally:

@@ -142,8 +142,8 @@ def delta_rows(spark, path: Path) -> dict[int, str | None]:
 
 
 def apply(s: Setup, spark) -> None:
-    from cdc.ground.config import load_pipeline
     from pipelines.apply.job import ApplyJob
+    from sinks.registry import load_pipeline
 
     lines: list[str] = []
     job = ApplyJob(load_pipeline(s.file), spark, say=lines.append)

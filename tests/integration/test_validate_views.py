@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.validate import run_validate
+from sinks.registry import load_pipeline
 from tests.fixtures.nojvm import cdc_watched
 from tests.harness import sql, write_pipeline
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.lake import apply_ok, make_pipe, snapshot, stream, verified
+from tests.fixtures.lake import LAKE, apply_ok, make_pipe, snapshot, stream, verified
 from tests.fixtures.readers import delta_rows
 from tests.harness import cdc_here, sql, verify
 
@@ -29,7 +29,7 @@ def test_verify_names_a_rename_the_follower_has_not_got_yet(pg_db: str, tmp_path
         "CREATE TABLE r(id int PRIMARY KEY, v text, n int)",
         "INSERT INTO r SELECT g, 'v' || g, g FROM generate_series(1, 40) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.r"])
+    pipe = make_pipe(tmp_path, pg_db, ["public.r"], sinks=[LAKE])
     snapshot(pipe)
     apply_ok(pipe, spark)
     lake = tmp_path / "lake" / "public" / "r"

@@ -29,13 +29,12 @@ from pathlib import Path
 
 import pytest
 import redis
-import yaml
 
 from pipelines.faults import CrashPointReached
 from tests.fixtures.lake import apply, apply_ok, ckpt, make_pipe, snapshot, stream, verified
 from tests.fixtures.readers import delta_rows, redis_rows, tantivy_docs
 from tests.fixtures.views import assert_view_is_source, pg_view
-from tests.harness import sql, verify
+from tests.harness import edit_pipeline, sql, verify
 
 pytestmark = [pytest.mark.integration]  # the view followers' one end-to-end scenario
 
@@ -171,9 +170,7 @@ def test_view_followers_through_base_table_changes(tmp_path, pg_db, spark, redis
 
     # 6. the view's SQL changed in the file: rebuilt from scratch (a new epoch), said so
     docs_sql = DOCS.replace("c.email", "c.email, c.phone")
-    doc = yaml.safe_load(pipe.file.read_text())
-    doc["views"] = views(docs_sql)
-    pipe.file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    edit_pipeline(pipe.file, lambda doc: doc.update(views=views(docs_sql)))
     step("view order_docs: cut", "its SQL or key changed in the pipeline file: rebuilt from scratch")
     assert ckpt(pipe)["tables"]["views.order_docs"][0] == epoch + 1
     # a follower changed behind the tool's back: verify names the view and the key

@@ -148,11 +148,11 @@ SCRIPTED = (
 def maintain_views(pipe, spark) -> tuple[list, list[str]]:
     """The view stage alone, in-process, as `cdc apply` runs it before the sinks (the base follower,
     then every view to the latest cut); no sink is applied (they are not what this test checks)."""
-    from cdc.ground.config import load_pipeline
     from cdc.log import open_log_view
     from pipelines.apply.job import ApplyJob
     from pipelines.apply.readers import change_reader
     from pipelines.views.maintain import run_view_stage
+    from sinks.registry import load_pipeline
 
     lines: list[str] = []
     job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
@@ -198,7 +198,7 @@ def cut_of(pipe) -> int:
 
 
 def pipeline_of(pipe):
-    from cdc.ground.config import load_pipeline
+    from sinks.registry import load_pipeline
 
     return load_pipeline(pipe.file)
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from cdc.ground.config import load_pipeline
 from pipelines.apply.job import ApplyJob
 from pipelines.checkpoints import load_checkpoint
+from sinks.registry import load_pipeline
 from tests.harness import cdc, cdc_popen, sql, write_pipeline
 
 pytestmark = pytest.mark.integration

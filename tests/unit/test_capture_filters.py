@@ -13,9 +13,10 @@ from cdc.filters import (
     resolve_filter,
     select_query,
 )
-from cdc.ground.config import SourceTableOptions, parse_pipeline
+from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import PipelineFileError
 from cdc.ground.tables import TableName
+from sinks.registry import parse_pipeline
 
 pytestmark = pytest.mark.unit
 

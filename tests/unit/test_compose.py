@@ -30,7 +30,7 @@ import jsonschema
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
+from sinks.registry import load_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -53,7 +53,7 @@ def test_the_declare_a_pipeline_example_is_a_valid_pipeline_file(monkeypatch: py
 
     import yaml
 
-    from cdc.ground.config import parse_pipeline
+    from sinks.registry import parse_pipeline
 
     monkeypatch.setenv("SHOP_DSN", "dbname=shop")
     page = (ROOT / "docs" / "declare-a-pipeline.md").read_text()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.ground.config import parse_pipeline
 from cdc.ground.errors import PipelineFileError
+from sinks.registry import parse_pipeline
 
 pytestmark = pytest.mark.unit
 

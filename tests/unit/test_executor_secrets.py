@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from pyspark.serializers import CloudPickleSerializer
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.errors import EngineSettingError
 from cdc.ground.executor_secrets import (
     SecretRef,
@@ -26,6 +25,7 @@ from cdc.ground.executor_secrets import (
 from pipelines.spark import SECRET_CONF, executor_env_conf
 from sinks.cache.writer import tagged_message, write_partition
 from sinks.executor_env import missing_error
+from sinks.registry import load_pipeline
 from sinks.search.opensearch_client import ClientSettings, make_client
 
 pytestmark = pytest.mark.unit

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import parse_pipeline
 from cdc.ground.errors import PipelineFileError
 from sinks.iceberg.catalog import catalog_properties, pyiceberg_properties
-from sinks.registry import sink_factory
+from sinks.registry import parse_pipeline, sink_factory
 
 pytestmark = pytest.mark.unit
 

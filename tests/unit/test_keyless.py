@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc.ground.config import load_pipeline
 from cdc.ground.tables import TableName
 from cdc.keyless import keyless_problems
 from cdc.keys import position_key, snapshot_seq
 from cdc.log.local import iter_segment, iter_segment_positions
 from cdc.source import CheckReport, ColumnInfo, TableInfo, insert_publication
+from sinks.registry import load_pipeline
 
 pytestmark = pytest.mark.unit
 

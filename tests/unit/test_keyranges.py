@@ -10,7 +10,7 @@ import pytest
 
 from snapshot.keyranges import InOrder, KeyRange, range_from, throttle_delay
 from snapshot.reconcile import WindowEvent, reconcile
-from tests.unit.test_reconcile import Source, k, replayed
+from tests.fixtures.chunk_model import Source, k, replayed
 
 pytestmark = pytest.mark.unit
 

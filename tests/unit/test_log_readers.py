@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from cdc.log import open_log_view
 from cdc.log.kafka.debezium import DebeziumLogView
 from cdc.log.kafka.view import KafkaLogView
@@ -18,6 +17,7 @@ from pipelines.apply.readers import change_reader
 from pipelines.apply.readers.debezium import DebeziumReader
 from pipelines.apply.readers.kafka import KafkaReader
 from pipelines.apply.readers.local import LocalReader
+from sinks.registry import load_pipeline
 from tests.harness import REPO, write_pipeline
 
 pytestmark = pytest.mark.unit

@@ -5,20 +5,13 @@ the log (chunk rows at the first low watermark, then every stream event) like a 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from snapshot.reconcile import Reconciled, WindowEvent, choose_mode, reconcile, window_of
+from tests.fixtures.chunk_model import Source, fold, k, replayed
 
 pytestmark = pytest.mark.unit
-
-MISSING = "<no value>"  # what a follower holds for a TOAST column nobody ever sent
-
-
-def k(n: int) -> bytes:
-    return str(n).encode()
-
 
 def test_whole_events_inside_the_window_win():
     rows = [(k(1), "r1"), (k(2), "r2"), (k(3), "r3"), (k(4), "r4")]
@@ -65,91 +58,6 @@ def test_no_events_keeps_everything_in_order():
 )
 def test_choose_mode(mode, key, rows, expected):
     assert choose_mode(mode, key, rows, auto_min_rows=1_000_000) == expected
-
-
-# ---- a model of the source, the stream and a follower ---------------------------------------------
-@dataclass
-class Event:
-    pos: int
-    key: int | None
-    op: str  # c u d t
-    row: tuple[str, str] | None  # (value, toast); toast None = unchanged TOAST value
-    whole: bool
-
-
-class Source:
-    """A table id -> (value, toast); every transaction is one change at the next position."""
-
-    def __init__(self, rng: random.Random, rows: int) -> None:
-        self.rng = rng
-        self.pos = 0
-        self.rows: dict[int, tuple[str, str]] = {i: (f"v{i}", f"t{i}") for i in range(1, rows + 1)}
-        self.next_id = rows + 1
-        self.events: list[Event] = []
-
-    def tick(self) -> int:
-        self.pos += 1
-        return self.pos
-
-    def write(self) -> None:
-        rng, rows = self.rng, self.rows
-        choice = rng.random()
-        if not rows or choice < 0.2:
-            key = rng.choice(
-                [self.next_id, rng.randint(1, self.next_id)]
-            )  # new keys, and keys inside copied ranges
-            if key in rows:
-                return
-            self.next_id = max(self.next_id, key + 1)
-            rows[key] = (f"v{key}.{self.pos}", f"t{key}.{self.pos}")
-            self.events.append(Event(self.tick(), key, "c", rows[key], True))
-            return
-        key = rng.choice(sorted(rows))
-        if choice < 0.55:  # update leaving the TOAST value alone: the event cannot carry it
-            rows[key] = (f"v{key}.{self.pos}", rows[key][1])
-            self.events.append(Event(self.tick(), key, "u", (rows[key][0], None), False))
-        elif choice < 0.7:  # update of every column
-            rows[key] = (f"v{key}.{self.pos}", f"t{key}.{self.pos}")
-            self.events.append(Event(self.tick(), key, "u", rows[key], True))
-        elif choice < 0.85:
-            del rows[key]
-            self.events.append(Event(self.tick(), key, "d", None, True))
-        elif choice < 0.995:  # primary-key change: the stream sends delete + insert (values filled in)
-            new = rng.randint(1, self.next_id + 5)
-            if new in rows:
-                return
-            self.next_id = max(self.next_id, new + 1)
-            rows[new] = rows.pop(key)
-            pos = self.tick()
-            self.events += [Event(pos, key, "d", None, True), Event(pos, new, "c", rows[new], True)]
-        else:
-            rows.clear()
-            self.events.append(Event(self.tick(), None, "t", None, True))
-
-
-def fold(follower: dict[int, tuple[str, str]], event: Event) -> None:
-    if event.op == "t":
-        follower.clear()
-    elif event.op == "d":
-        follower.pop(event.key, None)
-    else:
-        value, toast = event.row
-        if toast is None:  # unchanged TOAST: keep what the follower has
-            toast = follower.get(event.key, (None, MISSING))[1]
-        follower[event.key] = (value, toast)
-
-
-def replayed(source: Source, first_low: int, chunk_rows) -> dict[int, tuple[str, str]]:
-    """A follower of the log: the snapshot's rows first (the table's base, each key once), then
-    every stream event after the first low watermark."""
-    follower: dict[int, tuple[str, str]] = {}
-    for key, row in chunk_rows:
-        assert key not in follower, "a key copied twice"
-        follower[key] = row
-    for event in source.events:
-        if event.pos > first_low:
-            fold(follower, event)
-    return follower
 
 
 def chunked_snapshot(

@@ -1,4 +1,4 @@
-"""The search sink's pipeline-file options (cdc/ground/config.py): parsing only, no services."""
+"""The search sink's pipeline-file options (sinks/search/settings.py): parsing only, no services."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_pipeline_file_search_options(tmp_path: Path) -> None:
-    from cdc.ground.config import parse_pipeline
     from cdc.ground.errors import PipelineFileError
+    from sinks.registry import parse_pipeline
 
     def parse(search: dict) -> None:
         parse_pipeline(
@@ -38,8 +38,8 @@ def test_pipeline_file_search_options(tmp_path: Path) -> None:
 def test_opensearch_security_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """username/password (from ${ENV}, kept out of repr), certificate files relative to the pipeline
     file, and the combinations that are refused (exit 2 naming the keys)."""
-    from cdc.ground.config import load_pipeline, parse_pipeline
     from cdc.ground.errors import PipelineFileError
+    from sinks.registry import load_pipeline, parse_pipeline
 
     os_sink = {"engine": "opensearch", "tables": ["public.t"], "hosts": ["https://h:9200"]}
 

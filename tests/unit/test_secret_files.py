@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc.ground.config import parse_pipeline
 from cdc.ground.errors import PipelineFileError
+from sinks.registry import parse_pipeline
 from tests.harness import cdc
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Per-sink columns, masks and renames (sinks/shaping.py, cdc/ground/config.py): the pure parts."""
+"""Per-sink columns, masks and renames (sinks/shaping.py, cdc/ground/settings.py): the pure parts."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import hmac
 
 import pytest
 
-from cdc.ground.config import parse_pipeline
 from cdc.ground.errors import PipelineFileError
 from cdc.ground.tables import TableName
 from cdc.log.base import Column, TableSchema
 from sinks.masks import REDACTED, TEXT_OID, hmac_hex, mask_text
+from sinks.registry import parse_pipeline
 from sinks.shaping import follower_name, shape_of
 
 pytestmark = pytest.mark.unit

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cdc.ground.config import load_pipeline
 from pipelines.cli import cli
 from pipelines.spark import SECRET_CONF, security_conf
+from sinks.registry import load_pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.ground.config import load_pipeline
 from pipelines.teardown_data import left_in_place, remove_captured
+from sinks.registry import load_pipeline
 from tests.harness import write_pipeline
 
 pytestmark = pytest.mark.unit

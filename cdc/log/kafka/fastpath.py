@@ -14,10 +14,10 @@ Python path (event_records returns None): filling those values keeps state acros
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, _render
+from cdc.ground import clock
 from cdc.ground.tables import TableName
 from cdc.log.kafka import keychange
 from cdc.log.kafka.recordbatch import RecordsBody
@@ -29,15 +29,11 @@ Record = tuple[bytes, bytes | None, bytes]  # key, value (None: tombstone), enco
 _MARK = b"\x00after\x00"  # cannot occur in JSON: splits a value template around the after image
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def bodies(records: list[Record], limit: int) -> Iterator[RecordsBody]:
     """recordbatch.batched of a list of records, encoded in C: the same batch bodies."""
     start = 0
     while start < len(records):
-        timestamp = _now_ms()
+        timestamp = clock.now_ms()
         data, count = _render.encode_batch(records, start, limit)
         yield RecordsBody(data, count, timestamp)
         start += count
@@ -58,7 +54,7 @@ def snapshot_records(
     now_ms = 0
     for n, line in enumerate(log.segment_lines(part)):
         if not n & 1023:  # ts_ms: as EnvelopeRenderer.records reads the clock
-            now_ms = _now_ms()
+            now_ms = clock.now_ms()
             head, _, tail = renderer.value_from_parts(
                 table, "r", b"null", _MARK, ts_us or None, part.lsn, part.lsn, None, now_ms
             ).partition(_MARK)
@@ -82,7 +78,7 @@ def event_records(
         return renderer.c_plan(log.schema(table, sv))
 
     pieces, snapshot_pieces = renderer.pieces(table, False), renderer.pieces(table, True)
-    rendered = _render.render_events(rows, plan_for, pieces, snapshot_pieces, _now_ms)
+    rendered = _render.render_events(rows, plan_for, pieces, snapshot_pieces, clock.now_ms)
     if rendered is False:
         return None
     records, fallbacks = rendered
@@ -93,7 +89,7 @@ def event_records(
             return None
         key = renderer.key_json(record) or TRUNCATE_KEY
         headers = _render.position_headers(record.lsn, record.seq, record.commit_ts or 0, record.schema_version)
-        value = renderer.value_json(record, _now_ms())
+        value = renderer.value_json(record, clock.now_ms())
         records[at : at + 1] = [(key, value, headers), (key, None, headers)] if record.op == "d" else [(key, value, headers)]
     return list(keychange.mark(_positioned(rows, records)))
 

@@ -30,6 +30,7 @@ from kafka.errors import KafkaError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from cdc.envelope import speedups
+from cdc.ground.clock import now_ms
 from cdc.ground.errors import LogError
 from cdc.ground.formats import KAFKA, VERSION
 from cdc.ground.private import private_open
@@ -223,7 +224,7 @@ class Publisher:
                 "state": st.state if st and st.state == "dropped" else "live",
                 "dropped_lsn": st.dropped_lsn if st else None,
             }
-        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": int(time.time() * 1000), "log_id": self.staging.log_id, "tables": tables}
+        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": now_ms(), "log_id": self.staging.log_id, "tables": tables}
         value |= {"format": KAFKA.version, "cdc_version": VERSION}  # the topics' format (cdc/ground/formats.py)
         self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), NO_HEADERS)])
 

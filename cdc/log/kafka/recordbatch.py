@@ -22,11 +22,12 @@ Varints are zigzag-encoded; a null key or value has length -1.
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from crc32c import crc32c
+
+from cdc.ground.clock import now_ms
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 CRC_FROM = 21  # attributes onwards are covered by the CRC
@@ -126,11 +127,11 @@ class RecordBatchWriter:
 def batched(records: Iterable[tuple[bytes | None, bytes | None, bytes]], limit: int) -> Iterator[RecordsBody]:
     """(key, value, encoded headers) records as batch bodies of at most `limit` bytes (a larger
     record alone), each stamped with the time it was started."""
-    batch = RecordBatchWriter(int(time.time() * 1000), limit)
+    batch = RecordBatchWriter(now_ms(), limit)
     for key, value, headers in records:
         if not batch.append(key, value, headers):
             yield batch.body()
-            batch = RecordBatchWriter(int(time.time() * 1000), limit)
+            batch = RecordBatchWriter(now_ms(), limit)
             batch.append(key, value, headers)
     if len(batch):
         yield batch.body()

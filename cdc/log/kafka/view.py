@@ -13,9 +13,9 @@ from cdc.ground.errors import LogError
 from cdc.ground.formats import KAFKA, check_version
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
+from cdc.log.history import column_defaults
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.topics import cuts_topic, schemas_topic
-from cdc.log.local import column_defaults
 
 POLL_MS = 10_000
 

@@ -1,0 +1,43 @@
+"""The `delta:` settings of a `sinks:` entry (README "Pipeline file reference"): where the Delta
+tables go and how they are kept. Registered in sinks/registry.py."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from cdc.ground.settings import SinkSettings, check_tables, view_list, view_names
+
+
+class DeltaSettings(SinkSettings):
+    path: str = Field(description="directory of the Delta tables (a table is <path>/<schema>/<table>)")
+    mode: Literal["scd1", "scd2"] = Field(
+        default="scd1",
+        description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn",
+    )
+    tables: list[str] | None = Field(
+        default=None, description="subset of the source tables (default: all, or none when `views` is given)"
+    )
+    views: list[str] = view_list()
+    # Table features (README "Reading the lake"): every feature a table takes on costs readers.
+    column_mapping: Literal["auto", "name"] = Field(
+        default="auto",
+        description="auto: no column mapping; a column name plain Delta cannot hold (one of ' ,;{}()=', "
+        "tab, newline) is stored encoded (`a b` -> `a_x0020_b`, the source name in the column's comment), so "
+        "every reader reads the table; name: column mapping on every table this sink creates (renames are "
+        "metadata only; delta-rs's Arrow path and Polars refuse such tables, its DataFusion reader and Spark "
+        "read them)",
+    )
+    on_type_change: Literal["rewrite", "widen", "stop"] = Field(
+        default="rewrite",
+        description="a source column type Delta can widen (int -> bigint, float -> double, larger decimal, "
+        "date -> timestamp): rewrite the table with the new type (every reader keeps it), widen in place "
+        "with Delta type widening (only Spark with Delta 4+ reads the table then), or stop the apply",
+    )
+
+    _tables = field_validator("tables")(check_tables)
+    _views = field_validator("views")(view_names)
+
+    def drops_columns(self) -> bool:
+        return self.mode == "scd1"  # scd2 keeps every version's values

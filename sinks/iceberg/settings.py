@@ -1,0 +1,75 @@
+"""The `iceberg:` settings of a `sinks:` entry (README "Iceberg follower"): the warehouse, the
+catalog the tables are registered in, and how they are written. Registered in sinks/registry.py."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from cdc.ground.settings import SinkSettings, Strict, check_tables
+
+
+class CatalogSettings(Strict):
+    """Where the Iceberg follower's tables are listed (README "Iceberg follower", catalogs)."""
+
+    type: Literal["sqlite", "jdbc", "rest"] = Field(
+        default="sqlite",
+        description="sqlite: Iceberg's JDBC catalog in the SQLite file <warehouse>/catalog.db (no server; "
+        "pyiceberg's SqlCatalog reads it); jdbc: Iceberg's JDBC catalog on a database (`uri`, e.g. "
+        "jdbc:postgresql://host/db); rest: an Iceberg REST catalog (`uri`)",
+    )
+    uri: str | None = Field(default=None, description="jdbc: the JDBC URL; rest: the catalog's URL")
+    user: str | None = Field(default=None, description="jdbc: the database user")
+    password: str | None = Field(default=None, repr=False, description="jdbc: its password, from ${ENV}")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="more Iceberg catalog properties, passed as they are (object stores: io-impl, s3.endpoint, "
+        "...; rest: credential, token, ...)",
+    )
+
+    @model_validator(mode="after")
+    def _uri(self) -> CatalogSettings:
+        if self.type == "sqlite" and self.uri is not None:
+            raise ValueError("catalog type sqlite keeps its file at <warehouse>/catalog.db: give no `uri`")
+        if self.type != "sqlite" and not self.uri:
+            raise ValueError(f"catalog type {self.type} needs `uri`")
+        if self.type != "jdbc" and (self.user or self.password):
+            raise ValueError("user and password are for catalog type jdbc")
+        return self
+
+
+class IcebergSettings(SinkSettings):
+    """An Iceberg follower (sinks/iceberg/): one Iceberg table per source table, namespace = its schema."""
+
+    warehouse: str = Field(
+        description="where table files go: a path (relative to the pipeline file) or a URI"
+    )
+    catalog: CatalogSettings = Field(
+        default_factory=CatalogSettings, description="where the tables are registered"
+    )
+    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
+    views: list[str] = Field(
+        default_factory=list, description="derived views into Iceberg: not yet (give none)"
+    )
+    write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
+        default="merge-on-read",
+        description="how a MERGE changes a data file: merge-on-read writes position deletes (a small cut "
+        "rewrites no file), copy-on-write rewrites the files it touches",
+    )
+    on_type_change: Literal["widen", "stop"] = Field(
+        default="widen",
+        description="a source column type Iceberg can widen (int -> bigint, float -> double, larger decimal "
+        "precision): widen it in place (metadata only), or stop the apply",
+    )
+
+    _tables = field_validator("tables")(check_tables)
+
+    @field_validator("views")
+    @classmethod
+    def _no_views(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError(
+                "derived views into an Iceberg sink are not supported yet: follow them with a delta sink"
+            )
+        return value
