@@ -149,6 +149,38 @@ def disk_files(path: Path) -> tuple[int, int]:
     return data, len(list((path / "_delta_log").glob("*.json")))
 
 
+def test_a_cut_record_spark_wrote_goes_on_with_delta_rs_appends(tmp_path: Path, spark) -> None:
+    """A lake from before delta-rs wrote the cut record (Spark made `_cdc_cuts`, as every lake of
+    0.2.0 and earlier): the next cuts are appended by delta-rs; Spark and delta-rs read every row,
+    a replayed cut (`again`) adds none, and `forget_table` (Spark's DELETE) still works beside them."""
+    import sinks.delta.cuts as cuts
+    from cdc.ground.tables import TableName
+
+    base = tmp_path / "lake"
+    local = cuts._local
+    try:
+        cuts._local = lambda _path: False  # the Spark writer, as before
+        cuts.record_cut(spark, base, "log", 1, 100, {"public.t": 1}, {"public.t": "public/t"}, again=False)
+    finally:
+        cuts._local = local
+    cuts.record_cut(
+        spark, base, "log", 2, 200, {"public.t": 2, "public.u": 1}, {"public.t": "public/t"}, again=False
+    )
+    cuts.record_cut(
+        spark, base, "log", 2, 200, {"public.t": 2, "public.u": 1}, {"public.t": "public/t"}, again=True
+    )
+    both = [(c.cut_id, c.versions) for c in cuts.list_cuts(spark, base)]
+    assert both == [(c.cut_id, c.versions) for c in cuts.list_cuts_arrow(base)]
+    assert both == [(2, {"public.t": 2, "public.u": 1}), (1, {"public.t": 1})]
+    cuts.forget_table(spark, base, TableName.parse("public.u"))
+    cuts.record_cut(spark, base, "log", 3, 300, {"public.t": 3}, {"public.t": "public/t"}, again=False)
+    assert (
+        [c.cut_id for c in cuts.list_cuts_arrow(base)]
+        == [3, 1]
+        == [c.cut_id for c in cuts.list_cuts(spark, base)]
+    )
+
+
 @pytest.mark.slow  # a soak: apply keeps applying cuts for as long as maintenance runs (make test-slow)
 def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> None:
     """Many small cuts, then `cdc maintain` (OPTIMIZE, VACUUM, checkpoint) while apply keeps
