@@ -135,7 +135,7 @@ class ApplyJob:
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         from pipelines.apply.filewatch import follow_file_tables
 
-        follow_file_tables(self)  # a table added to the file beside a running `cdc run` (issue 33.4)
+        follow_file_tables(self)  # a table added to the file beside a running `cdc run`, no restart
         sinks = self._sinks(only)
         try:
             if self.guard is None:
