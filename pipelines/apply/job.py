@@ -27,19 +27,27 @@ from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
-from cdc.log.base import Cut, TableRange
+from cdc.log.base import Cut, TableRange, TableState
 from cdc.log.history import FollowedSchema, followed_schema
 from pipelines.apply.health import ApplyHealth
 from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.apply.stall import StallGuard
-from pipelines.apply.viewfollow import view_batches, view_states, view_targets, views_cut, views_moved
+from pipelines.apply.viewfollow import (
+    ViewTarget,
+    view_batches,
+    view_states,
+    view_targets,
+    views_cut,
+    views_moved,
+)
 from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
 from pipelines.faults import crash_point, out_of_memory_point, pause_point
 from pipelines.locks import sink_lock
 from pipelines.spark import driver_exit_error, driver_jvm_exit
 from pipelines.sparkerrors import spark_error_line
 from pipelines.stages import stage
+from pipelines.views.state import ViewState
 from sinks.base import ApplyStats, Sink
 from sinks.changes import TableBatch
 from sinks.marker import Marker, why_lost
@@ -58,6 +66,23 @@ class SinkRun:
     up_to_date: bool = False
     seconds: float = 0.0
     used_pending: bool = False  # this run finished a cut an earlier run had started
+
+
+@dataclass
+class _CutWork:
+    """One cut of one follower as the steps of ApplyJob._apply_sink hand it on."""
+
+    sink_cfg: SinkConfig
+    ckpt: Checkpoint
+    names: dict[TableName, TableState]  # the log's tables
+    by_name: dict[str, TableName]
+    views: dict[str, ViewState]  # the derived views the sink follows
+    again: bool  # a previous run had started this cut: it may be partly applied already
+    cut_id: int = 0
+    cut_lsn: int = 0
+    cut_tables: dict[str, TableRange] = field(default_factory=dict)
+    wanted: list[str] = field(default_factory=list)  # the tables the sink follows now
+    targets: dict[str, ViewTarget] = field(default_factory=dict)  # the views' versions at this cut
 
 
 def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:
@@ -256,72 +281,136 @@ class ApplyJob:
             metrics.APPLY_STAGE.labels(name, run.sink, "cut").observe(run.seconds)
 
     def _apply_sink(self, log, reader: ChangeReader, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
-        state = self.pipeline.state_path
-        ckpt = load_checkpoint(state, sink_cfg.name, self.pipeline.file)
-        names = {t.table: t for t in log.tables()}
-        by_name = {str(t): t for t in names}
-        run.used_pending = again = bool(ckpt.pending)  # again: this cut may be partly applied already
-        # derived views the sink follows (pipelines/apply/viewfollow.py): a failed view stops it here
-        views = view_states(self.pipeline, sink_cfg)
-        at = views_cut(self.pipeline, sink_cfg, views)
-        if at is not None and not ckpt.pending and at != latest.id:
-            if at < ckpt.cut_id:  # the views stand behind this follower: never go back
-                run.cut_id, run.lsn, run.up_to_date = ckpt.cut_id, ckpt.lsn, True
-                return
-            # the tables are applied at the cut the views stand at, so both describe the same cut:
-            # the view states carry it (no old cut needed from the log), else the log's retention
-            # keeps it (cdc/log/holds.py: the views' state files hold their cut)
-            latest = recorded_cut(views, at, names) or (log.cut(at) if hasattr(log, "cut") else None)
-            if latest is None:
-                raise SinkError(
-                    f"sink {sink_cfg.name}: its views stand at cut {at}, which the log no longer has"
-                    " (see `cdc status`: the log's cut retention)",
-                    f"run `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}` again",
-                )
-        if ckpt.pending:
-            cut_id, cut_lsn, tables = _cut_from_pending(ckpt.pending)
-            cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
-        else:
-            cut_id, cut_lsn = latest.id, latest.lsn
-            cut_tables = {str(t): r for t, r in latest.tables.items()}
-        run.cut_id, run.lsn = cut_id, cut_lsn
-        idle = cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(views, ckpt)
-        if idle and not self._lost_while_idle(log, latest, sink_cfg, ckpt, views, by_name):
+        """One cut applied to one follower (the module docstring's steps 1-4), step by step; each step
+        keeps its place among the others' side effects, so a crash between two leaves what they say."""
+        work = self._load(log, sink_cfg, run)
+        at_views = self._cut_of_views(log, latest, work)
+        if at_views is None:  # the views stand behind this follower: never go back
+            run.cut_id, run.lsn, run.up_to_date = work.ckpt.cut_id, work.ckpt.lsn, True
+            return
+        latest = at_views
+        self._take_cut(work, latest, run)
+        if self._idle(log, latest, work):
             run.up_to_date = True
             return
-        # followers follow the tables the file names now, not every table the log still holds
-        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
-        purged = {str(t): s.purged_below for t, s in names.items()}
-        retention = getattr(log, "retention_ms", None)
-        if retention and ckpt.ts_ms and time.time() * 1000 - ckpt.ts_ms > retention:
-            # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
-            purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
+        work.wanted = self._wanted(sink_cfg, latest)
+        purged = self._purged(log, work)
         sink = self._make_sink(log, sink_cfg)
         sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
-        if ckpt.clear:  # `cdc reset --rebuild`: start from nothing (changed rows would survive a replay)
-            self.say(f"sink {sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
-            for name in wanted:
-                if name in by_name:
-                    sink.clear_table(by_name[name])
-            for view in views:
-                sink.clear_table(view_table(view))
-            ckpt.tables, ckpt.clear = {}, False
-        self._rebuild_reshaped(log, sink, sink_cfg, ckpt, wanted, by_name)
-        held, followed = _held(wanted, views, ckpt, by_name)
-        self._check_markers(sink, sink_cfg, ckpt, held, followed)
-        # remedies name this pipeline file and sink, so they run as printed
+        self._clear_for_rebuild(sink, work)
+        self._rebuild_reshaped(log, sink, sink_cfg, work.ckpt, work.wanted, work.by_name)
+        held, followed = _held(work.wanted, work.views, work.ckpt, work.by_name)
+        self._check_markers(sink, sink_cfg, work.ckpt, held, followed)
+        plans = self._plan_ranges(log, work, purged)
+        batches = self._table_batches(log, reader, work, plans)
+        work.targets = view_targets(work.views, work.ckpt)
+        # the followed views' changes in this cut, applied like tables
+        batches += view_batches(self.spark, self.pipeline, sink, work.targets, work.ckpt)
+        self._save_pending(work)
+        if batches:
+            self._apply_tables(sink, work, batches, run)
+            crash_point("apply:after-merge")
+        if sink.markers:
+            self._write_markers(sink, work, batches)
+        self._record_cut(sink, work)
+        crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
+        self._save_applied(work)
+
+    def _load(self, log, sink_cfg: SinkConfig, run: SinkRun) -> _CutWork:
+        """The sink's checkpoint, the log's tables and the derived views the sink follows
+        (pipelines/apply/viewfollow.py): a failed view stops it here."""
+        ckpt = load_checkpoint(self.pipeline.state_path, sink_cfg.name, self.pipeline.file)
+        names = {t.table: t for t in log.tables()}
+        run.used_pending = bool(ckpt.pending)
+        views = view_states(self.pipeline, sink_cfg)
+        # again: this cut may be partly applied already
+        return _CutWork(sink_cfg, ckpt, names, {str(t): t for t in names}, views, again=bool(ckpt.pending))
+
+    def _cut_of_views(self, log, latest: Cut, work: _CutWork) -> Cut | None:
+        """The cut to read the tables at: the latest, or the one the followed views stand at (so
+        both describe the same cut); None when the views stand behind the follower."""
+        at = views_cut(self.pipeline, work.sink_cfg, work.views)
+        if at is None or work.ckpt.pending or at == latest.id:
+            return latest
+        if at < work.ckpt.cut_id:
+            return None
+        # the view states carry the cut (no old cut needed from the log), else the log's retention
+        # keeps it (cdc/log/holds.py: the views' state files hold their cut)
+        found = recorded_cut(work.views, at, work.names) or (log.cut(at) if hasattr(log, "cut") else None)
+        if found is None:
+            raise SinkError(
+                f"sink {work.sink_cfg.name}: its views stand at cut {at}, which the log no longer has"
+                " (see `cdc status`: the log's cut retention)",
+                f"run `{self.pipeline.command('apply', '--once', '--sink', work.sink_cfg.name)}` again",
+            )
+        return found
+
+    @staticmethod
+    def _take_cut(work: _CutWork, latest: Cut, run: SinkRun) -> None:
+        """The cut this run applies: the pending one a previous run died in (the same cut again, so
+        idempotent writes line up), else `latest`."""
+        if work.ckpt.pending:
+            work.cut_id, work.cut_lsn, tables = _cut_from_pending(work.ckpt.pending)
+            work.cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
+        else:
+            work.cut_id, work.cut_lsn = latest.id, latest.lsn
+            work.cut_tables = {str(t): r for t, r in latest.tables.items()}
+        run.cut_id, run.lsn = work.cut_id, work.cut_lsn
+
+    def _idle(self, log, latest: Cut, work: _CutWork) -> bool:
+        """True when the follower has this cut already and its self-check finds nothing lost."""
+        ckpt = work.ckpt
+        idle = work.cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(work.views, ckpt)
+        return idle and not self._lost_while_idle(log, latest, work.sink_cfg, ckpt, work.views, work.by_name)
+
+    def _wanted(self, sink_cfg: SinkConfig, latest: Cut) -> list[str]:
+        """The tables the sink follows: those the file names now, not every table the log still holds."""
+        return [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
+
+    @staticmethod
+    def _purged(log, work: _CutWork) -> dict[str, int]:
+        """Per table, the offset below which the log compacted deletes away."""
+        purged = {str(t): s.purged_below for t, s in work.names.items()}
+        retention = getattr(log, "retention_ms", None)
+        if retention and work.ckpt.ts_ms and time.time() * 1000 - work.ckpt.ts_ms > retention:
+            # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
+            purged = {name: work.cut_tables[name].end + 1 for name in work.wanted if name in work.cut_tables}
+        return purged
+
+    def _clear_for_rebuild(self, sink: Sink, work: _CutWork) -> None:
+        """`cdc reset --rebuild`: start from nothing (changed rows would survive a replay)."""
+        if not work.ckpt.clear:
+            return
+        self.say(f"sink {work.sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
+        for name in work.wanted:
+            if name in work.by_name:
+                sink.clear_table(work.by_name[name])
+        for view in work.views:
+            sink.clear_table(view_table(view))
+        work.ckpt.tables, work.ckpt.clear = {}, False
+
+    def _plan_ranges(self, log, work: _CutWork, purged: dict[str, int]) -> dict[str, tuple[int, int, bool]]:
+        """Per table, the offsets to read (plan_ranges), with remedies that name this pipeline file
+        and sink, so they run as printed."""
         hint = getattr(log, "rebuild_hint", None) or (
             f"run `{self.pipeline.command('snapshot')} --tables {{table}}` to give the table a new base; "
             "every follower then rebuilds it"
         )
-        reset = self.pipeline.command("reset", "--sink", sink_cfg.name, "--rebuild", "--yes")
-        plans = plan_ranges(ckpt, cut_tables, purged, wanted, hint.replace("{reset}", reset))
+        reset = self.pipeline.command("reset", "--sink", work.sink_cfg.name, "--rebuild", "--yes")
+        return plan_ranges(work.ckpt, work.cut_tables, purged, work.wanted, hint.replace("{reset}", reset))
+
+    def _table_batches(
+        self, log, reader: ChangeReader, work: _CutWork, plans: dict[str, tuple[int, int, bool]]
+    ) -> list:
+        """Each planned table's events as a batch (read in Spark), shaped to the sink's columns and
+        masks (sinks/shaping.py)."""
+        ckpt = work.ckpt
         batches = []
         for name, (after, upto, bootstrap) in plans.items():
-            if upto <= after and not bootstrap and not schema_changed(log, by_name[name], ckpt.lsn, cut_lsn):
+            table = work.by_name[name]
+            if upto <= after and not bootstrap and not schema_changed(log, table, ckpt.lsn, work.cut_lsn):
                 continue  # a schema change alone (DDL capture, cdc/ddl.py) is applied with no rows
-            table = by_name[name]
-            st = names[table]
+            st = work.names[table]
             followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
             schema = followed.schema
             # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
@@ -335,83 +424,99 @@ class ApplyJob:
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
-            batches.append(shape_batch(batch, sink_cfg))  # the sink's columns, masks (sinks/shaping.py)
-        targets = view_targets(views, ckpt)
-        batches += view_batches(self.spark, self.pipeline, sink, targets, ckpt)  # applied like tables
+            batches.append(shape_batch(batch, work.sink_cfg))
+        return batches
+
+    def _save_pending(self, work: _CutWork) -> None:
+        """The cut recorded as pending before anything is written: a run that dies applies it again."""
+        ckpt = work.ckpt
         ckpt.pending = {
-            "cut_id": cut_id,
-            "lsn": cut_lsn,
-            "tables": {k: [r.base, r.end] for k, r in cut_tables.items()},
+            "cut_id": work.cut_id,
+            "lsn": work.cut_lsn,
+            "tables": {k: [r.base, r.end] for k, r in work.cut_tables.items()},
         }
-        if targets:  # the views' versions of this cut: a crashed cut applies exactly these rows again
-            ckpt.pending["views"] = {n: t.record() for n, t in targets.items()}
-        save_checkpoint(state, ckpt)
-        if batches:
-            name = sink_cfg.name
-            stages = metrics.APPLY_STAGE
-            parallelism = self._parallelism(sink)  # tables side by side (pipelines/apply/parallel.py)
-            try:
-                with (
-                    stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"),
-                    stages.labels(self.pipeline.name, name, "read").time(),
-                ):
-                    # a value no follower type can hold stops the cut before any table is written
-                    run_tasks(batches, lambda slot: slot.item.check(), parallelism, self.spark, name)
-                with (
-                    stage(f"sink {name}: preparing the follower"),
-                    stages.labels(self.pipeline.name, name, "prepare").time(),
-                ):
-                    sink.prepare(batches)
-                applied = run_tasks(
-                    batches, lambda slot: self._apply_table(sink, slot, cut_id), parallelism, self.spark, name
-                )
-                run.tables.extend(applied)
-            finally:
-                for batch in batches:  # those a failure kept from starting (the others released theirs)
-                    batch.release()
-            crash_point("apply:after-merge")
-        if sink.markers:
-            # after the rows: a marker never claims more than the engine holds
-            redo = (
-                [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in wanted]
-            )  # older followers
-            ends = {
-                b.table: (b.epoch, b.last_offset)
-                if isinstance(b, ViewBatch)
-                else (cut_tables[str(b.table)].base, b.last_offset)
-                for b in batches
-            }
-            ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
-            markers = [
-                (table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json())
-                for table, (base, end) in ends.items()
-            ]
-            with stage(f"sink {sink_cfg.name}: cut {cut_id}: writing {len(markers)} marker(s)"):
-                run_tasks(
-                    markers,
-                    lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
-                    self._parallelism(sink),
-                    self.spark,
-                    sink_cfg.name,
-                )
-            ckpt.markers = True
-        applied = [by_name[n] for n in wanted if n in by_name] + [view_table(v) for v in targets]
-        with stage(f"sink {sink_cfg.name}: cut {cut_id}: recording the cut"):
-            sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
-        crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
-        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, int(time.time() * 1000)
-        for name in wanted:
+        if work.targets:  # the views' versions of this cut: a crashed cut applies exactly these rows again
+            ckpt.pending["views"] = {n: t.record() for n, t in work.targets.items()}
+        save_checkpoint(self.pipeline.state_path, ckpt)
+
+    def _apply_tables(self, sink: Sink, work: _CutWork, batches: list, run: SinkRun) -> None:
+        """Every batch read and checked, the follower prepared (schemas checked and evolved), then
+        each table applied, side by side where the sink allows (pipelines/apply/parallel.py)."""
+        name, cut_id = work.sink_cfg.name, work.cut_id
+        stages = metrics.APPLY_STAGE
+        parallelism = self._parallelism(sink)
+        try:
+            with (
+                stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"),
+                stages.labels(self.pipeline.name, name, "read").time(),
+            ):
+                # a value no follower type can hold stops the cut before any table is written
+                run_tasks(batches, lambda slot: slot.item.check(), parallelism, self.spark, name)
+            with (
+                stage(f"sink {name}: preparing the follower"),
+                stages.labels(self.pipeline.name, name, "prepare").time(),
+            ):
+                sink.prepare(batches)
+            applied = run_tasks(
+                batches, lambda slot: self._apply_table(sink, slot, cut_id), parallelism, self.spark, name
+            )
+            run.tables.extend(applied)
+        finally:
+            for batch in batches:  # those a failure kept from starting (the others released theirs)
+                batch.release()
+
+    def _write_markers(self, sink: Sink, work: _CutWork, batches: list) -> None:
+        """Each applied table's marker (sinks/marker.py), after the rows: a marker never claims more
+        than the engine holds."""
+        ckpt, by_name = work.ckpt, work.by_name
+        # older followers: markers for the tables applied before the sink kept them
+        redo = [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in work.wanted]
+        ends = {
+            b.table: (b.epoch, b.last_offset)
+            if isinstance(b, ViewBatch)
+            else (work.cut_tables[str(b.table)].base, b.last_offset)
+            for b in batches
+        }
+        ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
+        name = work.sink_cfg.name
+        markers = [
+            (table, Marker(self.pipeline.name, name, sink.log_id, base, end, work.cut_id).to_json())
+            for table, (base, end) in ends.items()
+        ]
+        with stage(f"sink {name}: cut {work.cut_id}: writing {len(markers)} marker(s)"):
+            run_tasks(
+                markers,
+                lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
+                self._parallelism(sink),
+                self.spark,
+                name,
+            )
+        ckpt.markers = True
+
+    @staticmethod
+    def _record_cut(sink: Sink, work: _CutWork) -> None:
+        """The sink's own record of the cut (e.g. Delta's _cdc_cuts), once rows and markers are in."""
+        applied = [work.by_name[n] for n in work.wanted if n in work.by_name]
+        applied += [view_table(v) for v in work.targets]
+        with stage(f"sink {work.sink_cfg.name}: cut {work.cut_id}: recording the cut"):
+            sink.cut_applied(work.cut_id, work.cut_lsn, applied, work.again)
+
+    def _save_applied(self, work: _CutWork) -> None:
+        """The checkpoint moved to the cut, its pending record dropped."""
+        ckpt, cut_tables = work.ckpt, work.cut_tables
+        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = work.cut_id, work.cut_lsn, int(time.time() * 1000)
+        for name in work.wanted:
             if name in cut_tables:
                 ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
-        for view, target in targets.items():
+        for view, target in work.targets.items():
             ckpt.tables[str(view_table(view))] = [target.epoch, target.version]
         ckpt.pending = None
-        save_checkpoint(state, ckpt)
+        save_checkpoint(self.pipeline.state_path, ckpt)
 
     def _make_sink(self, log, sink_cfg: SinkConfig) -> Sink:
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
-        sink.say = self.say
+        sink.set_output(self.say)
         return sink
 
     def _lost_while_idle(
@@ -425,8 +530,7 @@ class ApplyJob:
         last = self.checked.get(sink_cfg.name)
         if last is not None and time.monotonic() - last < self.check_every:
             return False
-        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
-        held, followed = _held(wanted, views, ckpt, by_name)
+        held, followed = _held(self._wanted(sink_cfg, latest), views, ckpt, by_name)
         lost = self._lost_tables(self._make_sink(log, sink_cfg), sink_cfg, ckpt, held, followed)
         return bool(lost)
 
@@ -518,7 +622,12 @@ class ApplyJob:
         ckpt.lost = note | {"action": "rebuilt"}
 
     def _lost_tables(
-        self, sink: Sink, sink_cfg: SinkConfig, ckpt: Checkpoint, applied: list[str], by_name: dict[str, TableName]
+        self,
+        sink: Sink,
+        sink_cfg: SinkConfig,
+        ckpt: Checkpoint,
+        applied: list[str],
+        by_name: dict[str, TableName],
     ) -> dict[str, str]:
         """{table: why} for each applied table the engine no longer holds as the checkpoint says."""
 
