@@ -1,4 +1,4 @@
-"""Reference pages generated from the code (issue 41): the CLI from the click command tree, the
+"""Reference pages generated from the code, so they cannot drift from it: the CLI from the click command tree, the
 pipeline file from the pydantic models, the type mapping from cdc/typetable.py. Written by
 `scripts/gen_docs.py`; tests/unit/test_reference_docs.py fails when a page is out of date."""
 
