@@ -29,7 +29,7 @@ from cdc.schema import schema_types
 from cdc.typemap import Converter, c_kind, converter
 
 try:  # the optional C speedup, built by `pip install -e .` (setup.py)
-    from cdc import _render
+    from cdc import _render as _render  # re-exported: the Kafka fast path renders with it
 except ImportError:  # pragma: no cover - no C compiler at install time
     _render = None  # type: ignore[assignment]
 
