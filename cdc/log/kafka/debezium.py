@@ -146,7 +146,9 @@ class TopicScan:
 class ScanState:
     mode: str = "txn"  # "txn" (transaction topic) | "hwm" (high watermarks)
     txn_next: int = 0
-    ends: list[list[Any]] = field(default_factory=list)  # unconfirmed ENDs: [xid, lsn, offset, {table: events}]
+    ends: list[list[Any]] = field(
+        default_factory=list
+    )  # unconfirmed ENDs: [xid, lsn, offset, {table: events}]
     topics: dict[str, TopicScan] = field(default_factory=dict)
     snapshot_last: bool = False
     snapshot_lsn: int | None = None
