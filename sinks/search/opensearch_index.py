@@ -20,7 +20,7 @@ from sinks.search.opensearch_bulk import error_text
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
 
-    from cdc.ground.config import SearchSink as SearchSettings
+    from sinks.search.settings import SearchSettings
 
 # Reindexing into the next generation: after source column renames each document's member moves
 # to the column's new name; a new column with a constant DEFAULT gets it in the documents written
