@@ -7,6 +7,7 @@ demo: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports --no-cache
+	.venv/bin/mypy  # settings and checked folders: pyproject.toml [tool.mypy]
 	.venv/bin/python -m pytest -m "not slow"
 # Long campaigns (crash rounds, load tests): run before resolving an issue
 # whose code they exercise; not part of CI's time budget.

@@ -209,7 +209,9 @@ def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progre
 
 def _split_tables(text: str) -> list[str]:
     """Split on commas outside double quotes (identifiers may contain commas)."""
-    parts, buf, quoted = [], [], False
+    parts: list[str] = []
+    buf: list[str] = []
+    quoted = False
     for ch in text:
         if ch == '"':
             quoted = not quoted

@@ -1,4 +1,4 @@
-"""Each follower's last error and since when it fails (`cdc status`, the metrics; issue 33.1).
+"""Each follower's last error and since when it fails (`cdc status`, the metrics).
 
 One small JSON file per sink under `<state_dir>/errors/` (owner-only, written like a checkpoint):
 {"sink", "problem", "fix", "since_ms" (first failure of the current run of failures), "last_ms",

@@ -3,7 +3,7 @@ every follower table at its Delta version of one recorded cut (sinks/delta/cuts.
 
 DataFusion's SQL is PostgreSQL-like: unquoted names fold to lower case, "double quotes" keep case
 and spaces, `1/2` is integer division. Its reader also follows Delta column mapping (delta-rs's
-Arrow reader does not: issue 33 item 2), so a renamed column reads right here.
+Arrow reader does not), so a renamed column reads right here.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, wit
         cut = view.latest_cut()
         if cut is None:
             return
-        meta = view._cut_body["tables"]
+        meta = view.cut_tables()
         names = sorted(meta)
         if table:
             try:

@@ -1,5 +1,5 @@
 """`cdc migrate PIPELINE --sql FILE`: run a schema migration on tables captured with a publication
-column list or row filter (issue 33.3).
+column list or row filter.
 
 PostgreSQL refuses `ALTER COLUMN ... TYPE` (and DROP/RENAME) of a column a publication's column list
 or row filter names ("cannot alter type of a column used by a publication ..."). Here, in ONE

@@ -80,7 +80,7 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
                     }
                 )
             log_info["tables"] = tables
-            if hasattr(log, "retention"):  # local: the oldest cut kept, and the bound's alarm (issue 33.1)
+            if hasattr(log, "retention"):  # local: the oldest cut kept, and the bound's alarm
                 log_info["cut_retention"] = log.retention()
         finally:
             log.close()

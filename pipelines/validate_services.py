@@ -125,7 +125,8 @@ def check_opensearch(pipeline: Pipeline, say: Say) -> int:
     for sink in pipeline.sinks:
         if not isinstance(sink.settings, SearchSettings) or sink.settings.engine != "opensearch":
             continue
-        from sinks.search.opensearch_engine import OpenSearchSink, show_hosts
+        from sinks.search.opensearch_bulk import show_hosts
+        from sinks.search.opensearch_engine import OpenSearchSink
 
         follower = OpenSearchSink(sink, pipeline, None)  # no Spark: only its clients and their errors
         where = f"sink {sink.name}: OpenSearch at {show_hosts(follower.hosts)}"

@@ -1,4 +1,4 @@
-"""`cdc verify` for followers of derived views (issue 20.4).
+"""`cdc verify` for followers of derived views.
 
 The view's SQL is run by Spark over the source's rows as verify read them (one exported
 snapshot at the verification point `cp`, typed like apply types them) and the result is

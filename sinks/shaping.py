@@ -1,7 +1,7 @@
 """What one sink gets of a table: columns, masks and its own name (README "Choosing what is captured").
 
 A sink's `table_options` shape every batch before the sink sees it, in one place: the apply job
-(pipelines/apply/job.py) calls `shape_batch`, so snapshots, bootstraps, rebuilds, SCD2 history
+(pipelines/apply/cut.py) calls `shape_batch`, so snapshots, bootstraps, rebuilds, SCD2 history
 and schema changes all go through it. Shaping works on the log's rows themselves (the `vals`
 texts and the `unch` unchanged-TOAST indexes), before they are typed, so the shaped batch is an
 ordinary TableBatch whose schema has only the kept columns, a masked column typed `text`:

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import IO, TYPE_CHECKING
 
 import psycopg2
 from psycopg2 import sql
@@ -355,7 +355,7 @@ class _Copied:
     read: _Read
 
 
-def _sync_and_close(sink: BinaryIO) -> None:
+def _sync_and_close(sink: IO[bytes]) -> None:
     try:
         os.fsync(sink.fileno())
     finally:

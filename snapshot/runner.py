@@ -13,6 +13,7 @@ snapshot the table's new base and keeps only stream events newer than it (LocalL
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import threading
@@ -159,11 +160,13 @@ def run_snapshot(
         gone = gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
         report = check_pipeline_source(pipeline, conn, gone)
         report.raise_if_problems()
+        server = report.server
+        assert server is not None  # known once the checks passed
         info = {t.table: t for t in report.tables}
         all_tables = [t.table for t in report.tables]
         log = open_log(pipeline)
         try:
-            bind_log_to_source(log, report.server.system_id, report.server.database, pipeline.slot)
+            bind_log_to_source(log, server.system_id, server.database, pipeline.slot)
             slot_exists = _slot(conn, pipeline.slot) is not None
             targets = _targets(conn, pipeline, log, all_tables, only, slot_exists, say)
             try:  # column lists / row filters changed since the publication got them: those tables need a new base
@@ -217,7 +220,7 @@ def run_snapshot(
                     pipeline,
                     log,
                     conn,
-                    report.server.version,
+                    server.version,
                     exported,
                     info,
                     slot_exists,
@@ -227,7 +230,7 @@ def run_snapshot(
                     report.filters,
                 )
             elif not slot_exists:  # chunked tables only: the slot must exist before their first watermark
-                result = _create_slot(pipeline, report.server.version, say)
+                result = _create_slot(pipeline, server.version, say)
             if chunked:
                 _copy_chunked(
                     pipeline,
@@ -469,7 +472,7 @@ def _copy_chunked(
             plan.key,
             (filters.get(plan.table) or CaptureFilter(plan.table)).where,
             plan.reltuples,
-            lambda lsn, s=schema, tid=table_id: log.schema_version(tid, s, lsn),
+            functools.partial(log.schema_version, table_id, schema),
         )
         started = time.monotonic()
         done = ChunkedSnapshot(

@@ -20,10 +20,11 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from cdc.ground.errors import PipelineFileError, UsageError
 from cdc.ground.settings import NAME_RE, SinkSettings, Strict, TableList, check_tables, options_of
@@ -558,7 +559,10 @@ def pipeline_model(kinds: Mapping[str, tuple[type[SinkSettings], str]], module: 
     # pydantic lists fields base first along the MRO: name, the kinds, then SinkConfig's own keys
     # (the order of the reference and of pydantic's messages)
     kind_keys = create_model("SinkKinds", __base__=_SinkName, __module__=module, **keys)
-    sink_config = create_model("SinkConfig", __base__=(SinkConfig, kind_keys), __module__=module)
+    # create_model types a tuple of bases as its first: the model is a SinkConfig all the same
+    sink_config = cast(
+        "type[SinkConfig]", create_model("SinkConfig", __base__=(SinkConfig, kind_keys), __module__=module)
+    )
     sink_config.kinds = tuple(kinds)
     sink_config.__qualname__ = "SinkConfigModel"
     sinks = Pipeline.model_fields["sinks"]
@@ -698,7 +702,7 @@ def keys_at(model: type[Pipeline], loc: tuple[Any, ...]) -> list[str]:
 _SECRET_KEYS = frozenset({"mask_key", "sasl_password", "password"})
 
 
-def _describe(error: dict[str, Any], model: type[Pipeline]) -> str:
+def _describe(error: ErrorDetails, model: type[Pipeline]) -> str:
     loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":

@@ -32,7 +32,7 @@ class CdcError(Exception):
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
 
-    def __reduce__(self):  # keeps `fix` when the error crosses a process boundary (worker pools)
+    def __reduce__(self) -> tuple[type[CdcError], tuple[str, str | None]]:  # keeps `fix` when the error crosses a process boundary (worker pools)
         return type(self), (self.problem, self.fix)
 
 

@@ -5,7 +5,8 @@ masks and renames; each kind's own settings extend it in sinks/<kind>/settings.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,8 +30,10 @@ def check_tables(values: list[str] | None) -> list[str] | None:
 
 TableList = Annotated[list[str], Field(min_length=1)]
 
+T = TypeVar("T")
 
-def options_of(table_options: dict[str, Any], table: TableName) -> Any:
+
+def options_of(table_options: Mapping[str, T], table: TableName) -> T | None:
     """The `table_options` entry naming `table`, source's or a sink's (keys are parsed, so quoting
     and case follow SQL); None when the table has none."""
     for key, options in table_options.items():

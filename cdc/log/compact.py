@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import UsageError
 from cdc.ground.private import private_open
@@ -32,6 +33,9 @@ from cdc.log.base import TableState
 from cdc.log.local import LocalLog, iter_segment
 from cdc.pgoutput import UNCHANGED, decode_tuple
 from cdc.pgoutput_encode import encode_tuple
+
+if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -64,8 +68,8 @@ class _Plan:
     start: int = 0  # first offset that survives (the base, or the newest truncate)
 
 
-def _groups(rows: Iterator[tuple]) -> Iterator[list[tuple]]:
-    group: list[tuple] = []
+def _groups(rows: Iterator[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    group: list[tuple[Any, ...]] = []
     for row in rows:
         if group and row[1] != group[0][1]:
             yield group
@@ -75,7 +79,7 @@ def _groups(rows: Iterator[tuple]) -> Iterator[list[tuple]]:
         yield group
 
 
-def _merge_unchanged(group: list[tuple]) -> tuple[bytes | None, bool]:
+def _merge_unchanged(group: list[tuple[Any, ...]]) -> tuple[bytes | None, bool]:
     """Fill the newest update's unchanged-TOAST values from older events of the same key.
     Returns (new payload or None if nothing changed, fully resolved?)."""
     newest = group[-1]
@@ -196,7 +200,7 @@ def compact_table(log: LocalLog, state: TableState, retention_s: float) -> Table
     return stats
 
 
-def compact_log(pipeline, retention_s: float) -> str:
+def compact_log(pipeline: Pipeline, retention_s: float) -> str:
     from cdc.log import open_log
 
     log = open_log(pipeline)

@@ -162,10 +162,10 @@ def _check_filters(
     if not chosen:
         return
     if info.version < MIN_FILTER_VERSION:
-        names = ", ".join(map(str, chosen))
+        listed = ", ".join(map(str, chosen))
         report.problems.append(
             Problem(
-                f"source.postgres.table_options ({names}) needs PostgreSQL 15 or later (publication column lists and "
+                f"source.postgres.table_options ({listed}) needs PostgreSQL 15 or later (publication column lists and "
                 f"row filters); the source runs {info.version // 10000}",
                 "remove source.postgres.table_options from the pipeline file, or upgrade the source to PostgreSQL 15 or later",
             )

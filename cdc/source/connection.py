@@ -3,6 +3,8 @@ becomes an error naming the problem and the fix, the password never shown."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
@@ -28,7 +30,7 @@ def connect(dsn: str, *, replication: bool = False, application_name: str = "cdc
             f"source.postgres.dsn is not a valid connection string: {redact_with(str(exc).strip(), _password_of(dsn))}",
             "use a URI like postgresql://user:password@host:5432/dbname or key=value pairs",
         ) from None
-    kwargs = {"options": libpq_options(), "connect_timeout": 10, "application_name": application_name}
+    kwargs: dict[str, Any] = {"options": libpq_options(), "connect_timeout": 10, "application_name": application_name}
     if replication:
         kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:

@@ -12,7 +12,8 @@ import psycopg2
 
 from cdc.ground.errors import SourceError
 from cdc.keys import key_from_values
-from cdc.log.base import ChangeRow, LogWriter
+from cdc.log.base import ChangeRow
+from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED, tuple_prefix
 from cdc.source import insert_publication, replica_index_without_key
 from cdc.stream.relations import Rel, snapshot_command
@@ -23,7 +24,7 @@ class ChangeRows:
     """Update and delete rows for the log (a part of `StreamReader`)."""
 
     pipeline: Any
-    log: LogWriter
+    log: LocalLog
     _conn: Any
 
     def _old_key(self, rel: Rel, old_kind: str | None, old: bytes) -> bytes:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import select
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc.keys import key_from_values
-from cdc.log.base import ChangeRow, LogWriter
+from cdc.log.base import ChangeRow
+from cdc.log.local import LocalLog
 from cdc.pgoutput import (
     BEGIN,
     COMMIT,
@@ -42,11 +43,14 @@ _FLUSH_ROWS = 5000  # rows buffered per table before they go to the (still open)
 DDL_CHECK_S = 30.0  # how often an idle stream looks whether the DDL trigger is still there
 _UPDATE_OR_DELETE = frozenset((UPDATE, DELETE))
 
+if TYPE_CHECKING:
+    from cdc.stream.relations import Rel
+
 
 class ReceiveLoop:
     """The stream reader's hot loop (a part of `StreamReader`)."""
 
-    log: LogWriter
+    log: LocalLog
     stats: Any
     cfg: Any
     metrics: Any
@@ -63,6 +67,30 @@ class ReceiveLoop:
     _ddl_prefix: str
     _ddl_checked: float
     _idle_checked: float
+
+    if TYPE_CHECKING:  # given by StreamReader and its other parts (changes.py, relations.py)
+
+        def _ack(self, cur: Any, durable: int) -> None: ...
+        def _report(self, final: bool = False) -> None: ...
+        def _relation(self, conn: Any, msg: Relation, lsn: int, replay: bool = False) -> None: ...
+        def _check_ddl(self, conn: Any, start: bool = False) -> None: ...
+        def _ddl_message(
+            self, conn: Any, content: bytes, commit_lsn: int, flush: Callable[[], None]
+        ) -> None: ...
+        def _idle_schema_check(self, conn: Any, flushed: int) -> bool: ...
+        def _change_rows(
+            self,
+            rel: Rel,
+            old_kind: str | None,
+            old: bytes | None,
+            new: bytes | None,
+            rows: list[ChangeRow],
+            commit_lsn: int,
+            seq: int,
+            xid: int,
+            ts: int,
+            elsn: int,
+        ) -> int: ...
 
     def _loop(self, conn, cur, skip_upto: int) -> None:  # one flat loop on purpose: it is the hot path
         stats = self.stats
@@ -97,6 +125,7 @@ class ReceiveLoop:
         def commit_batch() -> None:
             nonlocal batch_events, last_txn, flushed, cut_lsn
             flush_buffers()
+            assert last_txn is not None  # called with a transaction written
             log.commit(last_txn[1], last_txn)
             flushed = cut_lsn = last_txn[1]
             stats.flushed_lsn = flushed

@@ -20,7 +20,7 @@ from cdc.filters import publication_drift, refused
 from cdc.ground.errors import SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
-from cdc.log.base import LogWriter
+from cdc.log.local import LocalLog
 from cdc.metrics import StreamMetrics
 from cdc.metrics import error as count_error
 from cdc.rebase import Rebaser, RewriteWatch
@@ -70,7 +70,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
     def __init__(
         self,
         pipeline,
-        log: LogWriter,
+        log: LocalLog,
         *,
         until: str | int | None = None,
         say: Callable[[str], None] = print,

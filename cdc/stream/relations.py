@@ -19,7 +19,8 @@ from cdc import ddl
 from cdc.ground.errors import LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
-from cdc.log.base import LogWriter, TableSchema
+from cdc.log.base import TableSchema
+from cdc.log.local import LocalLog
 from cdc.pgoutput import Relation
 from cdc.rebase import RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
@@ -54,7 +55,7 @@ class RelationTracking:
     """The stream reader's tables and schema versions (a part of `StreamReader`)."""
 
     pipeline: Any
-    log: LogWriter
+    log: LocalLog
     say: Callable[[str], None]
     selectors: list[TableSelector]
     _rels: dict[int, Rel | None]

@@ -15,7 +15,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from cdc.ground.errors import SourceError
 from cdc.ground.lsn import format_lsn
-from cdc.log.base import LogWriter
+from cdc.log.local import LocalLog
 from cdc.source import connect, publication_names, slot_holder, slot_state, stream_application_name
 from cdc.source.slots import _slot
 
@@ -51,7 +51,7 @@ def one_line(exc: BaseException | None) -> str:
     return " ".join(text.split())
 
 
-def check_slot(conn, pipeline, log: LogWriter) -> None:
+def check_slot(conn, pipeline, log: LocalLog) -> None:
     """The slot exists and nobody streams from it."""
     slot = _slot(conn, pipeline.slot)
     if slot is None:

@@ -9,6 +9,8 @@ change of it arrives as its own, newer event, so followers still end identical.
 
 from __future__ import annotations
 
+from typing import cast
+
 from psycopg2 import sql
 
 from cdc.ground.tables import TableName
@@ -49,7 +51,7 @@ def fill_unchanged(
             sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in keys),
         )
         with conn.cursor() as cur:
-            cur.execute(query, [values[i].decode() for i in key_idx])
+            cur.execute(query, [cast(bytes, values[i]).decode() for i in key_idx])  # keys: always sent, as text
             row = cur.fetchone()
         if row is not None:  # gone already: a later event in the stream deletes it anyway
             for i, v in zip(missing, row, strict=True):

@@ -1,5 +1,5 @@
-"""A running `cdc run` / continuous `cdc apply` follows the tables the pipeline file names now
-(issue 33.4): a table added to `source.postgres.tables` and snapshotted beside it with
+"""A running `cdc run` / continuous `cdc apply` follows the tables the pipeline file names now:
+a table added to `source.postgres.tables` and snapshotted beside it with
 `cdc snapshot --tables` is applied from the next round, with no restart. (The stream child
 captures such a table already: the snapshot registers it in the log before it joins the
 publication, cdc/stream/relations.py.) Other changes of the file need a restart; that is said once per change.

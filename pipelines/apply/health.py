@@ -33,7 +33,7 @@ class ApplyHealth:
         self.in_round = True
         self.loop.beat()
 
-    def round_ended(self, runs: list[Any]) -> None:  # SinkRun of pipelines/apply/job.py
+    def round_ended(self, runs: list[Any]) -> None:  # SinkRun of pipelines/apply/cut.py
         now = time.monotonic()
         for run in runs:
             if run.error is None:

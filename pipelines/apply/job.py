@@ -16,81 +16,29 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from cdc import health, metrics
-from cdc.ground.clock import now_ms
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from cdc.log import open_log_view
-from cdc.log.base import Cut, TableRange
-from cdc.log.history import FollowedSchema, followed_schema
+from cdc.log.base import Cut
+from pipelines.apply.cut import SinkCut, SinkRun, held_tables
 from pipelines.apply.health import ApplyHealth
 from pipelines.apply.parallel import POOL_PROPERTY, Slot, auto_parallelism, clone_session, run_tasks
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.apply.stall import StallGuard
-from pipelines.apply.viewfollow import view_batches, view_states, view_targets, views_cut, views_moved
-from pipelines.checkpoints import Checkpoint, load_checkpoint, save_checkpoint
-from pipelines.faults import crash_point, out_of_memory_point, pause_point
+from pipelines.checkpoints import Checkpoint
+from pipelines.faults import out_of_memory_point, pause_point
 from pipelines.locks import sink_lock
 from pipelines.spark import driver_exit_error, driver_jvm_exit
 from pipelines.sparkerrors import spark_error_line
-from pipelines.stages import stage
-from sinks.base import ApplyStats, Sink
-from sinks.changes import TableBatch
+from sinks.base import Sink
 from sinks.marker import Marker, why_lost
 from sinks.registry import make_sink
-from sinks.shaping import shape_batch, shape_of, shape_record
-from sinks.viewbatch import ViewBatch, view_table
-
-
-@dataclass
-class SinkRun:
-    sink: str
-    cut_id: int | None = None
-    lsn: int | None = None
-    tables: list[ApplyStats] = field(default_factory=list)
-    error: CdcError | None = None
-    up_to_date: bool = False
-    seconds: float = 0.0
-    used_pending: bool = False  # this run finished a cut an earlier run had started
-
-
-def _cut_from_pending(pending: dict) -> tuple[int, int, dict[str, list[int]]]:
-    return pending["cut_id"], pending["lsn"], pending["tables"]
-
-
-def plan_ranges(
-    ckpt: Checkpoint,
-    cut_tables: dict[str, TableRange],
-    purged: dict[str, int],
-    wanted: list[str],
-    remedy: str = "run `cdc snapshot PIPELINE --tables {table}` to give the table a new base; the follower then rebuilds it",
-) -> dict[str, tuple[int, int, bool]]:
-    """Per table: (after, upto, bootstrap) to read for this sink."""
-    plans = {}
-    for name in wanted:
-        rng = cut_tables.get(name)
-        if rng is None:
-            continue
-        prev = ckpt.tables.get(name)
-        if prev is None or prev[0] != rng.base:
-            plans[name] = (rng.base - 1, rng.end, True)
-            continue
-        after = prev[1]
-        if after < purged.get(name, 0):
-            raise LogError(
-                f"the log no longer holds {name} from offset {after + 1} (deletes up to offset {purged[name]} were "
-                "compacted away), so this follower would miss them",
-                remedy.format(table=name, state_dir="<state_dir>"),
-            )
-        plans[name] = (after, max(after, rng.end), False)
-    return plans
 
 
 class ApplyJob:
@@ -136,7 +84,7 @@ class ApplyJob:
     def run_once(self, only: str | list[str] | None = None) -> list[SinkRun]:
         from pipelines.apply.filewatch import follow_file_tables
 
-        follow_file_tables(self)  # a table added to the file beside a running `cdc run` (issue 33.4)
+        follow_file_tables(self)  # a table added to the file beside a running `cdc run`, no restart
         sinks = self._sinks(only)
         try:
             if self.guard is None:
@@ -257,269 +205,48 @@ class ApplyJob:
             metrics.APPLY_STAGE.labels(name, run.sink, "cut").observe(run.seconds)
 
     def _apply_sink(self, log, reader: ChangeReader, latest: Cut, sink_cfg: SinkConfig, run: SinkRun) -> None:
-        state = self.pipeline.state_path
-        ckpt = load_checkpoint(state, sink_cfg.name, self.pipeline.file)
-        names = {t.table: t for t in log.tables()}
-        by_name = {str(t): t for t in names}
-        run.used_pending = again = bool(ckpt.pending)  # again: this cut may be partly applied already
-        # derived views the sink follows (pipelines/apply/viewfollow.py): a failed view stops it here
-        views = view_states(self.pipeline, sink_cfg)
-        at = views_cut(self.pipeline, sink_cfg, views)
-        if at is not None and not ckpt.pending and at != latest.id:
-            if at < ckpt.cut_id:  # the views stand behind this follower: never go back
-                run.cut_id, run.lsn, run.up_to_date = ckpt.cut_id, ckpt.lsn, True
-                return
-            # the tables are applied at the cut the views stand at, so both describe the same cut:
-            # the view states carry it (no old cut needed from the log), else the log's retention
-            # keeps it (cdc/log/holds.py: the views' state files hold their cut)
-            latest = recorded_cut(views, at, names) or (log.cut(at) if hasattr(log, "cut") else None)
-            if latest is None:
-                raise SinkError(
-                    f"sink {sink_cfg.name}: its views stand at cut {at}, which the log no longer has"
-                    " (see `cdc status`: the log's cut retention)",
-                    f"run `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}` again",
-                )
-        if ckpt.pending:
-            cut_id, cut_lsn, tables = _cut_from_pending(ckpt.pending)
-            cut_tables = {k: TableRange(v[0], v[1]) for k, v in tables.items()}
-        else:
-            cut_id, cut_lsn = latest.id, latest.lsn
-            cut_tables = {str(t): r for t, r in latest.tables.items()}
-        run.cut_id, run.lsn = cut_id, cut_lsn
-        idle = cut_id == ckpt.cut_id and not ckpt.pending and not views_moved(views, ckpt)
-        if idle and not self._lost_while_idle(log, latest, sink_cfg, ckpt, views, by_name):
-            run.up_to_date = True
-            return
-        # followers follow the tables the file names now, not every table the log still holds
-        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
-        purged = {str(t): s.purged_below for t, s in names.items()}
-        retention = getattr(log, "retention_ms", None)
-        if retention and ckpt.ts_ms and now_ms() - ckpt.ts_ms > retention:
-            # Kafka may have dropped tombstones this follower never saw: bootstrapping is the only safe way.
-            purged = {name: cut_tables[name].end + 1 for name in wanted if name in cut_tables}
-        sink = self._make_sink(log, sink_cfg)
-        sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
-        if ckpt.clear:  # `cdc reset --rebuild`: start from nothing (changed rows would survive a replay)
-            self.say(f"sink {sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
-            for name in wanted:
-                if name in by_name:
-                    sink.clear_table(by_name[name])
-            for view in views:
-                sink.clear_table(view_table(view))
-            ckpt.tables, ckpt.clear = {}, False
-        self._rebuild_reshaped(log, sink, sink_cfg, ckpt, wanted, by_name)
-        held, followed = _held(wanted, views, ckpt, by_name)
-        self._check_markers(sink, sink_cfg, ckpt, held, followed)
-        # remedies name this pipeline file and sink, so they run as printed
-        hint = getattr(log, "rebuild_hint", None) or (
-            f"run `{self.pipeline.command('snapshot')} --tables {{table}}` to give the table a new base; "
-            "every follower then rebuilds it"
-        )
-        reset = self.pipeline.command("reset", "--sink", sink_cfg.name, "--rebuild", "--yes")
-        plans = plan_ranges(ckpt, cut_tables, purged, wanted, hint.replace("{reset}", reset))
-        batches = []
-        for name, (after, upto, bootstrap) in plans.items():
-            if upto <= after and not bootstrap and not schema_changed(log, by_name[name], ckpt.lsn, cut_lsn):
-                continue  # a schema change alone (DDL capture, cdc/ddl.py) is applied with no rows
-            table = by_name[name]
-            st = names[table]
-            followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
-            schema = followed.schema
-            # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
-            raw = reader.read_changes(self.spark, table, after, upto, schema, followed.retired)
-            if not bootstrap and ckpt.lsn:
-                # Every transaction committed before the last applied cut's LSN is applied already:
-                # an event older than that in a later range is a copy (a producer retry, a replay).
-                # Dropping it keeps a follower without tombstones (SCD1 Delta) from bringing a
-                # since-deleted key back with it.
-                raw = raw.where(F.col("lsn") >= ckpt.lsn)
-            batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
-            batch.defaults = log.column_defaults(table)
-            batch.retired, batch.renames = followed.retired, followed.renames
-            batches.append(shape_batch(batch, sink_cfg))  # the sink's columns, masks (sinks/shaping.py)
-        targets = view_targets(views, ckpt)
-        batches += view_batches(self.spark, self.pipeline, sink, targets, ckpt)  # applied like tables
-        ckpt.pending = {
-            "cut_id": cut_id,
-            "lsn": cut_lsn,
-            "tables": {k: [r.base, r.end] for k, r in cut_tables.items()},
-        }
-        if targets:  # the views' versions of this cut: a crashed cut applies exactly these rows again
-            ckpt.pending["views"] = {n: t.record() for n, t in targets.items()}
-        save_checkpoint(state, ckpt)
-        if batches:
-            name = sink_cfg.name
-            stages = metrics.APPLY_STAGE
-            parallelism = self._parallelism(sink)  # tables side by side (pipelines/apply/parallel.py)
-            try:
-                with (
-                    stage(f"sink {name}: cut {cut_id}: reading and checking {len(batches)} table(s)"),
-                    stages.labels(self.pipeline.name, name, "read").time(),
-                ):
-                    # a value no follower type can hold stops the cut before any table is written
-                    run_tasks(batches, lambda slot: slot.item.check(), parallelism, self.spark, name)
-                with (
-                    stage(f"sink {name}: preparing the follower"),
-                    stages.labels(self.pipeline.name, name, "prepare").time(),
-                ):
-                    sink.prepare(batches)
-                applied = run_tasks(
-                    batches, lambda slot: self._apply_table(sink, slot, cut_id), parallelism, self.spark, name
-                )
-                run.tables.extend(applied)
-            finally:
-                for batch in batches:  # those a failure kept from starting (the others released theirs)
-                    batch.release()
-            crash_point("apply:after-merge")
-        if sink.markers:
-            # after the rows: a marker never claims more than the engine holds
-            redo = (
-                [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in wanted]
-            )  # older followers
-            ends = {
-                b.table: (b.epoch, b.last_offset)
-                if isinstance(b, ViewBatch)
-                else (cut_tables[str(b.table)].base, b.last_offset)
-                for b in batches
-            }
-            ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
-            markers = [
-                (table, Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, cut_id).to_json())
-                for table, (base, end) in ends.items()
-            ]
-            with stage(f"sink {sink_cfg.name}: cut {cut_id}: writing {len(markers)} marker(s)"):
-                run_tasks(
-                    markers,
-                    lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
-                    self._parallelism(sink),
-                    self.spark,
-                    sink_cfg.name,
-                )
-            ckpt.markers = True
-        applied = [by_name[n] for n in wanted if n in by_name] + [view_table(v) for v in targets]
-        with stage(f"sink {sink_cfg.name}: cut {cut_id}: recording the cut"):
-            sink.cut_applied(cut_id, cut_lsn, applied, again)  # e.g. Delta's _cdc_cuts
-        crash_point("apply:before-checkpoint")  # a replay must not record the cut twice
-        ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = cut_id, cut_lsn, now_ms()
-        for name in wanted:
-            if name in cut_tables:
-                ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]
-        for view, target in targets.items():
-            ckpt.tables[str(view_table(view))] = [target.epoch, target.version]
-        ckpt.pending = None
-        save_checkpoint(state, ckpt)
+        """The cut (a pending one first) applied to one follower, step by step (pipelines/apply/cut.py)."""
+        SinkCut(self, log, reader, sink_cfg, run).apply(latest)
 
-    def _make_sink(self, log, sink_cfg: SinkConfig) -> Sink:
+    def wanted_tables(self, sink_cfg: SinkConfig, latest: Cut) -> list[str]:
+        """The tables the sink follows: those the file names now, not every table the log still holds."""
+        return [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
+
+    def sink_for(self, log, sink_cfg: SinkConfig) -> Sink:
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
-        sink.say = self.say
+        sink.set_output(self.say)
         return sink
 
-    def _lost_while_idle(
+    def lost_while_idle(
         self, log, latest: Cut, sink_cfg: SinkConfig, ckpt: Checkpoint, views: dict, by_name: dict
     ) -> bool:
         """The self-check of a follower with no new cut to apply: an engine wiped while the source is
         idle (Redis flushed, a Delta table's directory deleted) is found now, not at the next change;
-        True sends the follower through a cut's path, which rebuilds what it lost (_check_markers).
+        True sends the follower through a cut's path, which rebuilds what it lost (cut.py).
         The continuous loop checks every `spark.follower_check_interval_s` (a few reads per table,
         not for every round); `--once` every time."""
         last = self.checked.get(sink_cfg.name)
         if last is not None and time.monotonic() - last < self.check_every:
             return False
-        wanted = [str(t) for t in sink_tables(sink_cfg, pipeline_tables(self.pipeline, list(latest.tables)))]
-        held, followed = _held(wanted, views, ckpt, by_name)
-        lost = self._lost_tables(self._make_sink(log, sink_cfg), sink_cfg, ckpt, held, followed)
+        held, followed = held_tables(self.wanted_tables(sink_cfg, latest), views, ckpt, by_name)
+        lost = self.lost_tables(self.sink_for(log, sink_cfg), sink_cfg, ckpt, held, followed)
         return bool(lost)
 
-    def _parallelism(self, sink: Sink) -> int:
+    def parallelism(self, sink: Sink) -> int:
         """How many tables of a cut the sink applies at once (`spark.apply_parallelism`)."""
         if not sink.parallel_tables:
             return 1
         wanted = self.pipeline.spark.apply_parallelism
         return wanted if wanted is not None else auto_parallelism(self.spark.sparkContext.defaultParallelism)
 
-    def _apply_table(self, sink: Sink, slot: Slot[TableBatch], cut_id: int) -> ApplyStats:
-        """One table of the cut, in the session of the thread it runs on."""
-        batch = slot.item
-        if slot.finished_before:  # another table of the cut is committed, this one not yet written
-            crash_point("apply:between-tables")
-        name = sink.name
-        offsets = f"{batch.first_offset + 1}..{batch.last_offset}"
-        try:
-            with (
-                stage(f"sink {name}: {batch.table}: applying offsets {offsets}"),
-                metrics.APPLY_TABLE.labels(self.pipeline.name, name, str(batch.table)).time(),
-            ):
-                changes = batch.versions() if sink.wants_versions else batch.net()
-                try:
-                    return sink.in_session(slot.spark).apply(batch, changes, cut_id)
-                finally:
-                    changes.release()
-        finally:
-            batch.release()  # its cached events, as soon as the table is done
-
-    def _rebuild_reshaped(
-        self, log, sink, sink_cfg: SinkConfig, ckpt: Checkpoint, wanted: list[str], by_name: dict
-    ) -> None:
-        """A table whose table_options (columns, masks, rename, mask_key) changed since it was applied
-        holds values shaped the old way: it is cleared and rebuilt from the log's base in this cut.
-        The new shapes are recorded with the cut (saved with its pending checkpoint)."""
-        shapes = {name: shape_record(sink_cfg, by_name[name]) for name in wanted if name in by_name}
-        if ckpt.shapes is not None:
-            for name, shape in shapes.items():
-                before = ckpt.shapes.get(name, "")
-                if name not in ckpt.tables or before == shape:
-                    continue
-                # new options with a typo stop here (exit 2), before the follower is cleared
-                shape_of(sink_cfg, by_name[name], log.schema(by_name[name]))
-                self.say(
-                    f"sink {sink_cfg.name}: {name}: its table_options changed since it was applied"
-                    f" ({before or 'none'} -> {shape or 'none'}): rebuilding it from the log's base"
-                )
-                if _renamed(before, shape):
-                    self.say(
-                        f"sink {sink_cfg.name}: {name}: the follower under its old name is left as it was;"
-                        " remove it if it holds values the new options leave out or mask"
-                    )
-                sink.clear_table(by_name[name])
-                del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
-        ckpt.shapes = shapes
-
-    def _check_markers(
+    def lost_tables(
         self,
         sink: Sink,
         sink_cfg: SinkConfig,
         ckpt: Checkpoint,
         applied: list[str],
         by_name: dict[str, TableName],
-    ) -> None:
-        """Does the engine still hold what the checkpoint says this follower applied? (sinks/marker.py)
-        Tables it lost are rebuilt from the log's base, or the run stops (on_lost: stop)."""
-        lost = self._lost_tables(sink, sink_cfg, ckpt, applied, by_name)
-        if not lost:
-            return
-        what = "; ".join(f"{t}: {why}" for t, why in sorted(lost.items()))
-        note = {"ts_ms": now_ms(), "tables": lost}
-        if sink_cfg.on_lost == "stop":
-            fix = (
-                f"rebuild it from the log's base: `{self.pipeline.command('reset', '--sink', sink_cfg.name, '--rebuild', '--yes')}`, "
-                f"then `{self.pipeline.command('apply', '--once', '--sink', sink_cfg.name)}`"
-            )
-            ckpt.lost = note | {"action": "stopped", "fix": fix}
-            save_checkpoint(self.pipeline.state_path, ckpt)
-            raise SinkError(
-                f"sink {sink_cfg.name}: the follower lost data it had applied ({what}); on_lost: stop", fix
-            )
-        self.say(
-            f"sink {sink_cfg.name}: the follower lost data it had applied ({what}): rebuilding from the log's base"
-        )
-        for name in lost:
-            sink.clear_table(by_name[name])  # what is left (an older backup, another pipeline's data) goes
-            del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
-        ckpt.lost = note | {"action": "rebuilt"}
-
-    def _lost_tables(
-        self, sink: Sink, sink_cfg: SinkConfig, ckpt: Checkpoint, applied: list[str], by_name: dict[str, TableName]
     ) -> dict[str, str]:
         """{table: why} for each applied table the engine no longer holds as the checkpoint says."""
 
@@ -531,7 +258,7 @@ class ApplyJob:
             return why_lost(sink.in_session(slot.spark), by_name[slot.item], expected)
 
         # table by table a few small reads each: side by side like the tables' MERGEs
-        reasons = run_tasks(applied, why, self._parallelism(sink), self.spark, sink_cfg.name)
+        reasons = run_tasks(applied, why, self.parallelism(sink), self.spark, sink_cfg.name)
         self.checked[sink_cfg.name] = time.monotonic()
         return {name: reason for name, reason in zip(applied, reasons, strict=True) if reason is not None}
 
@@ -577,54 +304,6 @@ class ApplyJob:
             health.unregister("apply")
             for s, h in old.items():
                 signal.signal(s, h)
-
-
-def _held(
-    wanted: list[str], views: dict, ckpt: Checkpoint, by_name: dict[str, TableName]
-) -> tuple[list[str], dict[str, TableName]]:
-    """The tables (and view tables) the sink follows and has applied, and every name's TableName."""
-    followed = by_name | {str(view_table(v)): view_table(v) for v in views}
-    held = [n for n in wanted if n in by_name] + [str(view_table(v)) for v in views]
-    return [n for n in held if n in ckpt.tables], followed
-
-
-def _renamed(before: str, after: str) -> bool:
-    """Whether two shape records (sinks/shaping.py shape_record) name the follower differently."""
-    import json
-
-    def rename(text: str) -> str | None:
-        return json.loads(text).get("rename") if text else None
-
-    return rename(before) != rename(after)
-
-
-def recorded_cut(views: dict, at: int, names: dict) -> Cut | None:
-    """The cut the views stand at, as their state files recorded it (pipelines/views/state.py
-    cut_tables); None for states written before they carried it."""
-    for state in views.values():
-        if state.cut_id == at and state.cut_tables:
-            by_name = {str(t): t for t in names}
-            ranges = {by_name[k]: TableRange(b, e) for k, (b, e) in state.cut_tables.items() if k in by_name}
-            return Cut(at, state.lsn, state.ts_ms, ranges)
-    return None
-
-
-def schema_changed(log, table: TableName, after_lsn: int | None, upto_lsn: int) -> bool:
-    """Whether the log has a schema version of `table` since the follower's last cut, up to this
-    one: with DDL capture a rename or new column arrives with no row of the table."""
-    if not after_lsn or not hasattr(log, "schema_history"):
-        return False
-    # <= upto: the idle-table check records a version at the cut's own position
-    return any(after_lsn <= since <= upto_lsn for _v, since, _s in log.schema_history(table))
-
-
-def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedSchema:
-    """The columns a follower applies the table's events after `from_lsn` with (cdc.log.history);
-    logs without a version history (Debezium topics) give their one schema."""
-    history = log.schema_history(table) if hasattr(log, "schema_history") else []
-    if not history:
-        return FollowedSchema(log.schema(table))
-    return followed_schema(history, from_lsn or None)
 
 
 def table_name(text: str) -> TableName:

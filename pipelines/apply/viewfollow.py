@@ -1,4 +1,4 @@
-"""A sink's derived views in a cut: what the apply job adds to the tables' batches (issue 20.3).
+"""A sink's derived views in a cut: what the apply job adds to the tables' batches.
 
 The view stage (pipelines/views/) leaves per view its out table (Delta, Change Data Feed) and a
 state file: the cut it was maintained to, its epoch and the out table's version then. A follower

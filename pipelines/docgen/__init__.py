@@ -1,6 +1,6 @@
-"""Reference pages generated from the code (issue 41): the CLI from the click command tree, the
-pipeline file from the pydantic models, the type mapping from cdc/typetable.py, the metrics from
-the Prometheus registry. Written by
+"""Reference pages generated from the code, so they cannot drift from it: the CLI from the click
+command tree, the pipeline file from the pydantic models, the type mapping from cdc/typetable.py,
+the metrics from the Prometheus registry. Written by
 `scripts/gen_docs.py`; tests/unit/test_reference_docs.py fails when a page is out of date."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _options(cmd: click.Command) -> list[str]:
         extra = []
         if p.multiple:
             extra.append("repeatable")
-        if p.envvar and p.envvar not in (p.help or ""):
+        if isinstance(p.envvar, str) and p.envvar not in (p.help or ""):
             extra.append(f"env `{p.envvar}`")
         help_text = _cell(p.help or "") + (f" ({'; '.join(extra)})" if extra else "")
         rows.append(f"| {names} | {_type(p)} | {_default(p)} | {help_text} |")

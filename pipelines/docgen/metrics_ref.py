@@ -22,7 +22,8 @@ def _registered() -> list[tuple[str, str, str, list[str]]]:
     # label names of a series nobody has set yet
     for collector in list(REGISTRY._collector_to_names):
         labels = list(getattr(collector, "_labelnames", ()))
-        for family in collector.describe():
+        describe = getattr(collector, "describe", collector.collect)  # describe(): no scrape needed
+        for family in describe():
             labels = labels or list(getattr(family, "_labelnames", ()))
             rows.append((family.name, family.type, family.documentation, labels))
     return rows

@@ -43,7 +43,7 @@ class Predicate:
         if self.op in ("=", "!="):
             return _OPS[self.op](_text(got), self.value)
         try:
-            return _OPS[self.op](float(got), float(self.value))  # type: ignore[arg-type]
+            return _OPS[self.op](float(got), float(self.value))
         except (TypeError, ValueError):
             return got is not None and _OPS[self.op](_text(got), self.value)
 

@@ -73,4 +73,4 @@ class ClientLag:
 
 
 CLIENT_LAG = ClientLag()
-REGISTRY.register(CLIENT_LAG)  # type: ignore[arg-type]
+REGISTRY.register(CLIENT_LAG)

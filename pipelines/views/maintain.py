@@ -193,7 +193,8 @@ def _base_at(spark: SparkSession, state: Path, cut_id: int, lsn: int, tables: li
 def _whole_cut(log, cut: Cut, cut_id: int) -> dict[str, list[int]] | None:
     """Every table's [base, end offset] at the cut the views are maintained to (the base follower
     may have applied a newer cut than `cut`, or a pending one): the view states carry it, so their
-    followers never ask the log for an old cut (issue 33.1)."""
+    followers never ask the log for an old cut,
+    which its cut retention may have dropped."""
     found = cut if cut.id == cut_id else (log.cut(cut_id) if hasattr(log, "cut") else None)
     return None if found is None else {str(t): [r.base, r.end] for t, r in found.tables.items()}
 

@@ -1,4 +1,4 @@
-"""A derived view's output columns found without Spark (`cdc validate`, issue 33 item 6): sqlglot
+"""A derived view's output columns found without Spark (`cdc validate`, before any JVM starts): sqlglot
 resolves the view's columns against the captured tables' column names (Spark dialect, names compared
 without regard to case, as Spark does). When sqlglot resolves every column and the output names pass
 `check_names`, the view is fine by name; anything else (a column it cannot resolve, an unnamed

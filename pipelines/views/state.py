@@ -46,7 +46,8 @@ class ViewState:
     reason: str = ""  # why full
     ts_ms: int = 0
     # the whole cut at cut_id (every table's [base, end offset]): a follower of the view applies its
-    # tables at this cut without asking the log for an old cut (issue 33.1)
+    # tables at this cut without asking the log for an old cut (its retention may
+    # have dropped it)
     cut_tables: dict[str, list[int]] = field(default_factory=dict)
 
     def failure(self) -> SinkError | None:

@@ -1,4 +1,4 @@
-"""`dropped_columns: null | drop` on a Delta SCD1 follower (issue 33.5): at the cut that brings a
+"""`dropped_columns: null | drop` on a Delta SCD1 follower: at the cut that brings a
 column's DROP (the batch whose schema span retires it), after that cut's MERGE:
 
 * null: every row gets NULL in the column (an UPDATE of the rows that still hold a value, so a cut

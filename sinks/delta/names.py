@@ -2,7 +2,7 @@
 
 Plain Delta (no column mapping) cannot hold ` ,;{}()=`, tab or newline in a column name. Column
 mapping can, but readers without it mis-read such tables: delta-rs 1.6's Arrow path returned
-NULL for every column whose physical name differs from its logical one (issue 33 item 2). So by
+NULL for every column whose physical name differs from its logical one. So by
 default a follower table has no column mapping and such a name is stored *encoded*: each of those
 characters becomes `_xHHHH_` (its code point in 4 upper-case hex digits, as XML's EncodeName
 writes it; `unit price` -> `unit_x0020_price`), and the column's comment keeps the source name

@@ -4,7 +4,7 @@
 (Delta's "Compute snapshot for version N": three Spark jobs over the log) just to hand back the
 properties; `history(1)` runs a job to read one commit. The apply job asks both after every cut
 (the follower's marker, the versions `_cdc_cuts` records), so each cut paid one extra state
-reconstruction and a history job (issue 15 item 5). The table's DeltaLog, brought up to date
+reconstruction and a history job. The table's DeltaLog, brought up to date
 (a listing of `_delta_log`), knows its version, and its metadata (read from the commit's
 checksum file) holds the properties.
 """

@@ -1,8 +1,9 @@
 """Search follower: a tantivy index (embedded) or an OpenSearch index per table.
 
 See sinks/search/sink.py (the sink), documents.py (what is stored, position -> version),
-tantivy_engine.py and opensearch_engine.py (the engines), query.py (`cdc search`) and settings.py
-(the `search:` settings of a sink).
+tantivy_engine.py and opensearch_engine.py (the engines; OpenSearch's executor-side writes in
+opensearch_bulk.py, its index generations in opensearch_index.py), query.py (`cdc search`) and
+settings.py (the `search:` settings of a sink).
 """
 
 from __future__ import annotations

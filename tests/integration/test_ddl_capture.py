@@ -223,10 +223,11 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     pg_db: str, tmp_path: Path, spark, opensearch, redis_db: str
 ) -> None:
     """With the trigger, a rename, an added column with a default and a dropped column of a table
-    that gets no later write reach an OpenSearch follower, a Redis follower and a derived view
-    (followed by Redis) with one `stream --until current` and one `apply --once`, read with
-    opensearch-py and redis-py; a view whose SQL names the renamed column is refused naming the new
-    name. `DROP TABLE` is marked in the log at its own commit, before a later write to another table."""
+    that gets no later write reach an OpenSearch follower, a Redis follower, a derived view
+    (followed by Redis), an Iceberg follower, a Delta SCD2 follower and a tantivy index with one
+    `stream --until current` and one `apply --once`, each read with its own reader (opensearch-py,
+    redis-py, pyiceberg, delta-rs, tantivy); a view whose SQL names the renamed column is refused
+    naming the new name. `DROP TABLE` is marked in the log at its own commit, before a later write to another table."""
     import redis
 
     from cdc.log.local import LocalLog
@@ -258,10 +259,15 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
             {"name": "cache", "redis": {"url": redis_db, "tables": ["public.doc"], "views": ["doc_all"]},
              "dropped_columns": "drop"},
             {"name": "oldnames", "redis": {"url": redis_db, "views": ["doc_v"]}},
+            {"name": "ice", "iceberg": {"warehouse": "ice", "tables": ["public.doc"]}},
+            {"name": "hist", "delta": {"path": "hist", "mode": "scd2", "tables": ["public.doc"]}},
+            {"name": "local", "search": {"engine": "tantivy", "tables": ["public.doc"]}},
         ],
     )
     assert cdc_here("ddl", "install", file).code == 0
     assert cdc("snapshot", file).code == 0
+    sql(pg_db, "UPDATE doc SET v = v WHERE id = 1")  # a second SCD2 version of id 1: history to rename
+    _stream(file)
     apply_once(file, spark)
 
     sql(
@@ -302,6 +308,8 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     error = runs["oldnames"].error
     assert error is not None and "column v" in error.problem and "renamed to w" in error.problem, error
     assert "view's SQL" in (error.fix or ""), error
+    assert all(runs[s].error is None for s in ("ice", "hist", "local")), runs
+    _iceberg_tantivy_scd2_followed(tmp_path, file, spark)
     # DROP TABLE: marked at its commit, before the later insert into another table
     log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
     try:
@@ -311,6 +319,47 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     assert states["public.tmp"].state == "dropped", states
     assert states["public.tmp"].dropped_lsn is not None and states["public.tmp"].dropped_lsn <= int(drop_lsn), (
         states["public.tmp"].dropped_lsn, drop_lsn, out)
+
+
+def _iceberg_tantivy_scd2_followed(tmp_path: Path, file: Path, spark) -> None:
+    """The rename, the added column with its default and the dropped column (`keep`) of
+    `public.doc`, with no later write, in an Iceberg follower (read with pyiceberg: the field
+    renamed in place), a Delta SCD2 follower (delta-rs: history rows renamed too, the constant
+    default in every version, no new version for a DDL) and a tantivy index (tantivy's own
+    searcher, searchable by the new names); `cdc verify` of each exits 0."""
+    from deltalake import DeltaTable
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from tests.fixtures.readers import tantivy_docs, tantivy_ids
+
+    want = {i: {"id": i, "w": f"word{i}", "tier": "std", "gone": f"g{i}"} for i in (1, 2, 3)}
+    ice = tmp_path / "ice"
+    table = SqlCatalog("ice", uri=f"sqlite:///{ice / 'catalog.db'}", warehouse=f"file://{ice}").load_table("public.doc")
+    assert [f.name for f in table.schema().fields if not f.name.startswith("_cdc_")] == ["id", "w", "gone", "tier"]
+    assert table.schema().find_field("w").field_id == 2, table.schema()  # renamed in place, not dropped + added
+    rows = table.scan().to_arrow().to_pylist()
+    assert {r["id"]: {c: r[c] for c in ("id", "w", "tier", "gone")} for r in rows} == want, rows
+
+    path = tmp_path / "hist" / "public" / "doc"
+    assert not delta_reader_features(path) & DELTA_RS_LACKS, "the SCD2 follower should stay readable by delta-rs"
+    versions = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    current = [v for v in versions if v["_cdc_end_lsn"] is None]
+    ended = [v for v in versions if v["_cdc_end_lsn"] is not None]
+    assert all("v" not in v for v in versions), versions
+    assert {v["id"]: {c: v[c] for c in ("id", "w", "tier", "gone")} for v in current} == want, versions
+    # the DDL adds no version; the ended one (before the update) has its values under the new name
+    assert len(current) == 3 and [(v["id"], v["w"], v["gone"]) for v in ended] == [(1, "word1", "g1")], versions
+
+    index = load_pipeline(file).state_path / "search" / "public" / "doc"
+    docs = tantivy_docs(index)
+    assert {int(k): {c: d.get(c) for c in ("id", "w", "tier", "gone")} for k, d in docs.items()} == want, docs
+    assert all("v" not in d for d in docs.values()), docs
+    assert tantivy_ids(index, "w:word2", ["w"]) == {"2"}
+    assert tantivy_ids(index, "tier:std", ["tier"]) == {"1", "2", "3"}
+
+    for sink in ("ice", "hist", "local"):
+        code, report = verify(file, spark, sink)
+        assert code == 0, (sink, report)
 
 
 def test_drop_schema_cascade_marks_its_tables_dropped_at_the_commit(pg_db: str, tmp_path: Path) -> None:

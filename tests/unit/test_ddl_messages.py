@@ -11,7 +11,7 @@ from cdc import ddl
 from cdc.ground.tables import TableName
 from cdc.log.base import Column, TableSchema
 from cdc.log.local import LocalLog
-from pipelines.apply.job import schema_changed
+from pipelines.apply.cut import schema_changed
 
 pytestmark = pytest.mark.unit
 

@@ -141,7 +141,8 @@ class BatchProducer:
                     return None
                 # DUPLICATE_SEQUENCE_NUMBER without an offset: written, but where is unknown. The
                 # publisher starts over from its cut rather than record a wrong offset.
-                return error(f"{batch.topic}: {part.error_message or error.description}")
+                failure: Exception = error(f"{batch.topic}: {part.error_message or error.description}")
+                return failure
         return Errors.KafkaError(f"empty Produce response for {batch.topic}")
 
     # ---- requests ----------------------------------------------------------------------------------
@@ -158,7 +159,8 @@ class BatchProducer:
             min_version=3,  # record batches with producer ids
             max_version=9,  # topics by name (v13 addresses them by id)
         )
-        return self._client.send(leader, request)
+        sent: Future = self._client.send(leader, request)
+        return sent
 
     def _leader(self, topic: str) -> int | None:
         cluster = self._client.cluster

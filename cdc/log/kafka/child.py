@@ -18,10 +18,18 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from typing import TYPE_CHECKING, Any
 
 from cdc.ground import errors
 from cdc.ground.errors import CdcError, LogError
 from cdc.log.kafka.doorbell import Doorbell, wait_for_ring
+
+if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
+    from cdc.log.local import LocalLog
 
 STOP_WAIT_S = 30.0  # a graceful stop publishes what is durable; longer than this, we stop waiting
 IDLE_S = 1.0  # with nothing to publish the child waits this long for a ring before it looks anyway
@@ -30,11 +38,12 @@ IDLE_S = 1.0  # with nothing to publish the child waits this long for a ring bef
 POLL_ENV = "PGCDC_PUBLISHER_POLL_S"
 
 
-def check_broker(pipeline) -> None:
+def check_broker(pipeline: Pipeline) -> None:
     """Raise LogError naming the address when no broker answers (bounded by the client timeout)."""
     from cdc.log.kafka import client as kc
 
     cfg = pipeline.log_config.kafka
+    assert cfg is not None
     kc.admin(cfg).close()
 
 
@@ -51,10 +60,18 @@ class PublishWatch:
     PROBE_EVERY_S = 10.0
     WARN_EVERY_S = 60.0
 
-    def __init__(self, pipeline, staging, say, clock=None):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        staging: LocalLog,
+        say: Callable[[str], None],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         import time
 
-        servers = pipeline.log_config.kafka.bootstrap_servers
+        kafka = pipeline.log_config.kafka
+        assert kafka is not None
+        servers = kafka.bootstrap_servers
         self.servers = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()]
         self.staging = staging
         self.say = say
@@ -131,7 +148,7 @@ class StopFlag:
 
     POLL_S = 0.05
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: BaseContext) -> None:
         self._value = ctx.RawValue("b", 0)
 
     def set(self) -> None:
@@ -152,7 +169,7 @@ class StopFlag:
 
 
 class PublisherProcess:
-    def __init__(self, pipeline):
+    def __init__(self, pipeline: Pipeline) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._stop = StopFlag(ctx)
         self._bell = Doorbell(ctx)
@@ -206,7 +223,9 @@ class PublisherProcess:
         return None
 
 
-def _child_main(pipeline, stop_event, error_pipe, parent_pid: int, bell) -> None:
+def _child_main(
+    pipeline: Pipeline, stop_event: StopFlag, error_pipe: Connection, parent_pid: int, bell: Connection
+) -> None:
     """Entry point of the child (multiprocessing, spawn)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides when we stop
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
@@ -239,7 +258,7 @@ def _child_main(pipeline, stop_event, error_pipe, parent_pid: int, bell) -> None
         error_pipe.close()  # its EOF tells the parent we are gone
 
 
-def _idle(bell) -> dict:
+def _idle(bell: Connection) -> dict[str, Any]:
     """How the child waits when it found nothing to publish: for the stream's ring (or the
     POLL_ENV fixed sleep of the benchmark's "before")."""
     poll = os.environ.get(POLL_ENV)

@@ -219,7 +219,9 @@ def ensure_topics(
     present = [t for t in wanted if t in existing]
     if not present:
         return
-    resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"cleanup.policy": None}) for t in present]
+    # describe takes the config names with no values; the stubs want str values
+    blank: dict[str, Any] = {"cleanup.policy": None}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, blank) for t in present]
     for topic, policy in _cleanup_policies(client, resources).items():
         if "compact" in policy:
             continue
@@ -239,7 +241,7 @@ def _cleanup_policies(client: KafkaAdminClient, resources: list[ConfigResource])
     for name, configs in (result or {}).get("topic", {}).items():
         entry = configs.get("cleanup.policy")
         if entry is not None:
-            found[name] = entry.get("value") if isinstance(entry, dict) else str(entry)
+            found[name] = str(entry.get("value") if isinstance(entry, dict) else entry)
     return found
 
 

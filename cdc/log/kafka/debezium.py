@@ -76,12 +76,14 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from kafka import TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 
 from cdc.ground.errors import LogError
 from cdc.ground.private import private_dir
@@ -99,6 +101,11 @@ MORE_SNAPSHOT_ROWS = {
 STATE_VERSION = 1
 
 _TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+if TYPE_CHECKING:
+    from psycopg2.extensions import connection
+
+    from cdc.ground.config import Pipeline
 
 
 def debezium_topic(prefix: str, table: TableName) -> str:
@@ -139,14 +146,16 @@ class TopicScan:
 class ScanState:
     mode: str = "txn"  # "txn" (transaction topic) | "hwm" (high watermarks)
     txn_next: int = 0
-    ends: list[list] = field(default_factory=list)  # unconfirmed ENDs: [xid, lsn, offset, {table: events}]
+    ends: list[list[Any]] = field(
+        default_factory=list
+    )  # unconfirmed ENDs: [xid, lsn, offset, {table: events}]
     topics: dict[str, TopicScan] = field(default_factory=dict)
     snapshot_last: bool = False
     snapshot_lsn: int | None = None
     cut_txn_off: int = -2  # offset of the last confirmed END (-1: snapshot only, -2: no cut)
     cut_lsn: int | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "mode": self.mode,
@@ -160,7 +169,7 @@ class ScanState:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> ScanState:
+    def from_json(cls, data: dict[str, Any]) -> ScanState:
         if data.get("version") != STATE_VERSION:
             return cls()
         topics = {k: TopicScan(**v) for k, v in data["topics"].items()}
@@ -189,15 +198,15 @@ class DebeziumLogView:
     def log_id(self) -> str:
         return f"debezium:{self.prefix}"
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline: Pipeline) -> None:
         cfg = pipeline.log_config.kafka
         assert cfg is not None
         self.cfg = cfg
         self.pipeline = pipeline
         self.prefix = cfg.topic_prefix or pipeline.name
         self.txn_topic = cfg.transaction_topic or f"{self.prefix}.transaction"
-        self._consumer = None
-        self._admin = None
+        self._consumer: KafkaConsumer | None = None
+        self._admin: KafkaAdminClient | None = None
         self._tables: list[TableName] | None = None
         self._schemas: dict[TableName, TableSchema] = {}
         self._state: ScanState | None = None
@@ -205,7 +214,7 @@ class DebeziumLogView:
 
     # ---- clients -----------------------------------------------------------------------------------
     @property
-    def consumer(self):
+    def consumer(self) -> KafkaConsumer:
         if self._consumer is None:
             self._consumer = kc.consumer(
                 self.cfg,
@@ -225,10 +234,11 @@ class DebeziumLogView:
         self._consumer = self._admin = None
 
     # ---- tables and schemas (from the source catalog) ----------------------------------------------
-    def _connect(self):
+    def _connect(self) -> connection:
         from cdc.source import connect
 
-        return connect(self.pipeline.source.postgres.dsn, application_name="cdc debezium reader")
+        conn: connection = connect(self.pipeline.source.postgres.dsn, application_name="cdc debezium reader")
+        return conn
 
     def followed_tables(self) -> list[TableName]:
         if self._tables is None:
@@ -310,14 +320,14 @@ class DebeziumLogView:
         parts = [TopicPartition(t, 0) for t in topics]
         return {tp.topic: off for tp, off in self.consumer.end_offsets(parts).items()} if parts else {}
 
-    def _read(self, topic: str, start: int, stop: int):
+    def _read(self, topic: str, start: int, stop: int) -> Iterator[ConsumerRecord]:
         """Records of partition 0 with start <= offset < stop (compaction leaves gaps)."""
         if stop <= start:
             return
         tp = TopicPartition(topic, 0)
         self.consumer.assign([tp])
         self.consumer.seek(tp, start)
-        while self.consumer.position(tp) < stop:
+        while (self.consumer.position(tp) or 0) < stop:  # None only before an assignment
             batch = self.consumer.poll(timeout_ms=POLL_MS)
             if not batch:
                 raise LogError(
@@ -370,8 +380,10 @@ class DebeziumLogView:
         return Cut(1 + sum(hwm.get(tp, 0) for tp in topics.values()), min(lsns) if lsns else 0, 0, ranges)
 
     @staticmethod
-    def _parse(value: bytes | None) -> dict | None:
+    def _parse(value: bytes | None) -> dict[str, Any] | None:
         """The envelope of a record, or None when it is not one (tombstones excluded by the caller)."""
+        if value is None:
+            return None
         try:
             doc = unwrap(orjson.loads(value))
         except (orjson.JSONDecodeError, TypeError):
@@ -424,7 +436,7 @@ class DebeziumLogView:
             if caught_up or not progressed:
                 return
 
-    def _scan_record(self, state: ScanState, scan: TopicScan, record) -> None:
+    def _scan_record(self, state: ScanState, scan: TopicScan, record: ConsumerRecord) -> None:
         off = record.offset
         if record.value is None:  # tombstone: belongs with the delete before it
             self._attach(scan, off, bad=0)
@@ -562,14 +574,14 @@ class DebeziumLogView:
         names = [self.topic(t) for t in self.followed_tables() if self.topic(t) in existing]
         if not names:
             return None
-        keys = {"cleanup.policy": None, "retention.ms": None, "delete.retention.ms": None}
+        keys: dict[str, Any] = {"cleanup.policy": None, "retention.ms": None, "delete.retention.ms": None}
         result: Any = self._admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, n, dict(keys)) for n in names]
         )
         found = []
         for configs in (result or {}).get("topic", {}).values():
 
-            def value(k, configs=configs):
+            def value(k: str, configs: dict[str, Any] = configs) -> Any:
                 entry = configs.get(k)
                 return entry.get("value") if isinstance(entry, dict) else entry
 

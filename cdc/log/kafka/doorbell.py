@@ -15,6 +15,8 @@ import contextlib
 import os
 import select
 import time
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
 
 _DRAIN = 4096
 
@@ -23,7 +25,7 @@ class Doorbell:
     """Made by the parent before it starts the child; `receiver` goes to the child (a
     multiprocessing Connection: spawn passes its descriptor), the parent keeps the sending end."""
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: BaseContext) -> None:
         self.receiver, self._sender = ctx.Pipe(duplex=False)
         os.set_blocking(self._sender.fileno(), False)
 
@@ -42,7 +44,7 @@ class Doorbell:
             self._sender.close()
 
 
-def wait_for_ring(receiver, timeout: float) -> bool:
+def wait_for_ring(receiver: Connection, timeout: float) -> bool:
     """In the child: sleep until the parent rings or `timeout` seconds passed; whether it rang.
     Every ring waiting is consumed: one wake-up covers all cuts committed until now."""
     fd = receiver.fileno()

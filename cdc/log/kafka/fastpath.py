@@ -15,6 +15,7 @@ Python path (event_records returns None): filling those values keeps state acros
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, _render
 from cdc.ground import clock
@@ -74,7 +75,7 @@ def event_records(
     has unchanged TOAST values to fill."""
     rows = log.event_rows(table, part).fetchall()
 
-    def plan_for(sv: int):
+    def plan_for(sv: int) -> Any:  # a cdc._render.Plan (C, untyped)
         return renderer.c_plan(log.schema(table, sv))
 
     pieces, snapshot_pieces = renderer.pieces(table, False), renderer.pieces(table, True)
@@ -94,7 +95,7 @@ def event_records(
     return list(keychange.mark(_positioned(rows, records)))
 
 
-def _positioned(rows: list[tuple], records: list[Record]) -> Iterator[tuple[keychange.Position, Record]]:
+def _positioned(rows: list[tuple[Any, ...]], records: list[Record]) -> Iterator[tuple[keychange.Position, Record]]:
     """Each record with its row's position (a delete's row gives two records: it and its tombstone)."""
     at = 0
     for row in rows:  # off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn

@@ -24,8 +24,10 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
+from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.errors import KafkaError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -40,6 +42,11 @@ from cdc.log.kafka.recordbatch import NO_HEADERS, RecordsBody
 from cdc.log.kafka.render import RenderPool, RenderTask, render_bodies
 from cdc.log.kafka.topics import META_TOPIC_CONFIG, TABLE_TOPIC_CONFIG, cuts_topic, schemas_topic, table_topic
 from cdc.log.local import LocalLog
+
+if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
+    from cdc.log.base import Cut
+    from cdc.log.kafka.batch_producer import BatchProducer
 
 STATE_KEY = "kafka_published"
 CUT_KEY = b"cut"
@@ -100,7 +107,7 @@ def published_lsn(log: LocalLog) -> int:
 
 
 class Publisher:
-    def __init__(self, pipeline, staging: LocalLog, say: Callable[[str], None] = print):
+    def __init__(self, pipeline: Pipeline, staging: LocalLog, say: Callable[[str], None] = print) -> None:
         cfg = pipeline.log_config.kafka
         assert cfg is not None
         self.cfg = cfg
@@ -108,8 +115,8 @@ class Publisher:
         self.staging = staging
         self.say = say
         self.prefix = cfg.topic_prefix or pipeline.name
-        self._producer = None
-        self._admin = None
+        self._producer: BatchProducer | None = None
+        self._admin: KafkaAdminClient | None = None
         self._pool: RenderPool | None = None
         self._database = ""
         # Ranges larger than one part are rendered by `workers` processes (0: in this one).
@@ -120,7 +127,7 @@ class Publisher:
 
     # ---- clients ---------------------------------------------------------------------------------
     @property
-    def producer(self):
+    def producer(self) -> BatchProducer:
         if self._producer is None:
             self._producer = kc.producer(self.cfg)
         return self._producer
@@ -161,10 +168,10 @@ class Publisher:
             prev = state.tables.get(name)
             version = self._publish_schemas(table, prev.schema_version if prev else 0)
             new_base = prev is None or prev.local_base != rng.base
-            after = rng.base - 1 if new_base else prev.local_end
+            after = rng.base - 1 if prev is None or new_base else prev.local_end
             first, last, n = self._produce(table, topic, after, rng.end, progress)
             produced += n
-            if new_base:
+            if prev is None or new_base:
                 base = first if first is not None else kc.end_offsets(self._consumer(), [topic])[topic]
                 end = last if last is not None else base - 1
             else:
@@ -175,7 +182,7 @@ class Publisher:
         state.save(self.staging)
         return produced
 
-    def _consumer(self):
+    def _consumer(self) -> KafkaConsumer:
         return kc.consumer(self.cfg)
 
     def _publish_schemas(self, table: TableName, published: int) -> int:
@@ -190,7 +197,9 @@ class Publisher:
             self.producer.send(schemas_topic(self.prefix), records)
         return newest
 
-    def _produce(self, table, topic, after, upto, progress) -> tuple[int | None, int | None, int]:
+    def _produce(
+        self, table: TableName, topic: str, after: int, upto: int, progress: Callable[[int], None] | None
+    ) -> tuple[int | None, int | None, int]:
         if upto <= after:
             return None, None, 0
         parts = self.staging.read_parts(table, after, upto, events=self.part_events, segment_bytes=self.part_bytes)
@@ -208,7 +217,7 @@ class Publisher:
             self._pool = RenderPool(self.workers)
         return self._pool
 
-    def _write_cut(self, cut, state: PublishedState) -> None:
+    def _write_cut(self, cut: Cut, state: PublishedState) -> None:
         tables = {}
         for name, t in state.tables.items():
             if TableName.parse(name) not in cut.tables:
@@ -242,13 +251,18 @@ class Publisher:
         waits up to idle_s when nothing was new, and returns early when the stream says it
         committed a cut (child.py: the doorbell). Returns whether the broker answered last
         (False: stopped while it was away)."""
+        giving_up = stop_after_delay(3600)
+
+        def sleep(seconds: float) -> None:  # tenacity's sleep returns nothing; a pause may say it was woken
+            pause(seconds)
+
         while not should_stop():
             try:
                 for attempt in Retrying(
                     retry=retry_if_exception_type((KafkaError, LogError, OSError)),
                     wait=wait_exponential(multiplier=0.5, max=10),
-                    stop=stop_after_delay(3600) | (lambda _state: should_stop()),
-                    sleep=pause,
+                    stop=lambda state: giving_up(state) or should_stop(),
+                    sleep=sleep,
                     reraise=True,
                 ):
                     with attempt:
@@ -268,7 +282,7 @@ class Publisher:
 
 
 @contextlib.contextmanager
-def publisher_lock(staging: LocalLog, wait: bool = True):
+def publisher_lock(staging: LocalLog, wait: bool = True) -> Iterator[bool]:
     """One publisher per pipeline at a time (two would interleave records). Yields True when
     held; with wait=False yields False at once if another process publishes."""
     import fcntl

@@ -139,7 +139,7 @@ def batched(records: Iterable[tuple[bytes | None, bytes | None, bytes]], limit: 
 
 class RecordsBody(NamedTuple):
     records: bytes
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, which nothing here calls
     timestamp: int
 
 

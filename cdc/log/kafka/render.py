@@ -17,6 +17,7 @@ import multiprocessing
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 
 from cdc.envelope import TRUNCATE_KEY, EnvelopeRenderer, speedups
 from cdc.ground.errors import LogError
@@ -71,7 +72,7 @@ def python_records(
 def _positioned(
     renderer: EnvelopeRenderer, log: LocalLog, table: TableName, part: ReadPart
 ) -> Iterator[tuple[keychange.Position, tuple[bytes, bytes | None, bytes]]]:
-    position: tuple = ()
+    position: tuple[int, int, int, int] | None = None
     headers = b""
     # Updates go out whole: compaction may drop the record an unchanged-TOAST value was in.
     for rec, key, value in renderer.records(fill_unchanged(log, table, log.read_part(table, part))):
@@ -105,7 +106,7 @@ class RenderPool:
 
     def bodies(self, tasks: Iterable[RenderTask]) -> Iterator[RecordsBody]:
         todo = iter(tasks)
-        ahead: deque = deque()
+        ahead: deque[AsyncResult[list[RecordsBody]]] = deque()
         for task in todo:
             ahead.append(self._pool.apply_async(_render_in_worker, (task,)))
             if len(ahead) >= 2 * self.workers:
@@ -119,9 +120,9 @@ class RenderPool:
                     "restart the stream (what was not published is still in the staging log); "
                     "`log.kafka.publisher_workers: 0` renders in the publisher itself",
                 ) from None
-            task = next(todo, None)
-            if task is not None:
-                ahead.append(self._pool.apply_async(_render_in_worker, (task,)))
+            more = next(todo, None)
+            if more is not None:
+                ahead.append(self._pool.apply_async(_render_in_worker, (more,)))
             yield from bodies
 
     def close(self) -> None:

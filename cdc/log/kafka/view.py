@@ -5,9 +5,11 @@ the schema topic, each table's topic and base. Plain Python: Spark reads the cha
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 
 from cdc.ground.errors import LogError
 from cdc.ground.formats import KAFKA, check_version
@@ -17,10 +19,13 @@ from cdc.log.history import column_defaults
 from cdc.log.kafka import client as kc
 from cdc.log.kafka.topics import cuts_topic, schemas_topic
 
+if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
+
 POLL_MS = 10_000
 
 
-def read_topic(consumer, topic: str, start: int | None = None) -> list:
+def read_topic(consumer: KafkaConsumer, topic: str, start: int | None = None) -> list[ConsumerRecord]:
     """All records of partition 0 of a (small, compacted) topic from `start` (default: beginning)."""
     tp = TopicPartition(topic, 0)
     end = consumer.end_offsets([tp]).get(tp, 0)
@@ -31,8 +36,8 @@ def read_topic(consumer, topic: str, start: int | None = None) -> list:
         consumer.seek_to_beginning(tp)
     else:
         consumer.seek(tp, start)
-    out = []
-    while consumer.position(tp) < end:
+    out: list[ConsumerRecord] = []
+    while (consumer.position(tp) or 0) < end:  # None only before an assignment
         batch = consumer.poll(timeout_ms=POLL_MS)
         if not batch:
             raise LogError(f"Kafka topic {topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {end}")
@@ -44,18 +49,18 @@ def read_topic(consumer, topic: str, start: int | None = None) -> list:
 class KafkaLogView:
     value_kind = "envelope"  # values are envelope JSON (see sinks.sparktypes.from_envelope)
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline: Pipeline) -> None:
         cfg = pipeline.log_config.kafka
         assert cfg is not None
         self.cfg = cfg
         self.pipeline = pipeline
         self.prefix = cfg.topic_prefix or pipeline.name
-        self._consumer = None
-        self._cut_body: dict | None = None
+        self._consumer: KafkaConsumer | None = None
+        self._cut_body: dict[str, Any] | None = None
         self._schemas: dict[TableName, list[tuple[int, int, TableSchema]]] | None = None
 
     @property
-    def consumer(self):
+    def consumer(self) -> KafkaConsumer:
         if self._consumer is None:
             self._consumer = kc.consumer(self.cfg)
         return self._consumer
@@ -79,7 +84,7 @@ class KafkaLogView:
         tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
         return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
 
-    def _check_format(self, body: dict) -> None:
+    def _check_format(self, body: dict[str, Any]) -> None:
         """FormatTooNew (exit 5) for a cut record a newer cdc wrote (0.1.0's carry no `format`)."""
         where = f"the Kafka log {cuts_topic(self.prefix)}"
         check_version(KAFKA, body.get("format"), where, body.get("cdc_version"))
@@ -98,19 +103,20 @@ class KafkaLogView:
     def log_id(self) -> str:
         if self._cut_body is None:
             self.latest_cut()
-        return (self._cut_body or {}).get("log_id", "")
+        log_id: str = (self._cut_body or {}).get("log_id", "")
+        return log_id
 
-    def cut_tables(self) -> dict[str, dict]:
+    def cut_tables(self) -> dict[str, dict[str, Any]]:
         """The latest cut's per-table entries: topic, base, end, snapshot_lsn, schema_version."""
         if self._cut_body is None:
             self.latest_cut()
         return dict((self._cut_body or {}).get("tables", {}))
 
-    def table_meta(self, table: TableName) -> dict:
+    def table_meta(self, table: TableName) -> dict[str, Any]:
         """The latest cut's entry of a table (topic, base, end, ...); LogError when it has none."""
         if self._cut_body is None:
             self.latest_cut()
-        meta = (self._cut_body or {}).get("tables", {}).get(str(table))
+        meta: dict[str, Any] | None = (self._cut_body or {}).get("tables", {}).get(str(table))
         if meta is None:
             raise LogError(
                 f"table {table} is not in the Kafka log",
@@ -126,7 +132,7 @@ class KafkaLogView:
         consumer = self.consumer
         consumer.assign([tp])
         consumer.seek(tp, after + 1)
-        while consumer.position(tp) <= upto:
+        while (consumer.position(tp) or 0) <= upto:  # None only before an assignment
             batch = consumer.poll(timeout_ms=POLL_MS, max_records=1)
             if not batch:
                 return None

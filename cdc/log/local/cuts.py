@@ -45,7 +45,8 @@ class CutStore(LocalStore):
             body[str(tid)] = [base, end]
         ts = now_ms()
         cur = self.db.execute("INSERT INTO cuts(lsn, ts_ms, tables) VALUES (?, ?, ?)", (lsn, ts, orjson.dumps(body).decode()))
-        cut_id = int(cur.lastrowid)
+        cut_id = cur.lastrowid
+        assert cut_id is not None  # set by every INSERT
         if cut_id % 50 == 0:
             self._prune_cuts(cut_id, ts)
         return Cut(cut_id, lsn, ts, ranges)
@@ -79,7 +80,7 @@ class CutStore(LocalStore):
                 hi = mid
             else:
                 lo = row[0] + 1
-        return lo
+        return int(lo)
 
     def _prune_cuts(self, cut_id: int, ts_ms: int) -> None:
         """Drop the cuts no one holds (inside the open write transaction)."""
@@ -129,7 +130,7 @@ class CutStore(LocalStore):
             return None
         return self._cut_of(row)
 
-    def _cut_of(self, row: tuple) -> Cut:
+    def _cut_of(self, row: tuple[Any, ...]) -> Cut:
         names = {t.id: t.table for t in self.tables()}
         body = orjson.loads(row[3])
         ranges = {names[int(k)]: TableRange(b, e) for k, (b, e) in body.items() if int(k) in names}

@@ -9,7 +9,8 @@ and in Spark executors), which keeps capture as fast as PostgreSQL can send.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Iterator, Sequence
+import sqlite3
+from collections.abc import Collection, Container, Generator, Iterator, Sequence
 
 from cdc.ground.errors import LogError
 from cdc.ground.tables import TableName
@@ -106,7 +107,7 @@ class LocalReader(CutStore, LogReader):
         for line in iter_segment_lines(self.path / part.path, part.start, part.end):
             yield line.rstrip(b"\n")
 
-    def event_rows(self, table: TableName, part: EventRun) -> Iterator[tuple]:
+    def event_rows(self, table: TableName, part: EventRun) -> sqlite3.Cursor:
         """The run's stored rows (columns EV_COLUMNS), not yet decoded: see event_record."""
         tid = self.require_table(table)
         return self.db.execute(
@@ -117,7 +118,7 @@ class LocalReader(CutStore, LogReader):
     # ---- key history (read-only; the Kafka publisher fills unchanged TOAST values from it) ---------
     def key_events_before(
         self, table: TableName, keys: Collection[bytes], below: int
-    ) -> Iterator[tuple[int, bytes | None, str, bytes | None, int]]:
+    ) -> Generator[tuple[int, bytes | None, str, bytes | None, int]]:
         """(off, key, op, payload, sv) of the events of `keys` below offset `below`, newest first,
         together with every truncate and snapshot marker (they bound a key's history). One
         backward scan of the event table; close the iterator to stop it early."""
@@ -135,7 +136,7 @@ class LocalReader(CutStore, LogReader):
 
     def snapshot_rows(
         self, table: TableName, segment_ids: Sequence[int], keys: Container[bytes], version: int
-    ) -> Iterator[tuple[bytes, list[str | None]]]:
+    ) -> Generator[tuple[bytes, list[str | None]]]:
         """(key, values) of the snapshot rows whose key is in `keys`, reading each of these
         segment files once; values are decoded only for matching rows. Segments gone from
         the log are skipped."""
@@ -156,17 +157,20 @@ class LocalReader(CutStore, LogReader):
     def count_events(self, table: TableName, after: int, upto: int, below_lsn: int) -> int:
         """Events (snapshot markers included) in (after, upto] committed before `below_lsn`."""
         tid = self.require_table(table)
-        return self.db.execute(f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)).fetchone()[0]
+        n: int = self.db.execute(f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)).fetchone()[0]
+        return n
 
     def first_offset_from(self, table: TableName, lsn: int, upto: int) -> int | None:
         """The first change event at or after commit LSN `lsn` (up to offset `upto`)."""
         tid = self.require_table(table)
-        return self.db.execute(
+        first: int | None = self.db.execute(
             f"SELECT min(off) FROM ev_{tid} WHERE lsn >= ? AND off <= ? AND op != 'S'", (lsn, upto)
         ).fetchone()[0]
+        return first
 
     def end_offset_by_id(self, table_id: int) -> int:
-        return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{table_id}").fetchone()[0]
+        end: int = self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{table_id}").fetchone()[0]
+        return end
 
     def events_after(self, table_id: int, after: int) -> Iterator[tuple[int, str, bytes | None, bytes | None]]:
         """(commit lsn, op, key, payload) of the table's events at offsets above `after`, in offset
@@ -179,7 +183,8 @@ class LocalReader(CutStore, LogReader):
 
     def end_offset(self, table: TableName) -> int:
         tid = self.require_table(table)
-        return self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
+        end: int = self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{tid}").fetchone()[0]
+        return end
 
     def events_between(self, table: TableName, after: int, upto: int) -> int:
         """Events at offsets after < off <= upto, each snapshot row counted (a snapshot segment is

@@ -5,6 +5,7 @@ snapshot lines decoded to LogRecords."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cdc.ground.tables import TableName
 from cdc.keys import key_from_copy_fields
@@ -12,7 +13,7 @@ from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import decode_tuple
 
 
-def decode_text_tuple(payload: bytes | None) -> list | None:
+def decode_text_tuple(payload: bytes | None) -> list[Any] | None:
     """pgoutput TupleData -> [str | None | UNCHANGED, ...]."""
     if not payload:
         return None
@@ -30,7 +31,7 @@ def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, l
     )
 
 
-def event_record(table: TableName, row: tuple, schema: TableSchema) -> LogRecord:
+def event_record(table: TableName, row: tuple[Any, ...], schema: TableSchema) -> LogRecord:
     """One stored event row (columns store.EV_COLUMNS) as the record read_part gives."""
     off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn = row
     values, before_values = decode_text_tuple(payload), decode_text_tuple(before)

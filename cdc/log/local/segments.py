@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def iter_segment_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[bytes]:
@@ -23,7 +24,7 @@ def iter_segment_lines(path: Path, start: int = 0, end: int | None = None) -> It
             yield line
 
 
-def iter_segment_positions(path: Path, start: int = 0, end: int | None = None) -> Iterator[list]:
+def iter_segment_positions(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[Any]]:
     """As iter_segment, each line's fields followed by the byte offset the line starts at (the
     position of a keyless table's snapshot row: cdc.keys.snapshot_seq)."""
     with open(path, "rb") as f:
@@ -35,7 +36,7 @@ def iter_segment_positions(path: Path, start: int = 0, end: int | None = None) -
         for line in f:
             if end is not None and pos >= end:
                 return
-            fields: list = line.rstrip(b"\n").split(b"\t")
+            fields: list[Any] = line.rstrip(b"\n").split(b"\t")
             fields.append(pos)
             pos += len(line)
             yield fields

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 
 import orjson
 
@@ -186,7 +187,7 @@ class LocalStore:
             self.log._begin()
             return self.log
 
-        def __exit__(self, exc_type, exc, tb) -> None:
+        def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
             if not self.owned:
                 return
             self.log._in_batch = False

@@ -38,7 +38,8 @@ class LocalWriter(CutStore, LogWriter):
             if tid is not None:
                 return tid
             cur = self.db.execute("INSERT INTO tables(schema_name, table_name) VALUES (?, ?)", (table.schema, table.name))
-            tid = int(cur.lastrowid)
+            tid = cur.lastrowid
+            assert tid is not None  # set by every INSERT
             self.db.execute(EV_DDL.format(id=tid))
         return tid
 
@@ -173,7 +174,8 @@ class LocalWriter(CutStore, LogWriter):
                 "INSERT INTO snapshots(table_id, lsn, schema_version, state, started_ms) VALUES (?, ?, ?, 'running', ?)",
                 (table_id, lsn, schema_version, now_ms()),
             )
-        return int(cur.lastrowid)
+        assert cur.lastrowid is not None  # set by every INSERT
+        return cur.lastrowid
 
     def segment_path(self, table_id: int, snapshot_id: int, chunk: int) -> Path:
         return self.path / "segments" / f"t{table_id}" / f"s{snapshot_id}" / f"c{chunk:05d}.copy"
