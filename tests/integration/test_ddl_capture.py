@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 
 
 def _pipeline(tmp_path: Path, dsn: str, tables: list[str]) -> Path:
-    return write_pipeline(tmp_path, dsn, tables, name="ddlcap", sinks=[{"name": "lake", "delta": {"path": "lake"}}])
+    return write_pipeline(
+        tmp_path, dsn, tables, name="ddlcap", sinks=[{"name": "lake", "delta": {"path": "lake"}}]
+    )
 
 
 def _stream(file: Path, *needles: str) -> str:
@@ -160,7 +162,11 @@ def test_role_without_the_right_keeps_todays_mode(pg_db: str, tmp_path: Path) ->
     """A role that may not create event triggers: `cdc ddl install` changes nothing (exit 3, what
     to do); `cdc validate` says the pipeline runs without DDL capture and why."""
     role = "cdc_noddl_" + uuid.uuid4().hex[:8]
-    sql(pg_db, "CREATE TABLE plain (id int PRIMARY KEY)", f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'nd-secret'")
+    sql(
+        pg_db,
+        "CREATE TABLE plain (id int PRIMARY KEY)",
+        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'nd-secret'",
+    )
     sql(pg_db, f"GRANT SELECT ON public.plain TO {role}")
     try:
         file = _pipeline(tmp_path, make_dsn(pg_db, user=role, password="nd-secret"), ["public.plain"])
@@ -176,12 +182,16 @@ def test_role_without_the_right_keeps_todays_mode(pg_db: str, tmp_path: Path) ->
         sql(pg_db, f"DROP OWNED BY {role}", f"DROP ROLE {role}")
 
 
-def test_kafka_schemas_topic_gets_the_version_at_the_ddl_commit(pg_db: str, tmp_path: Path, kafka) -> None:
+def test_kafka_schemas_topic_gets_the_version_at_the_ddl_commit(
+    pg_db: str, tmp_path: Path, kafka, spark
+) -> None:
     """With `log: kafka`, the DDL's schema version is in `_cdc_schemas` after the next `cdc stream
-    --until current`, with no later write to the table (read with a plain Kafka consumer)."""
+    --until current`, with no later write to the table (read with a plain Kafka consumer), and the
+    Delta follower applying from the topics has the renamed and the new column (read with delta-rs)."""
     import orjson
 
-    from tests.fixtures.kafka_log import make_kpipe
+    from tests.fixtures.kafka_log import apply_ok as kafka_apply
+    from tests.fixtures.kafka_log import make_kpipe, verified
     from tests.fixtures.kafka_log import snapshot as kafka_snapshot
     from tests.fixtures.kafka_log import stream_until_current as kafka_stream
     from tests.fixtures.topics import topic_records
@@ -190,13 +200,20 @@ def test_kafka_schemas_topic_gets_the_version_at_the_ddl_commit(pg_db: str, tmp_
     pipe = make_kpipe(tmp_path, pg_db, ["public.kd"], kafka.bootstrap)
     assert cdc_here("ddl", "install", pipe.file).code == 0
     kafka_snapshot(pipe)
+    kafka_apply(pipe, spark)
     sql(pg_db, "ALTER TABLE kd RENAME COLUMN v TO w", "ALTER TABLE kd ADD COLUMN tier text DEFAULT 'std'")
     kafka_stream(pipe)
     versions = [orjson.loads(r.value) for r in topic_records(kafka.bootstrap, pipe.schemas_topic)]
     newest = max((v for v in versions if v["table"] == "public.kd"), key=lambda v: v["version"])
-    columns = {c[0]: c for c in newest["schema"]["columns"]}  # [name, type oid, typmod, ndims, missing, attnum]
+    columns = {
+        c[0]: c for c in newest["schema"]["columns"]
+    }  # [name, type oid, typmod, ndims, missing, attnum]
     assert set(columns) == {"id", "w", "tier"}, columns
     assert columns["w"][5] == 2 and columns["tier"][4] == "std", columns
+    kafka_apply(pipe, spark)
+    _same(pipe.dir, pg_db, "public.kd", ["w", "tier"])
+    assert "v" not in _lake(pipe.dir, "public.kd")["1"]
+    verified(pipe, spark)
 
 
 def test_idle_table_schema_check_without_the_trigger(pg_db: str, tmp_path: Path) -> None:
@@ -209,14 +226,18 @@ def test_idle_table_schema_check_without_the_trigger(pg_db: str, tmp_path: Path)
     file = _pipeline(tmp_path, pg_db, ["public.idle"])
     assert cdc("snapshot", file).code == 0
     sql(pg_db, "ALTER TABLE idle RENAME COLUMN v TO w", "ALTER TABLE idle ADD COLUMN tier text DEFAULT 'std'")
-    out = _stream(file, "DDL capture: off", "public.idle: its columns changed in the source with no change since")
+    out = _stream(
+        file, "DDL capture: off", "public.idle: its columns changed in the source with no change since"
+    )
     assert "re-bas" not in out, out
     log = LocalLog(load_pipeline(file).local_log_path, readonly=True)
     try:
         columns = {c.name: c for c in log.schema(TableName("public", "idle")).columns}
     finally:
         log.close()
-    assert set(columns) == {"id", "w", "tier"} and columns["w"].attnum == 2 and columns["tier"].missing == "std", columns
+    assert (
+        set(columns) == {"id", "w", "tier"} and columns["w"].attnum == 2 and columns["tier"].missing == "std"
+    ), columns
 
 
 def test_ddl_reaches_search_cache_and_views_without_a_later_write(
@@ -256,8 +277,11 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
         ],
         sinks=[
             {"name": "search", "search": {**search, "tables": ["public.doc"]}},
-            {"name": "cache", "redis": {"url": redis_db, "tables": ["public.doc"], "views": ["doc_all"]},
-             "dropped_columns": "drop"},
+            {
+                "name": "cache",
+                "redis": {"url": redis_db, "tables": ["public.doc"], "views": ["doc_all"]},
+                "dropped_columns": "drop",
+            },
             {"name": "oldnames", "redis": {"url": redis_db, "views": ["doc_v"]}},
             {"name": "ice", "iceberg": {"warehouse": "ice", "tables": ["public.doc"]}},
             {"name": "hist", "delta": {"path": "hist", "mode": "scd2", "tables": ["public.doc"]}},
@@ -287,9 +311,15 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     docs = opensearch_docs(opensearch.url, f"{prefix}.public.doc")
     assert {d["id"] for d in docs.values()} == {1, 2, 3}, docs
     for d in docs.values():
-        assert "v" not in d and d["w"] == f"word{d['id']}" and d["tier"] == "std" and d["gone"] == f"g{d['id']}", d
+        assert (
+            "v" not in d and d["w"] == f"word{d['id']}" and d["tier"] == "std" and d["gone"] == f"g{d['id']}"
+        ), d
     assert opensearch_ids(opensearch.url, f"{prefix}.public.doc", {"match": {"w": "word2"}}) == {"2"}
-    assert opensearch_ids(opensearch.url, f"{prefix}.public.doc", {"term": {"tier": "std"}}) == {"1", "2", "3"}
+    assert opensearch_ids(opensearch.url, f"{prefix}.public.doc", {"term": {"tier": "std"}}) == {
+        "1",
+        "2",
+        "3",
+    }
     # Redis: the same, the dropped column gone (`dropped_columns: drop`)
     client = redis.Redis.from_url(redis_db)
     cached = redis_rows(client, "public.doc:")
@@ -317,8 +347,9 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     finally:
         log.close()
     assert states["public.tmp"].state == "dropped", states
-    assert states["public.tmp"].dropped_lsn is not None and states["public.tmp"].dropped_lsn <= int(drop_lsn), (
-        states["public.tmp"].dropped_lsn, drop_lsn, out)
+    assert states["public.tmp"].dropped_lsn is not None and states["public.tmp"].dropped_lsn <= int(
+        drop_lsn
+    ), (states["public.tmp"].dropped_lsn, drop_lsn, out)
 
 
 def _iceberg_tantivy_scd2_followed(tmp_path: Path, file: Path, spark) -> None:
@@ -334,21 +365,34 @@ def _iceberg_tantivy_scd2_followed(tmp_path: Path, file: Path, spark) -> None:
 
     want = {i: {"id": i, "w": f"word{i}", "tier": "std", "gone": f"g{i}"} for i in (1, 2, 3)}
     ice = tmp_path / "ice"
-    table = SqlCatalog("ice", uri=f"sqlite:///{ice / 'catalog.db'}", warehouse=f"file://{ice}").load_table("public.doc")
-    assert [f.name for f in table.schema().fields if not f.name.startswith("_cdc_")] == ["id", "w", "gone", "tier"]
-    assert table.schema().find_field("w").field_id == 2, table.schema()  # renamed in place, not dropped + added
+    table = SqlCatalog("ice", uri=f"sqlite:///{ice / 'catalog.db'}", warehouse=f"file://{ice}").load_table(
+        "public.doc"
+    )
+    assert [f.name for f in table.schema().fields if not f.name.startswith("_cdc_")] == [
+        "id",
+        "w",
+        "gone",
+        "tier",
+    ]
+    assert table.schema().find_field("w").field_id == 2, (
+        table.schema()
+    )  # renamed in place, not dropped + added
     rows = table.scan().to_arrow().to_pylist()
     assert {r["id"]: {c: r[c] for c in ("id", "w", "tier", "gone")} for r in rows} == want, rows
 
     path = tmp_path / "hist" / "public" / "doc"
-    assert not delta_reader_features(path) & DELTA_RS_LACKS, "the SCD2 follower should stay readable by delta-rs"
+    assert not delta_reader_features(path) & DELTA_RS_LACKS, (
+        "the SCD2 follower should stay readable by delta-rs"
+    )
     versions = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     current = [v for v in versions if v["_cdc_end_lsn"] is None]
     ended = [v for v in versions if v["_cdc_end_lsn"] is not None]
     assert all("v" not in v for v in versions), versions
     assert {v["id"]: {c: v[c] for c in ("id", "w", "tier", "gone")} for v in current} == want, versions
     # the DDL adds no version; the ended one (before the update) has its values under the new name
-    assert len(current) == 3 and [(v["id"], v["w"], v["gone"]) for v in ended] == [(1, "word1", "g1")], versions
+    assert len(current) == 3 and [(v["id"], v["w"], v["gone"]) for v in ended] == [(1, "word1", "g1")], (
+        versions
+    )
 
     index = load_pipeline(file).state_path / "search" / "public" / "doc"
     docs = tantivy_docs(index)
