@@ -6,6 +6,7 @@ demo: setup
 	.venv/bin/cdc demo
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/mypy  # settings and checked folders: pyproject.toml [tool.mypy]
 	.venv/bin/python -m pytest -m "not slow"

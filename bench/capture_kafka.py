@@ -287,9 +287,14 @@ def parser() -> argparse.ArgumentParser:
         help="log.kafka.publisher_workers of our pipelines (default: the product's)",
     )
     p.add_argument("--rate", type=int, default=200, help="latency: transactions per second (default 200)")
-    p.add_argument("--seconds", type=float, default=30, help="latency: seconds of writes per mode (default 30)")
     p.add_argument(
-        "--idle-seconds", type=float, default=20, help="latency: seconds without writes, for idle CPU (default 20)"
+        "--seconds", type=float, default=30, help="latency: seconds of writes per mode (default 30)"
+    )
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20,
+        help="latency: seconds without writes, for idle CPU (default 20)",
     )
     return p
 

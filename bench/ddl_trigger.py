@@ -89,7 +89,11 @@ def main() -> None:
                 version = cur.fetchone()[0]
                 cur.execute("CREATE TABLE captured (id int PRIMARY KEY)")
                 cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE captured")
-            runs: dict[str, list[tuple[float, int]]] = {"no trigger": [], "trigger, captured table": [], "trigger, other table": []}
+            runs: dict[str, list[tuple[float, int]]] = {
+                "no trigger": [],
+                "trigger, captured table": [],
+                "trigger, other table": [],
+            }
             for _ in range(args.repeat):
                 with conn.cursor() as cur:
                     for s in ddl.remove_statements(PIPELINE):
@@ -105,11 +109,18 @@ def main() -> None:
             pg.stop()
     base = statistics.median(s for s, _ in runs["no trigger"])
     result = {"postgres": version, "alters": args.alters, "repeat": args.repeat, "runs": {}}
-    print(f"PostgreSQL {version}: {args.alters} ALTER TABLE statements, one transaction each, median of {args.repeat}")
+    print(
+        f"PostgreSQL {version}: {args.alters} ALTER TABLE statements, one transaction each, median of {args.repeat}"
+    )
     for name, values in runs.items():
         secs = statistics.median(s for s, _ in values)
         wal = statistics.median(w for _, w in values)
-        result["runs"][name] = {"seconds": secs, "ms_per_alter": 1000 * secs / args.alters, "wal_bytes": wal, "all": values}
+        result["runs"][name] = {
+            "seconds": secs,
+            "ms_per_alter": 1000 * secs / args.alters,
+            "wal_bytes": wal,
+            "all": values,
+        }
         print(
             f"  {name:24s} {secs:7.3f} s  {1000 * secs / args.alters:6.2f} ms/ALTER  x{secs / base:4.2f}  "
             f"WAL {wal / 1024:8.1f} KiB"

@@ -64,7 +64,9 @@ def proc_stats(pid: int) -> tuple[float, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     cpu = (int(fields[11]) + int(fields[12])) / ticks
-    hwm = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+    hwm = next(
+        line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM")
+    )
     return cpu, int(hwm.split()[1]) * 1024
 
 
@@ -101,7 +103,9 @@ class Subscriber:
                         self.ids.append(ident)
                         if self.parse:
                             now_us = time.time() * 1e6
-                            self.latencies_ms += [(now_us - c["after"]["ts_us"]) / 1000 for c in orjson.loads(data)["changes"]]
+                            self.latencies_ms += [
+                                (now_us - c["after"]["ts_us"]) / 1000 for c in orjson.loads(data)["changes"]
+                            ]
                     elif event == "control":
                         self.error = f"control event: {data.decode().strip()}"
                         return
@@ -174,7 +178,9 @@ async def follow(args, url: str, position: int, log_path: Path, dsn: str, server
     dthread.start()
     cpu0, _ = proc_stats(server_pid)
     wstats: dict = {}
-    wthread = threading.Thread(target=writer, args=(dsn, args.rate, args.seconds, args.txn, wstats), daemon=True)
+    wthread = threading.Thread(
+        target=writer, args=(dsn, args.rate, args.seconds, args.txn, wstats), daemon=True
+    )
     wthread.start()
     while wthread.is_alive():
         await asyncio.sleep(0.2)
@@ -205,9 +211,15 @@ async def follow(args, url: str, position: int, log_path: Path, dsn: str, server
     exact = [s for s in subs if s.ids == reference and not s.error]
     if len(exact) != len(subs):
         bad = next(s for s in subs if s not in exact)
-        first = next((i for i, (a, b) in enumerate(zip(bad.ids, reference, strict=False)) if a != b), min(len(bad.ids), len(reference)))
-        print(f"subscriber {bad.n}: {len(bad.ids)} ids, reference {len(reference)}; first difference at {first}: "
-              f"{bad.ids[first:first + 3]} vs {reference[first:first + 3]}", file=sys.stderr)
+        first = next(
+            (i for i, (a, b) in enumerate(zip(bad.ids, reference, strict=False)) if a != b),
+            min(len(bad.ids), len(reference)),
+        )
+        print(
+            f"subscriber {bad.n}: {len(bad.ids)} ids, reference {len(reference)}; first difference at {first}: "
+            f"{bad.ids[first : first + 3]} vs {reference[first : first + 3]}",
+            file=sys.stderr,
+        )
     sub_lat = [v for s in subs for v in s.latencies_ms]
     return {
         "subscribers": args.subscribers,
@@ -219,7 +231,10 @@ async def follow(args, url: str, position: int, log_path: Path, dsn: str, server
         "exact_subscribers": len(exact),
         "errors": sorted({s.error for s in subs if s.error})[:5],
         "serve_latency_ms": {"p50": pct(sub_lat, 50), "p99": pct(sub_lat, 99), "samples": len(sub_lat)},
-        "direct_latency_ms": {"p50": pct(direct.get("latencies_ms", []), 50), "p99": pct(direct.get("latencies_ms", []), 99)},
+        "direct_latency_ms": {
+            "p50": pct(direct.get("latencies_ms", []), 50),
+            "p99": pct(direct.get("latencies_ms", []), 99),
+        },
         "server_cpu_s": cpu1 - cpu0,
         "server_peak_rss_mb": rss / 2**20,
     }
@@ -232,8 +247,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--txn", type=int, default=10, help="rows per source transaction")
     ap.add_argument("--sample", type=int, default=10, help="every Nth subscriber parses rows for the latency")
-    ap.add_argument("--drain", type=float, default=60, help="seconds to wait for the last event after the writes")
-    ap.add_argument("--poll", type=float, default=0.02, help="cdc serve --poll: seconds between looks at the log")
+    ap.add_argument(
+        "--drain", type=float, default=60, help="seconds to wait for the last event after the writes"
+    )
+    ap.add_argument(
+        "--poll", type=float, default=0.02, help="cdc serve --poll: seconds between looks at the log"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdc-bench-serve-") as work:
@@ -247,22 +266,50 @@ def main() -> None:
                 cur.execute("CREATE TABLE ev (id bigint PRIMARY KEY, payload text, ts_us bigint)")
             state = Path(work) / "state"
             file = Path(work) / "bench.yml"
-            file.write_text(json.dumps({"name": "bench", "source": {"postgres": {"dsn": dsn, "tables": [TABLE]}}, "state_dir": str(state)}))
-            snap = subprocess.run([sys.executable, "-m", "pipelines.cli", "snapshot", str(file), "--no-progress"], capture_output=True, text=True)
+            file.write_text(
+                json.dumps(
+                    {
+                        "name": "bench",
+                        "source": {"postgres": {"dsn": dsn, "tables": [TABLE]}},
+                        "state_dir": str(state),
+                    }
+                )
+            )
+            snap = subprocess.run(
+                [sys.executable, "-m", "pipelines.cli", "snapshot", str(file), "--no-progress"],
+                capture_output=True,
+                text=True,
+            )
             if snap.returncode:
                 raise SystemExit(f"snapshot failed: {snap.stderr}")
             procs.append(cdc("stream", str(file)))
-            server = cdc("serve", str(file), "--port", "0", "--client-queue", "1024", "--poll", str(args.poll), env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"})
+            server = cdc(
+                "serve",
+                str(file),
+                "--port",
+                "0",
+                "--client-queue",
+                "1024",
+                "--poll",
+                str(args.poll),
+                env={"CDC_SERVE_TOKENS": f"{TOKEN}=*"},
+            )
             procs.append(server)
             assert server.stdout is not None
             line = server.stdout.readline()
             m = re.search(r"at (http://\S+)/v1/tables", line)
             if m is None:
-                raise SystemExit(f"cdc serve did not start: {line}{server.stderr.read() if server.stderr else ''}")
+                raise SystemExit(
+                    f"cdc serve did not start: {line}{server.stderr.read() if server.stderr else ''}"
+                )
             url = m.group(1)
             for _ in range(100):
                 try:
-                    body = httpx.get(f"{url}/v1/tables/{TABLE}", headers={"Authorization": f"Bearer {TOKEN}"}, params={"limit": 1}).json()
+                    body = httpx.get(
+                        f"{url}/v1/tables/{TABLE}",
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                        params={"limit": 1},
+                    ).json()
                     break
                 except httpx.HTTPError:
                     time.sleep(0.1)
@@ -282,7 +329,9 @@ def main() -> None:
         f"exactly once and in order"
     )
     s, d = result["serve_latency_ms"], result["direct_latency_ms"]
-    print(f"  commit -> client via cdc serve: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms ({s['samples']} samples)")
+    print(
+        f"  commit -> client via cdc serve: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms ({s['samples']} samples)"
+    )
     print(f"  commit -> client reading the log: p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f} ms")
     print(f"  cdc serve: {result['server_cpu_s']:.1f} CPU s, peak RSS {result['server_peak_rss_mb']:.0f} MiB")
     if result["errors"]:

@@ -136,8 +136,14 @@ def main() -> int:
         say(f"{label:32} {r['median_s']:9.2f}  {r['wall_s']!s:24} {r['jvm']!s:6} {r['pyspark_imported']}")
     say(f"load averages: {loads}; {os.cpu_count()} CPUs; orders {opts.orders}")
     if opts.json:
-        doc = {"orders": opts.orders, "apply_once_s": round(apply_s, 2), "verbs": results, "load": loads,
-               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()}
+        doc = {
+            "orders": opts.orders,
+            "apply_once_s": round(apply_s, 2),
+            "verbs": results,
+            "load": loads,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cpus": os.cpu_count(),
+        }
         opts.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

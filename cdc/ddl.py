@@ -266,7 +266,15 @@ def catalog_event(conn, oid: int) -> DdlEvent | None:
     if row is None:
         return None
     cols, key, schema, table = row
-    body = {"v": FORMAT, "event": "ddl", "oid": oid, "schema": schema, "table": table, "columns": cols, "key": key}
+    body = {
+        "v": FORMAT,
+        "event": "ddl",
+        "oid": oid,
+        "schema": schema,
+        "table": table,
+        "columns": cols,
+        "key": key,
+    }
     return parse(json.dumps(body).encode())
 
 
@@ -276,13 +284,16 @@ def parse(content: bytes) -> DdlEvent:
     except ValueError as exc:
         raise DdlMessageError(f"not JSON: {exc}") from None
     if not isinstance(body, dict) or body.get("v") != FORMAT:
-        raise DdlMessageError(f"unknown DDL message format {body.get('v') if isinstance(body, dict) else body!r}")
+        raise DdlMessageError(
+            f"unknown DDL message format {body.get('v') if isinstance(body, dict) else body!r}"
+        )
     event = body.get("event")
     if event not in ("ddl", "rewrite", "drop"):
         raise DdlMessageError(f"unknown DDL message event {event!r}")
     columns = tuple(
         Column(str(name), int(type_oid), int(typmod), int(ndims or 0), missing, int(attnum))
-        for attnum, name, type_oid, typmod, ndims, _notnull, _default, missing, _in_key in body.get("columns") or []
+        for attnum, name, type_oid, typmod, ndims, _notnull, _default, missing, _in_key in body.get("columns")
+        or []
     )
     return DdlEvent(
         event=event,

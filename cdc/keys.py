@@ -11,8 +11,24 @@ import re
 
 # Bytes COPY escapes on output (PostgreSQL's CopyAttributeOutText).
 _NEEDS_ESCAPE = re.compile(rb"[\\\t\n\r\x08\x0c\x0b]")
-_ESCAPES = {b"\\": b"\\\\", b"\t": b"\\t", b"\n": b"\\n", b"\r": b"\\r", b"\x08": b"\\b", b"\x0c": b"\\f", b"\x0b": b"\\v"}
-_UNESCAPES = {b"\\": b"\\", b"t": b"\t", b"n": b"\n", b"r": b"\r", b"b": b"\x08", b"f": b"\x0c", b"v": b"\x0b"}
+_ESCAPES = {
+    b"\\": b"\\\\",
+    b"\t": b"\\t",
+    b"\n": b"\\n",
+    b"\r": b"\\r",
+    b"\x08": b"\\b",
+    b"\x0c": b"\\f",
+    b"\x0b": b"\\v",
+}
+_UNESCAPES = {
+    b"\\": b"\\",
+    b"t": b"\t",
+    b"n": b"\n",
+    b"r": b"\r",
+    b"b": b"\x08",
+    b"f": b"\x0c",
+    b"v": b"\x0b",
+}
 _ESCAPED = re.compile(rb"\\(.)", re.S)
 
 

@@ -373,7 +373,13 @@ def _timestamptz_converter(precision: int) -> Converter:
     def convert(text: str) -> str:
         n = len(text)
         # Fast path (in C too: cdc/_render.c): what TimeZone=UTC prints for years 1000..9999: 'YYYY-MM-DD HH:MM:SS[.ffffff]+00'.
-        if n >= 22 and text[n - 3 :] == "+00" and text[4] == "-" and text[10] == " " and (n == 22 or text[19] == "."):
+        if (
+            n >= 22
+            and text[n - 3 :] == "+00"
+            and text[4] == "-"
+            and text[10] == " "
+            and (n == 22 or text[19] == ".")
+        ):
             micros = int(text[20 : n - 3].ljust(6, "0")) if n > 22 else 0
             return f"{text[0:10]}T{text[11:19]}{fraction(micros)}Z"
         if text == "infinity" or text == "-infinity":
@@ -383,7 +389,11 @@ def _timestamptz_converter(precision: int) -> Converter:
             text = text[:-3]
         date_text, _, time_text = text.partition(" ")
         time_text, offset = _split_offset(time_text)
-        epoch = _parse_date_part(date_text, bc) * _US_PER_DAY + _parse_time_part(time_text) - offset * _US_PER_SECOND
+        epoch = (
+            _parse_date_part(date_text, bc) * _US_PER_DAY
+            + _parse_time_part(time_text)
+            - offset * _US_PER_SECOND
+        )
         days, of_day = divmod(epoch, _US_PER_DAY)
         year, month, day = civil_from_days(days)
         seconds, micros = divmod(of_day, _US_PER_SECOND)

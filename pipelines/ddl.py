@@ -56,7 +56,9 @@ def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
     """Drop the triggers and their function (also from `cdc teardown --drop-slot`)."""
     state = ddl.trigger_state(conn, pipeline.name)
     with conn.cursor() as cur:
-        cur.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"public.{ddl.function_name(pipeline.name)}()",))
+        cur.execute(
+            "SELECT to_regprocedure(%s) IS NOT NULL", (f"public.{ddl.function_name(pipeline.name)}()",)
+        )
         has_function = bool(cur.fetchone()[0])
     if state.absent and not has_function:
         ddl.save_installed(pipeline.state_path, False)
@@ -70,14 +72,18 @@ def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
     except psycopg2.errors.InsufficientPrivilege:
         raise _no_right(pipeline, user, "remove") from None
     ddl.save_installed(pipeline.state_path, False)
-    say(f"removed the DDL capture event triggers of pipeline {pipeline.name}: schema changes now reach the log with each table's next change")
+    say(
+        f"removed the DDL capture event triggers of pipeline {pipeline.name}: schema changes now reach the log with each table's next change"
+    )
 
 
 def describe(conn, pipeline: Pipeline) -> tuple[str, str | None]:
     """`cdc validate`'s line: which mode the pipeline runs in (and the fix when a trigger went)."""
     state = ddl.trigger_state(conn, pipeline.name)
     installed = ddl.load_installed(pipeline.state_path) is not None
-    line, fix = ddl.mode_line(state, installed, pipeline.command("ddl install"), pipeline.command("ddl remove"))
+    line, fix = ddl.mode_line(
+        state, installed, pipeline.command("ddl install"), pipeline.command("ddl remove")
+    )
     if not state.complete and fix is None:
         allowed, user = ddl.can_create_event_trigger(conn)
         if not allowed:

@@ -26,13 +26,25 @@ from sinks.registry import load_pipeline
 SCHEMA = (Path(__file__).parent / "examples" / "shop.sql").read_text()
 
 BURST = [
-    ("new orders", "INSERT INTO orders (id, customer_id, product_id, qty) SELECT g, 1 + g % 2000, 1 + g % 200, 1 FROM generate_series(10001, 12000) g"),
+    (
+        "new orders",
+        "INSERT INTO orders (id, customer_id, product_id, qty) SELECT g, 1 + g % 2000, 1 + g % 200, 1 FROM generate_series(10001, 12000) g",
+    ),
     ("orders paid", "UPDATE orders SET status = 'paid' WHERE status = 'new' AND id % 2 = 0"),
     ("orders cancelled and deleted", "DELETE FROM orders WHERE id % 97 = 0"),
     ("price changes", "UPDATE products SET price = price * 1.10 WHERE id % 10 = 0"),
-    ("customer renamed (big bio left untouched: an unchanged TOAST value)", "UPDATE customers SET name = name || ' jr' WHERE id % 100 = 0"),
-    ("customer ids renumbered (primary key change)", "UPDATE customers SET id = id + 100000 WHERE id BETWEEN 1 AND 20"),
-    ("new customers", "INSERT INTO customers (id, name, email) SELECT g, 'customer ' || g, NULL FROM generate_series(2001, 2500) g"),
+    (
+        "customer renamed (big bio left untouched: an unchanged TOAST value)",
+        "UPDATE customers SET name = name || ' jr' WHERE id % 100 = 0",
+    ),
+    (
+        "customer ids renumbered (primary key change)",
+        "UPDATE customers SET id = id + 100000 WHERE id BETWEEN 1 AND 20",
+    ),
+    (
+        "new customers",
+        "INSERT INTO customers (id, name, email) SELECT g, 'customer ' || g, NULL FROM generate_series(2001, 2500) g",
+    ),
 ]
 
 
@@ -76,7 +88,12 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
             yaml.safe_dump(
                 {
                     "name": "shop",
-                    "source": {"postgres": {"dsn": "${SHOP_DSN}", "tables": ["public.customers", "public.products", "public.orders"]}},
+                    "source": {
+                        "postgres": {
+                            "dsn": "${SHOP_DSN}",
+                            "tables": ["public.customers", "public.products", "public.orders"],
+                        }
+                    },
                     "state_dir": ".",
                     "sinks": _sinks(redis.url if redis else None),
                     "spark": {"master": "local[2]"},
@@ -99,7 +116,9 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
             say(f"      {label}")
         log = open_log(pipeline)
         try:
-            stats = StreamReader(pipeline, log, until="current", say=lambda m: say(f"      {m}"), install_signal_handlers=False).run()
+            stats = StreamReader(
+                pipeline, log, until="current", say=lambda m: say(f"      {m}"), install_signal_handlers=False
+            ).run()
         finally:
             log.close()
 
@@ -119,22 +138,30 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
 
         lake = directory / "lake"
         say("")
-        say(f"done in {time.monotonic() - started:.0f}s: {stats.events:,} changes streamed, verify exit code {code}")
+        say(
+            f"done in {time.monotonic() - started:.0f}s: {stats.events:,} changes streamed, verify exit code {code}"
+        )
         say(f"  pipeline file: {pipeline_file}")
-        say(f"  log:           {pipeline.local_log_path} (try: cdc log read {pipeline_file} --table public.orders --limit 3)")
+        say(
+            f"  log:           {pipeline.local_log_path} (try: cdc log read {pipeline_file} --table public.orders --limit 3)"
+        )
         for table in ("customers", "products", "orders"):
             path = lake / "public" / table
             rows = spark.read.format("delta").load(str(path)).count()
             say(f"  Delta table public.{table}: {rows:,} rows at {path}")
         query = f"SELECT status, count(*) AS orders FROM delta.`{lake}/public/orders` GROUP BY status ORDER BY status"
         say("  query it with Spark SQL:")
-        say(f"""    .venv/bin/python -c 'from pipelines.spark import spark_session; spark_session().sql("{query}").show()'""")
+        say(
+            f"""    .venv/bin/python -c 'from pipelines.spark import spark_session; spark_session().sql("{query}").show()'"""
+        )
         say("  or without Spark, with delta-rs / Polars (docs/reading-the-lake.md):")
         say(f"""    .venv/bin/python -c 'import polars; print(polars.read_delta("{lake}/public/orders"))'""")
         return code
     finally:
         if keep_server:
-            say(f"PostgreSQL keeps running: SHOP_DSN={server.dsn('shop')} (stop: pg_ctl -D {server.data_dir} stop as user postgres)")
+            say(
+                f"PostgreSQL keeps running: SHOP_DSN={server.dsn('shop')} (stop: pg_ctl -D {server.data_dir} stop as user postgres)"
+            )
             if redis:
                 say(f"Redis keeps running: REDIS_URL={redis.url} (stop: kill {redis.pid()})")
         else:
@@ -147,10 +174,19 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
 def _sinks(redis_url: str | None) -> list[dict]:
     sinks: list[dict] = [
         {"name": "lake", "delta": {"path": "lake", "mode": "scd1"}},
-        {"name": "search", "search": {"engine": "tantivy", "path": "search", "tables": ["public.products", "public.customers"]}},
+        {
+            "name": "search",
+            "search": {
+                "engine": "tantivy",
+                "path": "search",
+                "tables": ["public.products", "public.customers"],
+            },
+        },
     ]
     if redis_url:
-        sinks.append({"name": "cache", "redis": {"url": redis_url, "tables": ["public.customers", "public.products"]}})
+        sinks.append(
+            {"name": "cache", "redis": {"url": redis_url, "tables": ["public.customers", "public.products"]}}
+        )
     return sinks
 
 
@@ -168,7 +204,9 @@ def _show_followers(pipeline, redis_url: str | None, say: Callable[[str], None])
             value = client.get("public.customers:100")
         finally:
             client.close()
-        say("      $ redis-cli GET public.customers:100   (renamed; its long bio is a TOAST value the update left unchanged)")
+        say(
+            "      $ redis-cli GET public.customers:100   (renamed; its long bio is a TOAST value the update left unchanged)"
+        )
         say(f"      {_shorten(value)}")
 
 

@@ -116,7 +116,11 @@ def _match(name: TableName, by_name: Mapping[TableName, str]) -> str | None:
     """Spark resolves names without regard to case: exact first, else the one case-blind match."""
     if name in by_name:
         return by_name[name]
-    same = [v for t, v in by_name.items() if (t.schema.lower(), t.name.lower()) == (name.schema.lower(), name.name.lower())]
+    same = [
+        v
+        for t, v in by_name.items()
+        if (t.schema.lower(), t.name.lower()) == (name.schema.lower(), name.name.lower())
+    ]
     return same[0] if len(same) == 1 else None
 
 

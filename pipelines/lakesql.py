@@ -115,7 +115,8 @@ def _spark_rows(
         first = str(exc).strip().splitlines()[0][:500]
         raise UsageError(
             f"Spark SQL refused the query: {first}",
-            "views: " + ", ".join(f"{v} = {t}" for t, v in views.items())
+            "views: "
+            + ", ".join(f"{v} = {t}" for t, v in views.items())
             + " (schema.table works too; quote names with `backticks` in Spark SQL)",
         ) from None
     return source_header(list(df.columns), fields), [tuple(r) for r in df.limit(limit).collect()]

@@ -73,7 +73,9 @@ def read_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys
         log.close()
 
 
-def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool) -> Iterator[str]:
+def read_kafka_log(
+    pipeline: Pipeline, table: str | None, limit: int | None, with_keys: bool
+) -> Iterator[str]:
     """The topics up to the latest cut; records are already envelopes. Merged by position."""
     from kafka import TopicPartition
 
@@ -120,7 +122,9 @@ def read_kafka_log(pipeline: Pipeline, table: str | None, limit: int | None, wit
                 return
             value = orjson.loads(rec.value) if rec.value is not None else None
             if with_keys:
-                yield orjson.dumps({"table": name, "offset": rec.offset, "key": orjson.loads(rec.key), "value": value}).decode()
+                yield orjson.dumps(
+                    {"table": name, "offset": rec.offset, "key": orjson.loads(rec.key), "value": value}
+                ).decode()
             elif value is not None:
                 yield orjson.dumps(value).decode()
     finally:

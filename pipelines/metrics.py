@@ -259,7 +259,12 @@ def serving(
     running `cdc run`, which holds the file's port: the file's port in use is skipped with a note
     (the running process serves the pipeline's gauges); only an explicit --metrics-port must bind."""
     metrics.started(pipeline.name, component)
-    if port is None and one_shot and pipeline.metrics.port is not None and _in_use(pipeline.metrics.host, pipeline.metrics.port):
+    if (
+        port is None
+        and one_shot
+        and pipeline.metrics.port is not None
+        and _in_use(pipeline.metrics.host, pipeline.metrics.port)
+    ):
         say(
             f"metrics: port {pipeline.metrics.port} (metrics.port) is in use, by a running `cdc run` or `cdc stream`"
             " of this pipeline it seems: this command serves no metrics (pass --metrics-port to serve them)"

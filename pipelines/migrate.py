@@ -63,14 +63,18 @@ def run_migrate(pipeline: Pipeline, sql_file: Path, say: Callable[[str], None]) 
     try:
         text = sql_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--sql: cannot read {sql_file}: {exc}", "give a readable file of SQL statements") from None
+        raise UsageError(
+            f"--sql: cannot read {sql_file}: {exc}", "give a readable file of SQL statements"
+        ) from None
     if not text.strip():
         raise UsageError(f"--sql: {sql_file} holds no SQL", "put the migration's statements in the file")
     publication = pipeline.publication
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc migrate", autocommit=False)
     try:
         members = published(conn, publication)
-        narrowed = sorted((t for t, (cols, where) in members.items() if cols is not None or where is not None), key=str)
+        narrowed = sorted(
+            (t for t, (cols, where) in members.items() if cols is not None or where is not None), key=str
+        )
         options = pipeline.source.postgres
         with conn.cursor() as cur:
             pub = sql.Identifier(publication)
@@ -123,7 +127,9 @@ def run_migrate(pipeline: Pipeline, sql_file: Path, say: Callable[[str], None]) 
     finally:
         conn.close()
     if not narrowed:
-        say(f"migration {sql_file} done (no table of publication {publication} has a column list or row filter)")
+        say(
+            f"migration {sql_file} done (no table of publication {publication} has a column list or row filter)"
+        )
         return
     for f in restored:
         say(f"publication {publication}: {f.table} set again: captures {f.describe()}")

@@ -49,7 +49,9 @@ def _run(
     # /readyz (pipelines/endpoint.py): not ready until the stream runs
     health.register("snapshot", lambda: {"live": True, "ready": False, "reason": "taking the snapshot"})
     try:
-        result = run_snapshot(pipeline, say=say, progress=not logformat.is_json())  # no bar between JSON lines
+        result = run_snapshot(
+            pipeline, say=say, progress=not logformat.is_json()
+        )  # no bar between JSON lines
     finally:
         health.unregister("snapshot")
     if not result.skipped:
@@ -62,7 +64,9 @@ def _run(
         from pipelines.endpoint import child_check
 
         health.register("stream", child_check(child_port))
-    say(f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)")
+    say(
+        f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)"
+    )
     # Caught from here on: a SIGTERM while Spark starts (tens of seconds) used to kill this
     # process at once and leave the stream child running, holding the slot.
     stopping = False

@@ -109,7 +109,7 @@ def driver_exit_error(code: int, memory: str | None, kept: str) -> DriverExited:
             "Spark's driver JVM ran out of heap (java.lang.OutOfMemoryError) and exited; "
             f"spark.driver.memory is {memory or '1g (Spark default)'}",
             "give the driver more heap in the pipeline file, e.g. `spark: {conf: {spark.driver.memory: 4g}}`, "
-            f"and run again{f' ({kept})' if kept else ''}; docs/run-continuously.md, \"Driver memory\"",
+            f'and run again{f" ({kept})" if kept else ""}; docs/run-continuously.md, "Driver memory"',
         )
     return DriverExited(
         f"Spark's driver JVM exited with code {code}",

@@ -138,7 +138,9 @@ class Stages:
                     self._status.update(f"{text} ({detail})")
                 elif now - last_plain >= self.every_s:
                     last_plain = now
-                    self._line(f"{text}: {detail}", stage=text, status="running", seconds=round(now - started, 1))
+                    self._line(
+                        f"{text}: {detail}", stage=text, status="running", seconds=round(now - started, 1)
+                    )
 
     def close(self) -> None:
         self._stop.set()

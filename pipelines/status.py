@@ -36,7 +36,10 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
             ddl_line, ddl_fix = describe_ddl(conn, pipeline)  # with or without the DDL trigger
         finally:
             conn.close()
-        data["source"] = {"current_wal_lsn": format_lsn(source_lsn), "ddl_capture": {"line": ddl_line, "fix": ddl_fix}}
+        data["source"] = {
+            "current_wal_lsn": format_lsn(source_lsn),
+            "ddl_capture": {"line": ddl_line, "fix": ddl_fix},
+        }
         if state is None:
             data["source"]["slot"] = None
         else:
@@ -93,7 +96,9 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
         entry: dict[str, Any] = {"sink": sink.name, "kind": sink.kind}
         failing = last_error(pipeline.state_path, sink.name)
         if failing is not None:  # its last apply round failed: what, and since when
-            entry["last_error"] = {k: failing.get(k) for k in ("problem", "fix", "since_ms", "last_ms", "count")}
+            entry["last_error"] = {
+                k: failing.get(k) for k in ("problem", "fix", "since_ms", "last_ms", "count")
+            }
         try:
             ckpt = load_checkpoint(pipeline.state_path, sink.name, pipeline.file)
         except CdcError as exc:  # one unreadable checkpoint: that follower says so, the others are shown
@@ -114,7 +119,11 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
                 entry["self_check"] = check
         if cut is not None and "error" not in log_info:
             # a follower that lost tables is behind by their whole backlog (what the rebuild applies)
-            entry.update(follower_lag(pipeline, sink, without_lost(ckpt, check["lost"]) if "lost" in check else ckpt, cut))
+            entry.update(
+                follower_lag(
+                    pipeline, sink, without_lost(ckpt, check["lost"]) if "lost" in check else ckpt, cut
+                )
+            )
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
         if ckpt.lost:
@@ -214,7 +223,9 @@ def _lost_line(sink: str, lost: dict[str, Any]) -> str:
     )
 
 
-def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd: str = "cdc snapshot PIPELINE") -> None:
+def print_status(
+    data: dict[str, Any], say: Callable[[str], None], snapshot_cmd: str = "cdc snapshot PIPELINE"
+) -> None:
     """`snapshot_cmd`: `cdc snapshot <pipeline file>`, so the fix hints run as printed."""
     say(f"pipeline {data['pipeline']} (slot {data['slot']}, publication {data['publication']})")
     src = data.get("source", {})
@@ -268,7 +279,9 @@ def print_status(data: dict[str, Any], say: Callable[[str], None], snapshot_cmd:
         else:
             say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")
     for srv in data.get("servers", []):
-        say(f"  serve: {srv['url']} (pid {srv['pid']}, {srv['tables']} table(s), since {_when(srv['started'] * 1000)})")
+        say(
+            f"  serve: {srv['url']} (pid {srv['pid']}, {srv['tables']} table(s), since {_when(srv['started'] * 1000)})"
+        )
 
 
 def _when(ms: int) -> str:
@@ -283,7 +296,9 @@ def retention_lines(log: dict[str, Any]) -> list[str]:
     lines = []
     oldest = kept.get("oldest_cut")
     if oldest:
-        lines.append(f"cuts kept from cut {oldest['id']} ({_when(oldest['ts_ms'])}): `cdc reset --to-cut` reaches back that far")
+        lines.append(
+            f"cuts kept from cut {oldest['id']} ({_when(oldest['ts_ms'])}): `cdc reset --to-cut` reaches back that far"
+        )
     alarm = kept.get("alarm")
     if alarm:
         who = ", ".join(f"{f} at cut {c}" for f, c in alarm["followers"].items())

@@ -52,7 +52,9 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
             (pipeline.publication,),
         )
         publication = cur.fetchone()
-        inserts = insert_publication(pipeline.publication)  # keyless tables' (README "Tables without a primary key")
+        inserts = insert_publication(
+            pipeline.publication
+        )  # keyless tables' (README "Tables without a primary key")
         cur.execute(
             "SELECT pg_get_userbyid(pubowner), pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s",
             (inserts,),
@@ -101,4 +103,3 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
         if slot is not None:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
             say(f"dropped replication slot {pipeline.slot}")
-

@@ -35,7 +35,9 @@ def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
             if local or settings.catalog.type == "sqlite":
                 out[sink.name] = Path(warehouse(settings, pipeline)) if local else sqlite_file(sink, pipeline)
         elif sink.kind == "search" and getattr(settings, "engine", "") == "tantivy":
-            out[sink.name] = (pipeline.path(settings.path) if settings.path else pipeline.state_path / "search").resolve()
+            out[sink.name] = (
+                pipeline.path(settings.path) if settings.path else pipeline.state_path / "search"
+            ).resolve()
     return out
 
 
@@ -48,7 +50,11 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     keeping followers' directories; say what went."""
     state = pipeline.state_path.resolve()
     log_dir = pipeline.local_log_path.resolve()
-    kind = "log" if pipeline.log_config.local is not None else "staging log (what `cdc stream` publishes to Kafka)"
+    kind = (
+        "log"
+        if pipeline.log_config.local is not None
+        else "staging log (what `cdc stream` publishes to Kafka)"
+    )
     if (log_dir / "log.db").exists() or (log_dir / "segments").exists():
         shutil.rmtree(log_dir)
         say(f"deleted the {kind} at {log_dir} (its database and snapshot segment files)")
@@ -66,7 +72,9 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     if own is not None:
         others = sorted(p.name for p in state.iterdir() if not any(_inside(p.resolve(), k) for k in keep))
         if others:
-            say(f"left under {state}, which also holds the pipeline file, what cdc did not write: {', '.join(others)}")
+            say(
+                f"left under {state}, which also holds the pipeline file, what cdc did not write: {', '.join(others)}"
+            )
     if not keep and state.is_dir() and not any(state.iterdir()):
         state.rmdir()
 
@@ -74,8 +82,22 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
 # What cdc writes directly under state_dir (README Security "What is stored where"), for a
 # state_dir shared with the pipeline file; anything else there is the user's.
 OWN_ENTRIES = frozenset(
-    {"log", "staging", "checkpoints", "views", "spark", "locks", "debezium", "chunked", "errors", "serve",
-     "rebase.json", "rebase.tmp", "ddl.json", "search"}
+    {
+        "log",
+        "staging",
+        "checkpoints",
+        "views",
+        "spark",
+        "locks",
+        "debezium",
+        "chunked",
+        "errors",
+        "serve",
+        "rebase.json",
+        "rebase.tmp",
+        "ddl.json",
+        "search",
+    }
 )
 OWN_PREFIXES = ("verify-", "cdc-code-")
 
@@ -118,10 +140,14 @@ def find_topics(pipeline: Pipeline, delete: bool) -> Topics | None:
     cfg = pipeline.log_config.kafka
     if cfg is None:
         if delete:
-            raise UsageError("--delete-topics: this pipeline has no Kafka log (log: local)", "leave --delete-topics out")
+            raise UsageError(
+                "--delete-topics: this pipeline has no Kafka log (log: local)", "leave --delete-topics out"
+            )
         return None
     prefix = cfg.topic_prefix or pipeline.name
-    servers = cfg.bootstrap_servers if isinstance(cfg.bootstrap_servers, str) else ",".join(cfg.bootstrap_servers)
+    servers = (
+        cfg.bootstrap_servers if isinstance(cfg.bootstrap_servers, str) else ",".join(cfg.bootstrap_servers)
+    )
     if cfg.format == "debezium":
         if delete:
             raise UsageError(

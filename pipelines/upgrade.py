@@ -110,7 +110,12 @@ def describe(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     """What `cdc upgrade` found, format by format (after upgrading)."""
     say(f"cdc {VERSION} writes " + ", ".join(f"{f.name} {f.version}" for f in FORMATS))
     versions = sorted({data.get(STATE_KEY, 0) for _, data in state_records(pipeline.state_path)})
-    say(f"state under {pipeline.state_path}: format {', '.join(map(str, versions)) if versions else '- (no records yet)'}")
+    say(
+        f"state under {pipeline.state_path}: format {', '.join(map(str, versions)) if versions else '- (no records yet)'}"
+    )
     log_format = _local_log_format(pipeline)
     where = "staging log" if pipeline.log_config.local is None else "log"
-    say(f"{where} at {pipeline.local_log_path}: " + (f"format {log_format}" if log_format is not None else "none yet"))
+    say(
+        f"{where} at {pipeline.local_log_path}: "
+        + (f"format {log_format}" if log_format is not None else "none yet")
+    )

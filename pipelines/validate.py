@@ -146,7 +146,9 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
     # the Kafka log (sign-in, topic rights), OpenSearch sinks and the Spark master (validate_services.py)
     engine_problems += check_services(pipeline, [t.table for t in report.tables], say)
     if report.problems or dir_problems or engine_problems or shape_problems or view_problems:
-        count = len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems) + view_problems
+        count = (
+            len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems) + view_problems
+        )
         say(f"{count} problem(s) found; nothing was changed")
         # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
@@ -192,12 +194,16 @@ def captured_schemas(conn, report) -> dict:
     schemas = {}
     for t in report.tables:
         captured = report.filters.get(t.table)
-        cols = [(c.name, c.type_oid, c.typmod) for c in t.columns if captured is None or captured.keeps(c.name)]
+        cols = [
+            (c.name, c.type_oid, c.typmod) for c in t.columns if captured is None or captured.keeps(c.name)
+        ]
         schemas[t.table] = build_schema(conn, cols, t.key_columns, types, column_extras(conn, t.table))
     return schemas
 
 
-def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], spark_check: bool = False) -> int:
+def check_views(
+    pipeline: Pipeline, schemas: dict, say: Callable[[str], None], spark_check: bool = False
+) -> int:
     """Each derived view analysed (pipelines/views/sql.py) and its columns resolved against the
     captured schemas (no source row is read): a line per view saying whether it is maintained
     incrementally or recomputed each cut and why; FAIL lines (the count returned) for views that
@@ -223,10 +229,14 @@ def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], s
             say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
     spark = None
     for plan in plans:
-        followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or ["no sink follows it"]
+        followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or [
+            "no sink follows it"
+        ]
         unusable = [str(t) for t in plan.tables if t not in schemas]
         if unusable:
-            say(f"note: view {plan.name}: not checked: {', '.join(unusable)} cannot be used at the source (above)")
+            say(
+                f"note: view {plan.name}: not checked: {', '.join(unusable)} cannot be used at the source (above)"
+            )
             continue
         names = None if spark_check else output_names(plan, columns)
         if names is not None:
@@ -247,7 +257,9 @@ def check_views(pipeline: Pipeline, schemas: dict, say: Callable[[str], None], s
                 problems += 1
                 say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
                 continue
-        say(f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})")
+        say(
+            f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})"
+        )
     return problems
 
 
@@ -279,7 +291,9 @@ def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
 def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     """Followers' engines set up to lose data (a Redis that may evict keys): FAIL lines, their count.
     An engine that cannot be reached is a note here (`cdc apply` reports it when it runs)."""
-    redis = [(sink.name, sink.settings) for sink in pipeline.sinks if isinstance(sink.settings, RedisSettings)]
+    redis = [
+        (sink.name, sink.settings) for sink in pipeline.sinks if isinstance(sink.settings, RedisSettings)
+    ]
     if not redis:
         return 0  # the Redis client is imported only for a pipeline with Redis
     from sinks.cache.eviction import EVICTION_FIX, eviction_problem

@@ -29,7 +29,11 @@ READER_NEEDS = ("DESCRIBE", "READ")  # format: debezium: the connector writes, w
 
 def check_services(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
     """FAIL lines for the Kafka log, OpenSearch sinks and Spark master; their count."""
-    return check_kafka(pipeline, tables, say) + check_opensearch(pipeline, say) + check_spark_master(pipeline, say)
+    return (
+        check_kafka(pipeline, tables, say)
+        + check_opensearch(pipeline, say)
+        + check_spark_master(pipeline, say)
+    )
 
 
 def _fail(say: Say, problem: str, fix: str | None) -> int:
@@ -67,12 +71,18 @@ def check_kafka(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
         say(f"{OK} {where}: connected ({cfg.security_protocol}){who}")
         return _kafka_rights(client, pipeline, cfg, tables, where, say)
     except Exception as exc:  # kafka-python raises many kinds; each is a FAIL line
-        return _fail(say, f"{where}: the topic check failed: {type(exc).__name__}: {exc}", "check the broker and the user's rights")
+        return _fail(
+            say,
+            f"{where}: the topic check failed: {type(exc).__name__}: {exc}",
+            "check the broker and the user's rights",
+        )
     finally:
         client.close()
 
 
-def _kafka_rights(client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[TableName], where: str, say: Say) -> int:
+def _kafka_rights(
+    client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[TableName], where: str, say: Say
+) -> int:
     topics = log_topics(pipeline, cfg, tables)
     if not topics:
         return 0
@@ -100,22 +110,34 @@ def _kafka_rights(client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[T
             if lacking:
                 denied.append(f"{name} (lacks {', '.join(lacking)})")
     if denied:
-        problems += _fail(say, f"{where}: {user} may not use topic(s) the log needs: {', '.join(denied)}", acl_fix)
+        problems += _fail(
+            say, f"{where}: {user} may not use topic(s) the log needs: {', '.join(denied)}", acl_fix
+        )
     if missing and cfg.format == "debezium":
-        say(f"note: {where}: topic(s) {', '.join(missing)} do not exist yet (the Debezium connector creates them)")
+        say(
+            f"note: {where}: topic(s) {', '.join(missing)} do not exist yet (the Debezium connector creates them)"
+        )
     elif missing:
         answer = client.create_topics(
             {t: {"num_partitions": 1, "replication_factor": cfg.replication_factor} for t in missing},
             validate_only=True,
             raise_errors=False,
         )
-        refused = [f"{t['name']} ({t.get('error_message') or 'error ' + str(t['error_code'])})" for t in sorted(answer["topics"], key=lambda t: str(t["name"])) if t.get("error_code")]
+        refused = [
+            f"{t['name']} ({t.get('error_message') or 'error ' + str(t['error_code'])})"
+            for t in sorted(answer["topics"], key=lambda t: str(t["name"]))
+            if t.get("error_code")
+        ]
         if refused:
-            problems += _fail(say, f"{where}: {user} may not create topic(s) the log needs: {', '.join(refused)}", acl_fix)
+            problems += _fail(
+                say, f"{where}: {user} may not create topic(s) the log needs: {', '.join(refused)}", acl_fix
+            )
         else:
             say(f"{OK} {where}: {len(missing)} topic(s) to be created by `cdc stream` (CREATE allowed)")
     if not problems and len(topics) > len(missing):
-        say(f"{OK} {where}: {user} may {'read' if cfg.format == 'debezium' else 'write and read'} the log's {len(topics) - len(missing)} existing topic(s)")
+        say(
+            f"{OK} {where}: {user} may {'read' if cfg.format == 'debezium' else 'write and read'} the log's {len(topics) - len(missing)} existing topic(s)"
+        )
     return problems
 
 

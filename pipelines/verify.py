@@ -365,7 +365,9 @@ def compare(
     return verdict
 
 
-def _multiset_differences(verdict: TableVerdict, source: DataFrame, follower: DataFrame, names: list[str]) -> TableVerdict:
+def _multiset_differences(
+    verdict: TableVerdict, source: DataFrame, follower: DataFrame, names: list[str]
+) -> TableVerdict:
     """A keyless table: rows compared as multisets (EXCEPT ALL both ways, NULLs equal); the first
     differing rows are named by their values with how many more (missing) or fewer (extra) copies."""
     missing, extra = source.exceptAll(follower), follower.exceptAll(source)
@@ -675,7 +677,9 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
                     f"`{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`)"
                 )
             apply_cmd = (
-                pipeline.command("apply", "--once", "--sink", v.sink) if pipeline else "cdc apply PIPELINE --once"
+                pipeline.command("apply", "--once", "--sink", v.sink)
+                if pipeline
+                else "cdc apply PIPELINE --once"
             )
             if t.pending_columns:
                 say(

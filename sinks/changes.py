@@ -26,7 +26,12 @@ from sinks.sparktypes import cast_failures, from_envelope, from_text, spark_type
 
 META_COLUMNS = ("_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")
 POSITION_KEY = ("_cdc_lsn", "_cdc_seq")  # the identity of a keyless table's row
-META_TYPES = {"_cdc_lsn": T.LongType(), "_cdc_seq": T.LongType(), "_cdc_op": T.StringType(), "_cdc_commit_ts": T.TimestampType()}
+META_TYPES = {
+    "_cdc_lsn": T.LongType(),
+    "_cdc_seq": T.LongType(),
+    "_cdc_op": T.StringType(),
+    "_cdc_commit_ts": T.TimestampType(),
+}
 
 
 class cached_property:  # functools.cached_property, without its lock
@@ -69,7 +74,9 @@ def typed_columns(schema: TableSchema, texts: list, kind: str = "pgtext") -> lis
 @dataclass
 class NetChanges:
     df: DataFrame  # typed source columns + META_COLUMNS + unchanged flags; one row per key
-    unchanged: dict[str, str] = field(default_factory=dict)  # column -> flag column (True = keep target value)
+    unchanged: dict[str, str] = field(
+        default_factory=dict
+    )  # column -> flag column (True = keep target value)
     cached: DataFrame | None = None
 
     def release(self) -> None:
@@ -86,7 +93,9 @@ class TableBatch:
     snapshot_lsn: int | None  # consistent point of the base snapshot
     first_offset: int
     last_offset: int
-    value_kind: str = "pgtext"  # how `vals` are written: PostgreSQL text ("pgtext") or envelope JSON ("envelope")
+    value_kind: str = (
+        "pgtext"  # how `vals` are written: PostgreSQL text ("pgtext") or envelope JSON ("envelope")
+    )
     # Columns added with a constant default: name -> (LSN they appeared at, default as text).
     defaults: dict[str, tuple[int, str]] = field(default_factory=dict)
     # Columns the source dropped during the batch's span: rows written after the drop keep the follower's value.
@@ -178,7 +187,11 @@ class TableBatch:
         resolved: dict[int, str] = {}
         if not self._summary["unchanged"]:
             return df, resolved
-        running = Window.partitionBy("key").orderBy("lsn", "seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        running = (
+            Window.partitionBy("key")
+            .orderBy("lsn", "seq")
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        )
         for i, col in enumerate(self.schema.columns):
             if toastable(self.types[col.type_oid]) or col.name in self.retired:
                 name = f"__cdc_r_{i}"
@@ -187,11 +200,16 @@ class TableBatch:
                 resolved[i] = name
         return df, resolved
 
-    def _typed(self, df: DataFrame, resolved: dict[int, str], extra: list[str]) -> tuple[DataFrame, dict[str, str]]:
+    def _typed(
+        self, df: DataFrame, resolved: dict[int, str], extra: list[str]
+    ) -> tuple[DataFrame, dict[str, str]]:
         """Cast texts to the follower's types (the summary pass ruled out values that cannot be)."""
         selects = []
         unchanged: dict[str, str] = {}
-        texts = [F.col(resolved[i])["v"] if i in resolved else F.col("vals")[i] for i in range(len(self.schema.columns))]
+        texts = [
+            F.col(resolved[i])["v"] if i in resolved else F.col("vals")[i]
+            for i in range(len(self.schema.columns))
+        ]
         for i, (name, typed, _failed) in enumerate(typed_columns(self.schema, texts, self.value_kind)):
             selects.append(typed.alias(name))
             if i in resolved:
@@ -221,7 +239,9 @@ class TableBatch:
         """(lsn, seq, commit ts) of every truncate in the batch, oldest first (a handful at most)."""
         if self.truncate_position is None:
             return []
-        rows = self.events.filter(F.col("op") == "t").select("lsn", "seq", "ts").orderBy("lsn", "seq").collect()
+        rows = (
+            self.events.filter(F.col("op") == "t").select("lsn", "seq", "ts").orderBy("lsn", "seq").collect()
+        )
         return [(r["lsn"], r["seq"], r["ts"]) for r in rows]
 
     def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:

@@ -98,7 +98,9 @@ def _typemap_udf(t: PgType, typmod: int, result: T.DataType):
     return F.udf(apply, result)
 
 
-def scalar_from_text(text: SparkColumn, target: T.DataType, t: PgType | None = None, typmod: int = -1) -> SparkColumn:
+def scalar_from_text(
+    text: SparkColumn, target: T.DataType, t: PgType | None = None, typmod: int = -1
+) -> SparkColumn:
     if t is not None and t.kind == "base" and t.name == "time":
         return _micros_of_day(text)
     if t is not None and t.kind == "base" and t.name in _VIA_TYPEMAP:
@@ -131,7 +133,9 @@ def _parse_pg_array(delimiter: str, depth: int):
     def parse(text):  # no annotations: Spark would try to infer a pandas UDF from them
         if text is None:
             return None
-        items = parse_array(text[text.index("=") + 1 :] if text[:1] == "[" else text, delimiter, str)  # '[0:1]={..}': bounds dropped
+        items = parse_array(
+            text[text.index("=") + 1 :] if text[:1] == "[" else text, delimiter, str
+        )  # '[0:1]={..}': bounds dropped
         if items and depth_of(items) != depth:
             return None
         return items
@@ -197,7 +201,9 @@ def _non_null_count(arr: SparkColumn, depth: int) -> SparkColumn:
     return F.size(F.filter(flat, lambda x: x.isNotNull()))
 
 
-def cast_failures(text: SparkColumn, typed: SparkColumn, t: PgType, column: Column, kind: str = "pgtext") -> SparkColumn:
+def cast_failures(
+    text: SparkColumn, typed: SparkColumn, t: PgType, column: Column, kind: str = "pgtext"
+) -> SparkColumn:
     """True where a non-NULL source value did not survive the cast."""
     if t.kind == "array" and t.element is not None:
         depth = max(column.ndims, 1)
@@ -212,14 +218,33 @@ def cast_failures(text: SparkColumn, typed: SparkColumn, t: PgType, column: Colu
             parsed = F.from_json(text, as_text)
         else:
             parsed = _parse_pg_array(t.delimiter, depth)(text)
-        return text.isNotNull() & (typed.isNull() | (_non_null_count(parsed, depth) != _non_null_count(typed, depth)))
+        return text.isNotNull() & (
+            typed.isNull() | (_non_null_count(parsed, depth) != _non_null_count(typed, depth))
+        )
     return text.isNotNull() & typed.isNull()
 
 
 # Fixed-length types are never stored out of line, so never arrive as "unchanged TOAST".
 _FIXED_LENGTH = {
-    "int2", "int4", "int8", "oid", "xid", "float4", "float8", "bool", "date", "time", "timetz",
-    "timestamp", "timestamptz", "uuid", "money", "interval", "char", "macaddr", "macaddr8",
+    "int2",
+    "int4",
+    "int8",
+    "oid",
+    "xid",
+    "float4",
+    "float8",
+    "bool",
+    "date",
+    "time",
+    "timetz",
+    "timestamp",
+    "timestamptz",
+    "uuid",
+    "money",
+    "interval",
+    "char",
+    "macaddr",
+    "macaddr8",
 }
 
 

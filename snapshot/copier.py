@@ -76,7 +76,9 @@ class CopyPool:
         self.stop = threading.Event()
         self.ready = threading.Barrier(workers + 1)
         self._conns: list = []
-        self._threads = [threading.Thread(target=self._work, name=f"copy-{i}", daemon=True) for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"copy-{i}", daemon=True) for i in range(workers)
+        ]
         for t in self._threads:
             t.start()
 

@@ -388,7 +388,10 @@ def _no_unread_publication(conn, pipeline: Pipeline, tables: list) -> None:
     running does not read it (its publication_names are fixed when it starts) and would acknowledge
     the table's inserts unseen: refused while the slot is in use."""
     inserts = insert_publication(pipeline.publication)
-    if not any(t.insert_only for t in tables) or publication_names(conn, pipeline.publication) != pipeline.publication:
+    if (
+        not any(t.insert_only for t in tables)
+        or publication_names(conn, pipeline.publication) != pipeline.publication
+    ):
         return
     slot = _slot(conn, pipeline.slot)
     if slot is not None and slot[2] is not None:

@@ -46,7 +46,9 @@ def slot_with_snapshot(
         # A temporary slot (a re-snapshot beside the pipeline's slot) lives for one connection: never a failover slot.
         options = ", FAILOVER true" if failover and not temporary else ""
         if server_version >= 150000:
-            command = f"CREATE_REPLICATION_SLOT \"{slot}\"{temp} LOGICAL pgoutput (SNAPSHOT 'export'{options})"
+            command = (
+                f"CREATE_REPLICATION_SLOT \"{slot}\"{temp} LOGICAL pgoutput (SNAPSHOT 'export'{options})"
+            )
         else:
             command = f'CREATE_REPLICATION_SLOT "{slot}"{temp} LOGICAL pgoutput EXPORT_SNAPSHOT'
         try:

@@ -34,7 +34,10 @@ def write_pipeline(
 ) -> Path:
     """A pipeline file in `directory` (state under directory/.cdc/<name>) with `postgres` as further
     source.postgres settings and `extra` as further top-level keys; returns its path."""
-    doc: dict[str, Any] = {"name": name, "source": {"postgres": {"dsn": dsn, "tables": list(tables), **(postgres or {})}}}
+    doc: dict[str, Any] = {
+        "name": name,
+        "source": {"postgres": {"dsn": dsn, "tables": list(tables), **(postgres or {})}},
+    }
     doc.update(extra)
     path = directory / f"{name}.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -55,7 +58,12 @@ class CdcRun:
     err: str
 
 
-def cdc(*args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None) -> CdcRun:
+def cdc(
+    *args: str | os.PathLike[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: Path | None = None,
+) -> CdcRun:
     """Run the real `cdc` console entry in a subprocess (exit codes and output as a user sees them)."""
     done = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *map(str, args)],
@@ -81,7 +89,9 @@ def cdc_here(*args: str | os.PathLike[str]) -> CdcRun:
     return CdcRun(result.exit_code, result.stdout, result.stderr)
 
 
-def cdc_popen(*args: str | os.PathLike[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def cdc_popen(
+    *args: str | os.PathLike[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", *map(str, args)],
         stdout=subprocess.PIPE,
@@ -105,7 +115,11 @@ def stop_process(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str
 
 
 def wait_for(
-    what: str, check: Callable[[], Any], proc: subprocess.Popen | None = None, timeout: float = 120, interval: float = 0.2
+    what: str,
+    check: Callable[[], Any],
+    proc: subprocess.Popen | None = None,
+    timeout: float = 120,
+    interval: float = 0.2,
 ) -> Any:
     """Poll `check()` until it is truthy and return its value; fail early if `proc` exited meanwhile
     (with its output). The timeout only ends a hung wait: nothing asserts how long the wait took."""
@@ -142,7 +156,10 @@ def source_rows(dsn: str, table: str, key: Sequence[str]) -> dict[tuple, dict[st
             cols = [d.name for d in cur.description]
             # format('%s', x) is the type's output function (what COPY and pgoutput print); NULL stays NULL.
             select = pgsql.SQL(", ").join(
-                pgsql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(c=pgsql.Identifier(c)) for c in cols
+                pgsql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
+                    c=pgsql.Identifier(c)
+                )
+                for c in cols
             )
             cur.execute(pgsql.SQL("SELECT {} FROM {}").format(select, pgsql.SQL(table)))
             out = {}

@@ -39,9 +39,13 @@ class SourceTableOptions(Strict):
     publication's column list and row filter (PostgreSQL 15 or later) and used by the snapshot's COPY."""
 
     columns: list[str] | None = Field(default=None, min_length=1, description="capture only these columns")
-    exclude_columns: list[str] | None = Field(default=None, min_length=1, description="capture every column but these")
+    exclude_columns: list[str] | None = Field(
+        default=None, min_length=1, description="capture every column but these"
+    )
     where: str | None = Field(
-        default=None, min_length=1, description="SQL predicate over replica identity columns: only rows that match are captured"
+        default=None,
+        min_length=1,
+        description="SQL predicate over replica identity columns: only rows that match are captured",
     )
 
     @model_validator(mode="after")
@@ -57,8 +61,12 @@ class SourceTableOptions(Strict):
 class PostgresSource(Strict):
     dsn: str = Field(description="libpq connection string or postgresql:// URI")
     tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
-    slot: str | None = Field(default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)")
-    publication: str | None = Field(default=None, pattern=NAME_RE, description="publication (default cdc_<name>)")
+    slot: str | None = Field(
+        default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)"
+    )
+    publication: str | None = Field(
+        default=None, pattern=NAME_RE, description="publication (default cdc_<name>)"
+    )
     failover: bool = Field(
         default=False,
         description="create the slot as a failover slot (PostgreSQL 17 or later): a standby with sync_replication_slots "
@@ -98,18 +106,27 @@ class Source(Strict):
 
 # --- log ------------------------------------------------------------------------------------------
 class LocalLog(Strict):
-    path: str | None = Field(default=None, description="directory of the SQLite log (default <state_dir>/log)")
+    path: str | None = Field(
+        default=None, description="directory of the SQLite log (default <state_dir>/log)"
+    )
     synchronous: Literal["full", "normal"] = Field(
-        default="full", description="SQLite fsync policy: full survives power loss, normal survives process crashes"
+        default="full",
+        description="SQLite fsync policy: full survives power loss, normal survives process crashes",
     )
     # Cut retention (cdc/log/local.py): the newest keep_cuts always, older ones while a follower's
     # position (checkpoint, view state) still needs them, up to the bound; past it they go, loudly.
-    keep_cuts: int = Field(default=200, ge=10, description="newest cuts always kept (rewind targets of `cdc reset --to-cut`)")
+    keep_cuts: int = Field(
+        default=200, ge=10, description="newest cuts always kept (rewind targets of `cdc reset --to-cut`)"
+    )
     held_cuts_max: int = Field(
-        default=1_000_000, ge=10, description="most cuts a lagging follower may hold back (then the oldest go, with an alarm)"
+        default=1_000_000,
+        ge=10,
+        description="most cuts a lagging follower may hold back (then the oldest go, with an alarm)",
     )
     held_cuts_max_age_s: float = Field(
-        default=86_400, gt=0, description="oldest cut a lagging follower may hold back, in seconds (then older ones go, with an alarm)"
+        default=86_400,
+        gt=0,
+        description="oldest cut a lagging follower may hold back, in seconds (then older ones go, with an alarm)",
     )
 
 
@@ -117,14 +134,19 @@ class KafkaLog(Strict):
     bootstrap_servers: str | list[str] = Field(description='"host:port" (comma-separated) or a list of them')
     topic_prefix: str | None = Field(default=None, description="topic prefix (default: the pipeline name)")
     format: Literal["cdc", "debezium"] = Field(
-        default="cdc", description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics"
+        default="cdc",
+        description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics",
     )
-    replication_factor: int = Field(default=1, ge=1, description="replication factor of topics we create (3 in production)")
+    replication_factor: int = Field(
+        default=1, ge=1, description="replication factor of topics we create (3 in production)"
+    )
     topic_config: dict[str, str] = Field(
-        default_factory=dict, description="extra/overriding configs of the table topics (e.g. delete.retention.ms)"
+        default_factory=dict,
+        description="extra/overriding configs of the table topics (e.g. delete.retention.ms)",
     )
     fix_cleanup_policy: bool = Field(
-        default=False, description="change existing topics with cleanup.policy=delete to compact instead of refusing"
+        default=False,
+        description="change existing topics with cleanup.policy=delete to compact instead of refusing",
     )
     publisher_workers: int | None = Field(
         default=None,
@@ -133,10 +155,12 @@ class KafkaLog(Strict):
         description="processes rendering large backlogs and snapshots for Kafka (default: none with the C speedup, else one per core, up to 4)",
     )
     transaction_topic: str | None = Field(
-        default=None, description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)"
+        default=None,
+        description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)",
     )
     dead_letter: str | None = Field(
-        default=None, description="debezium: Delta table path where malformed records are parked (default: stop)"
+        default=None,
+        description="debezium: Delta table path where malformed records are parked (default: stop)",
     )
     # Security (README Security): one place, passed to every Kafka client of the tool
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
@@ -146,11 +170,21 @@ class KafkaLog(Strict):
         default=None, description="SASL_*: the mechanism the brokers enable"
     )
     sasl_username: str | None = Field(default=None, description="SASL_*: the user (e.g. ${KAFKA_USER})")
-    sasl_password: str | None = Field(default=None, repr=False, description="SASL_*: its password, from ${ENV}")
-    ssl_cafile: str | None = Field(default=None, description="SSL/SASL_SSL: PEM CA file (default: the system's CAs)")
-    ssl_certfile: str | None = Field(default=None, description="SSL/SASL_SSL: client certificate (PEM), for mTLS")
-    ssl_keyfile: str | None = Field(default=None, description="SSL/SASL_SSL: the client certificate's key (PEM, unencrypted PKCS#8)")
-    ssl_check_hostname: bool = Field(default=True, description="check that the broker's certificate names the host")
+    sasl_password: str | None = Field(
+        default=None, repr=False, description="SASL_*: its password, from ${ENV}"
+    )
+    ssl_cafile: str | None = Field(
+        default=None, description="SSL/SASL_SSL: PEM CA file (default: the system's CAs)"
+    )
+    ssl_certfile: str | None = Field(
+        default=None, description="SSL/SASL_SSL: client certificate (PEM), for mTLS"
+    )
+    ssl_keyfile: str | None = Field(
+        default=None, description="SSL/SASL_SSL: the client certificate's key (PEM, unencrypted PKCS#8)"
+    )
+    ssl_check_hostname: bool = Field(
+        default=True, description="check that the broker's certificate names the host"
+    )
 
     @model_validator(mode="after")
     def _security(self) -> KafkaLog:
@@ -171,8 +205,12 @@ class KafkaLog(Strict):
 
 
 class LogConfig(Strict):
-    local: LocalLog | None = Field(default=None, description="the embedded SQLite log (the default when `log` is left out)")
-    kafka: KafkaLog | None = Field(default=None, description="Kafka topics (give exactly one of local and kafka)")
+    local: LocalLog | None = Field(
+        default=None, description="the embedded SQLite log (the default when `log` is left out)"
+    )
+    kafka: KafkaLog | None = Field(
+        default=None, description="Kafka topics (give exactly one of local and kafka)"
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> LogConfig:
@@ -187,7 +225,9 @@ class LogConfig(Strict):
 # (sinks/<kind>/settings.py, registered in sinks/registry.py), above this one: it builds the full
 # model with pipeline_model(), and loads pipeline files through it.
 class _SinkName(Strict):
-    name: str = Field(pattern=NAME_RE, description="the sink's name (`--sink NAME`; its checkpoint and metrics label)")
+    name: str = Field(
+        pattern=NAME_RE, description="the sink's name (`--sink NAME`; its checkpoint and metrics label)"
+    )
 
 
 class SinkConfig(_SinkName):
@@ -235,7 +275,9 @@ class SinkConfig(_SinkName):
 class SparkConfig(Strict):
     master: str = Field(default="local[2]", description="Spark master URL")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
-    trigger_interval_s: float = Field(default=5.0, gt=0, description="continuous apply: seconds between batches")
+    trigger_interval_s: float = Field(
+        default=5.0, gt=0, description="continuous apply: seconds between batches"
+    )
     follower_check_interval_s: float = Field(
         default=60.0,
         ge=0,
@@ -262,7 +304,8 @@ class SparkConfig(Strict):
         description="spark.authenticate secret shared with the cluster, from ${ENV} (turns authentication on)",
     )
     encrypt: bool = Field(
-        default=True, description="with `secret`: encrypt RPC (spark.network.crypto) and local shuffle/spill files"
+        default=True,
+        description="with `secret`: encrypt RPC (spark.network.crypto) and local shuffle/spill files",
     )
     # README "Secrets on the executors": the sinks' passwords reach executors by environment, not in tasks
     executor_secrets: Literal["conf", "workers"] = Field(
@@ -274,8 +317,12 @@ class SparkConfig(Strict):
 
 
 class StreamConfig(Strict):
-    batch_max_events: int = Field(default=20000, gt=0, description="commit to the log after this many events...")
-    batch_max_seconds: float = Field(default=0.5, gt=0, description="...or this many seconds, at a transaction boundary")
+    batch_max_events: int = Field(
+        default=20000, gt=0, description="commit to the log after this many events..."
+    )
+    batch_max_seconds: float = Field(
+        default=0.5, gt=0, description="...or this many seconds, at a transaction boundary"
+    )
     status_interval_s: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
     reconnect_timeout_s: float = Field(
         default=300.0,
@@ -302,10 +349,14 @@ class SnapshotConfig(Strict):
     )
     chunk_rows: int = Field(default=100_000, gt=0, description="rows per chunk (one short transaction each)")
     max_rows_per_s: float | None = Field(
-        default=None, gt=0, description="chunked: copy at most this many rows per second (default: unthrottled)"
+        default=None,
+        gt=0,
+        description="chunked: copy at most this many rows per second (default: unthrottled)",
     )
     auto_min_rows: int = Field(
-        default=1_000_000, ge=0, description="auto: tables estimated (pg_class.reltuples) at this many rows or more are chunked"
+        default=1_000_000,
+        ge=0,
+        description="auto: tables estimated (pg_class.reltuples) at this many rows or more are chunked",
     )
 
     @field_validator("tables")
@@ -329,7 +380,9 @@ class MetricsConfig(Strict):
         le=65535,
         description="serve Prometheus metrics on this port (stream, apply, run, snapshot); default: off",
     )
-    host: str = Field(default="127.0.0.1", description="address the metrics endpoint binds (0.0.0.0: every interface)")
+    host: str = Field(
+        default="127.0.0.1", description="address the metrics endpoint binds (0.0.0.0: every interface)"
+    )
 
 
 # --- derived views -------------------------------------------------------------------------------
@@ -341,8 +394,12 @@ class ViewConfig(Strict):
     cut by cut (pipelines/views) and followed by sinks that name it in their `views`."""
 
     name: str = Field(pattern=NAME_RE, description="followed as the table views.<name>")
-    sql: str = Field(min_length=1, description="one Spark SQL query over the captured tables, named schema.table")
-    key: list[str] = Field(min_length=1, description="output columns that identify a view row (unique per row)")
+    sql: str = Field(
+        min_length=1, description="one Spark SQL query over the captured tables, named schema.table"
+    )
+    key: list[str] = Field(
+        min_length=1, description="output columns that identify a view row (unique per row)"
+    )
 
     @field_validator("key")
     @classmethod
@@ -360,18 +417,32 @@ class ViewConfig(Strict):
 
 
 class Pipeline(Strict):
-    sink_config: ClassVar[type[SinkConfig]] = SinkConfig  # a `sinks:` entry (pipeline_model() gives it its kinds)
+    sink_config: ClassVar[type[SinkConfig]] = (
+        SinkConfig  # a `sinks:` entry (pipeline_model() gives it its kinds)
+    )
 
-    name: str = Field(pattern=NAME_RE, description="the pipeline's name (default slot, publication and topic prefix)")
+    name: str = Field(
+        pattern=NAME_RE, description="the pipeline's name (default slot, publication and topic prefix)"
+    )
     source: Source = Field(description="where changes come from")
-    log: LogConfig | None = Field(default=None, description="where captured changes are kept (default: local)")
-    state_dir: str | None = Field(default=None, description="checkpoints, locks and the local log (default .cdc/<name>)")
+    log: LogConfig | None = Field(
+        default=None, description="where captured changes are kept (default: local)"
+    )
+    state_dir: str | None = Field(
+        default=None, description="checkpoints, locks and the local log (default .cdc/<name>)"
+    )
     sinks: list[SinkConfig] = Field(default_factory=list, description="the followers")
-    views: list[ViewConfig] = Field(default_factory=list, description="derived views over the captured tables")
+    views: list[ViewConfig] = Field(
+        default_factory=list, description="derived views over the captured tables"
+    )
     spark: SparkConfig = Field(default_factory=SparkConfig, description="the apply job's Spark")
-    stream: StreamConfig = Field(default_factory=StreamConfig, description="`cdc stream` batching and reconnects")
+    stream: StreamConfig = Field(
+        default_factory=StreamConfig, description="`cdc stream` batching and reconnects"
+    )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="the Prometheus endpoint")
-    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig, description="how `cdc snapshot` copies tables")
+    snapshot: SnapshotConfig = Field(
+        default_factory=SnapshotConfig, description="how `cdc snapshot` copies tables"
+    )
 
     # Where the file was loaded from; relative paths resolve against its directory.
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -421,7 +492,9 @@ class Pipeline(Strict):
                     close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     known = ", ".join(declared) or "none are declared under the top-level `views:`"
-                    raise ValueError(f"sinks.{sink.name}.{sink.kind}.views: unknown view {name!r}{hint} (views: {known})")
+                    raise ValueError(
+                        f"sinks.{sink.name}.{sink.kind}.views: unknown view {name!r}{hint} (views: {known})"
+                    )
         clash = [t for t in self.source.postgres.tables if TableSelector.parse(t).schema == VIEW_SCHEMA]
         if self.views and clash:
             raise ValueError(
@@ -538,7 +611,8 @@ class Pipeline(Strict):
             cfg = self.sink(name)
             if cfg.kind != kind:
                 raise UsageError(
-                    f"sink {name!r} is a {cfg.kind} sink, not a {kind} sink", f"name a {kind} sink with --sink"
+                    f"sink {name!r} is a {cfg.kind} sink, not a {kind} sink",
+                    f"name a {kind} sink with --sink",
                 )
             return cfg
         for cfg in self.sinks:
@@ -592,7 +666,11 @@ def directory_problem(path: Path) -> str | None:
             break
         existing = existing.parent
     if not existing.is_dir():
-        return "is a file, not a directory" if existing == path else f"cannot be created: {existing} is a file, not a directory"
+        return (
+            "is a file, not a directory"
+            if existing == path
+            else f"cannot be created: {existing} is a file, not a directory"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "is" if existing == path else f"cannot be created: {existing} is"
         return f"{where} not writable (permissions or a read-only file system)"
@@ -749,7 +827,9 @@ def load_pipeline(path: str | os.PathLike[str], *, model: type[Pipeline]) -> Pip
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PipelineFileError(f"pipeline file {file} does not exist", "check the path (relative to the current directory)") from None
+        raise PipelineFileError(
+            f"pipeline file {file} does not exist", "check the path (relative to the current directory)"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PipelineFileError(f"cannot read pipeline file {file}: {exc}") from None
     try:

@@ -15,7 +15,9 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command line or bad pipeline file
     SOURCE = 3  # the source database cannot be used as configured
     RUNTIME = 4  # anything else that went wrong while working
-    FORMAT = 5  # data on disk written by a newer cdc, in a format this one cannot read (cdc/ground/formats.py)
+    FORMAT = (
+        5  # data on disk written by a newer cdc, in a format this one cannot read (cdc/ground/formats.py)
+    )
     INTERRUPTED = 130
 
 
@@ -32,7 +34,11 @@ class CdcError(Exception):
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
 
-    def __reduce__(self) -> tuple[type[CdcError], tuple[str, str | None]]:  # keeps `fix` when the error crosses a process boundary (worker pools)
+    def __reduce__(
+        self,
+    ) -> tuple[
+        type[CdcError], tuple[str, str | None]
+    ]:  # keeps `fix` when the error crosses a process boundary (worker pools)
         return type(self), (self.problem, self.fix)
 
 

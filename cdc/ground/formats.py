@@ -26,10 +26,16 @@ class Format:
 
 
 STATE = Format("state", 1, "state_dir JSON records: follower checkpoints, view-stage state (key `format`)")
-LOCAL_LOG = Format("local_log", 1, "the local log and the kafka staging log: log.db meta `format`, segment files")
+LOCAL_LOG = Format(
+    "local_log", 1, "the local log and the kafka staging log: log.db meta `format`, segment files"
+)
 KAFKA = Format("kafka", 1, "Kafka topics: records, `_cdc_schemas`, `_cdc_cuts` cut records (key `format`)")
-MARKER = Format("marker", 1, "follower markers in the engines (Delta `cdc.follower`, Redis, tantivy, OpenSearch)")
-DELTA_CUTS = Format("delta_cuts", 1, "the Delta sink's `_cdc_cuts` table: columns `format`, `cdc_version` of each row")
+MARKER = Format(
+    "marker", 1, "follower markers in the engines (Delta `cdc.follower`, Redis, tantivy, OpenSearch)"
+)
+DELTA_CUTS = Format(
+    "delta_cuts", 1, "the Delta sink's `_cdc_cuts` table: columns `format`, `cdc_version` of each row"
+)
 FORMATS = (STATE, LOCAL_LOG, KAFKA, MARKER, DELTA_CUTS)
 
 # The formats each release wrote (README "Upgrading" shows the same table).

@@ -29,7 +29,9 @@ def open_log(pipeline: Pipeline, *, readonly: bool = False) -> LocalLog:
 
         sinks = [s.name for s in pipeline.sinks] + (["_views"] if pipeline.views else [])
         holds = holds_reader(pipeline.state_path, sinks, [v.name for v in pipeline.views])
-        log.set_retention(local.keep_cuts, local.held_cuts_max, local.held_cuts_max_age_s, holds, pipeline.name)
+        log.set_retention(
+            local.keep_cuts, local.held_cuts_max, local.held_cuts_max_age_s, holds, pipeline.name
+        )
     return log
 
 

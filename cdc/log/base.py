@@ -93,7 +93,9 @@ class Cut:
 class TableState:
     table: TableName
     id: int
-    state: str  # 'pending' (seen, no snapshot yet) | 'snapshotting' | 'live' | 'dropped' (gone from the source)
+    state: (
+        str  # 'pending' (seen, no snapshot yet) | 'snapshotting' | 'live' | 'dropped' (gone from the source)
+    )
     base: int | None
     snapshot_lsn: int | None
     purged_below: int  # deletes/truncates below this offset were compacted away

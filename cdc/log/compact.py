@@ -109,14 +109,20 @@ def _plan_table(log: LocalLog, state: TableState, retention_s: float, stats: Tab
     plan = _Plan(purged_below=state.purged_below)
     cutoff_us = int((time.time() - retention_s) * 1_000_000)
     plan.delete_offsets += [r[0] for r in db.execute(f"SELECT off FROM ev_{tid} WHERE off < ?", (base,))]
-    last_truncate = db.execute(f"SELECT max(off) FROM ev_{tid} WHERE op = 't' AND off >= ?", (base,)).fetchone()[0]
+    last_truncate = db.execute(
+        f"SELECT max(off) FROM ev_{tid} WHERE op = 't' AND off >= ?", (base,)
+    ).fetchone()[0]
     start = base
     if last_truncate is not None:
-        plan.delete_offsets += [r[0] for r in db.execute(f"SELECT off FROM ev_{tid} WHERE off >= ? AND off < ?", (base, last_truncate))]
+        plan.delete_offsets += [
+            r[0]
+            for r in db.execute(f"SELECT off FROM ev_{tid} WHERE off >= ? AND off < ?", (base, last_truncate))
+        ]
         start = last_truncate
     plan.start = start
     rows = db.execute(
-        f"SELECT off, key, op, payload, sv, ts FROM ev_{tid} WHERE key IS NOT NULL AND off >= ? ORDER BY key, off", (start,)
+        f"SELECT off, key, op, payload, sv, ts FROM ev_{tid} WHERE key IS NOT NULL AND off >= ? ORDER BY key, off",
+        (start,),
     )
     for group in _groups(rows):
         newest = group[-1]
@@ -136,7 +142,9 @@ def _plan_table(log: LocalLog, state: TableState, retention_s: float, stats: Tab
     return plan
 
 
-def _rewrite_segments(log: LocalLog, state: TableState, plan: _Plan, stats: TableCompaction) -> list[tuple[int, int, int]]:
+def _rewrite_segments(
+    log: LocalLog, state: TableState, plan: _Plan, stats: TableCompaction
+) -> list[tuple[int, int, int]]:
     """Rewrite this table's live segments without superseded keys; returns (segment id, rows, bytes)."""
     updates = []
     markers = log.db.execute(
@@ -180,9 +188,14 @@ def compact_table(log: LocalLog, state: TableState, retention_s: float) -> Table
     segment_updates = _rewrite_segments(log, state, plan, stats)
     with log.write():
         if segment_updates:
-            log.db.executemany("UPDATE segments SET rows = ?, bytes = ? WHERE id = ?", [(r, b, i) for i, r, b in segment_updates])
+            log.db.executemany(
+                "UPDATE segments SET rows = ?, bytes = ? WHERE id = ?",
+                [(r, b, i) for i, r, b in segment_updates],
+            )
         log.db.executemany(f"DELETE FROM ev_{tid} WHERE off = ?", [(o,) for o in plan.delete_offsets])
-        log.db.executemany(f"UPDATE ev_{tid} SET payload = ? WHERE off = ?", [(p, o) for o, p in plan.rewrites])
+        log.db.executemany(
+            f"UPDATE ev_{tid} SET payload = ? WHERE off = ?", [(p, o) for o, p in plan.rewrites]
+        )
         # Segments no longer referenced by a marker at or after the base belong to older snapshots.
         dead = log.db.execute(
             "SELECT s.id, s.path FROM segments s JOIN snapshots p ON p.id = s.snapshot_id"

@@ -84,7 +84,9 @@ def missing_table(conn, selector: TableSelector | TableName, where: str) -> Prob
     """`table X does not exist`, with a "did you mean" when only the case differs."""
     close = case_matches(conn, selector)
     if not close:
-        return Problem(f"table {selector} does not exist in {where}", "create it, or fix source.postgres.tables")
+        return Problem(
+            f"table {selector} does not exist in {where}", "create it, or fix source.postgres.tables"
+        )
     return Problem(
         f"table {selector} does not exist in {where}; did you mean {' or '.join(close)}?",
         f"quote mixed-case names in source.postgres.tables: '{close[0]}' (unquoted names fold to lower case, as in SQL; "

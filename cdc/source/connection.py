@@ -30,7 +30,11 @@ def connect(dsn: str, *, replication: bool = False, application_name: str = "cdc
             f"source.postgres.dsn is not a valid connection string: {redact_with(str(exc).strip(), _password_of(dsn))}",
             "use a URI like postgresql://user:password@host:5432/dbname or key=value pairs",
         ) from None
-    kwargs: dict[str, Any] = {"options": libpq_options(), "connect_timeout": 10, "application_name": application_name}
+    kwargs: dict[str, Any] = {
+        "options": libpq_options(),
+        "connect_timeout": 10,
+        "application_name": application_name,
+    }
     if replication:
         kwargs["connection_factory"] = psycopg2.extras.LogicalReplicationConnection
     try:

@@ -119,7 +119,9 @@ def _check_insert_publication(conn, report: CheckReport, info: ServerInfo, publi
         row = cur.fetchone()
     names = ", ".join(str(t.table) for t in keyless)
     others = [str(t.table) for t in keyless if not t.owned]
-    statement = f"CREATE PUBLICATION {quote_ident(inserts)} FOR TABLE {names} WITH (publish = 'insert, truncate');"
+    statement = (
+        f"CREATE PUBLICATION {quote_ident(inserts)} FOR TABLE {names} WITH (publish = 'insert, truncate');"
+    )
     if row is None and not (info.superuser or (not others and info.can_create_in_db)):
         report.problems.append(
             Problem(
@@ -203,14 +205,24 @@ def ensure_publication(
     Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
     keyless = [t for t in tables if t.insert_only]
     first = _publication_tables(conn, publication) is None
-    added = _ensure(conn, publication, [t for t in tables if not t.insert_only], filters, "insert, update, delete, truncate")
+    added = _ensure(
+        conn,
+        publication,
+        [t for t in tables if not t.insert_only],
+        filters,
+        "insert, update, delete, truncate",
+    )
     if keyless or first:  # made with the first: a stream started before a keyless table joins reads it too
         added += _ensure(conn, insert_publication(publication), keyless, filters, "insert, truncate")
     return added
 
 
 def _ensure(
-    conn, publication: str, tables: list[TableInfo], filters: Mapping[TableName, CaptureFilter] | None, publish: str
+    conn,
+    publication: str,
+    tables: list[TableInfo],
+    filters: Mapping[TableName, CaptureFilter] | None,
+    publish: str,
 ) -> list[TableName]:
     existing = _publication_tables(conn, publication)
     chosen = filters or {}
@@ -219,9 +231,9 @@ def _ensure(
         if existing is None:
             members = sql.SQL("FOR TABLE {} ").format(sql.SQL(", ").join(idents)) if idents else sql.SQL("")
             cur.execute(
-                sql.SQL("CREATE PUBLICATION {} {}WITH (publish = {}, publish_via_partition_root = true)").format(
-                    sql.Identifier(publication), members, sql.Literal(publish)
-                )
+                sql.SQL(
+                    "CREATE PUBLICATION {} {}WITH (publish = {}, publish_via_partition_root = true)"
+                ).format(sql.Identifier(publication), members, sql.Literal(publish))
             )
             return [t.table for t in tables]
         added = [t for t in tables if t.table not in existing]
@@ -229,7 +241,9 @@ def _ensure(
             cur.execute(
                 sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                     sql.Identifier(publication),
-                    sql.SQL(", ").join(publication_member(chosen.get(t.table) or CaptureFilter(t.table)) for t in added),
+                    sql.SQL(", ").join(
+                        publication_member(chosen.get(t.table) or CaptureFilter(t.table)) for t in added
+                    ),
                 )
             )
         return [t.table for t in added]

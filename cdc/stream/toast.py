@@ -51,7 +51,9 @@ def fill_unchanged(
             sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in keys),
         )
         with conn.cursor() as cur:
-            cur.execute(query, [cast(bytes, values[i]).decode() for i in key_idx])  # keys: always sent, as text
+            cur.execute(
+                query, [cast(bytes, values[i]).decode() for i in key_idx]
+            )  # keys: always sent, as text
             row = cur.fetchone()
         if row is not None:  # gone already: a later event in the stream deletes it anyway
             for i, v in zip(missing, row, strict=True):

@@ -41,7 +41,9 @@ def follow_file_tables(job: Any) -> None:
     if new.source == old.source:
         return
     postgres = old.source.postgres
-    kept = new.source.postgres.model_copy(update={"tables": postgres.tables, "table_options": postgres.table_options})
+    kept = new.source.postgres.model_copy(
+        update={"tables": postgres.tables, "table_options": postgres.table_options}
+    )
     if kept != postgres:
         job.say("warning: the pipeline file's source changed beyond its tables: restart to use it")
         return

@@ -33,7 +33,9 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_for_port(port: int, timeout: float, what: str, host: str = LOOPBACK, log_file: Path | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float, what: str, host: str = LOOPBACK, log_file: Path | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if port_open(port, host):
@@ -191,7 +193,9 @@ class OwnedServerProcess(ABC):
     def running(self) -> bool:
         return self.pid() is not None
 
-    def _spawn(self, argv: Sequence[str], output: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(
+        self, argv: Sequence[str], output: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Run `argv` in `base_dir` with stdout and stderr appended to `output` (and these
         variables added to our environment); write the pid file."""
         with open(output, "ab") as out:
@@ -207,7 +211,9 @@ class OwnedServerProcess(ABC):
                     start_new_session=True,
                 )
             except OSError as exc:
-                raise ServiceError(f"could not run {Path(argv[0]).name}: {exc}", "run scripts/setup.sh") from exc
+                raise ServiceError(
+                    f"could not run {Path(argv[0]).name}: {exc}", "run scripts/setup.sh"
+                ) from exc
         self.pid_file.write_text(f"{self._proc.pid}\n")
         return self._proc
 

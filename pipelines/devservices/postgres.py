@@ -77,7 +77,9 @@ class LocalPostgres:
     base_dir: Path
     port: int = 0
     durable: bool = True  # fsync etc.; tests turn it off for speed (they never crash the server)
-    version: int | None = None  # PostgreSQL major; None: the newest Debian server (an existing cluster keeps its own)
+    version: int | None = (
+        None  # PostgreSQL major; None: the newest Debian server (an existing cluster keeps its own)
+    )
     settings: dict[str, str] = field(default_factory=dict)  # more postgresql.conf settings (e.g. a standby's)
 
     def __post_init__(self) -> None:
@@ -130,7 +132,20 @@ class LocalPostgres:
         self.port_file.write_text(str(self.port))
         self._write_conf()
         run(
-            as_user(self.user, [str(self.bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t", "60", "start"]),
+            as_user(
+                self.user,
+                [
+                    str(self.bin_dir() / "pg_ctl"),
+                    "-D",
+                    str(self.data_dir),
+                    "-l",
+                    str(self.log_file),
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ],
+            ),
             f"starting PostgreSQL on port {self.port}",
         )
         wait_for_port(self.port, 30, "PostgreSQL", log_file=self.log_file)
@@ -141,7 +156,23 @@ class LocalPostgres:
         if pid is None:
             return
         try:
-            run(as_user(self.user, [str(self.bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "30", "stop"]), "stopping PostgreSQL")
+            run(
+                as_user(
+                    self.user,
+                    [
+                        str(self.bin_dir() / "pg_ctl"),
+                        "-D",
+                        str(self.data_dir),
+                        "-m",
+                        "fast",
+                        "-w",
+                        "-t",
+                        "30",
+                        "stop",
+                    ],
+                ),
+                "stopping PostgreSQL",
+            )
         except ServiceError:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGQUIT)  # immediate shutdown of the postmaster we started
@@ -168,12 +199,15 @@ class LocalPostgres:
                 self.user,
                 [
                     str(self.bin_dir() / "initdb"),
-                    "-D", str(self.data_dir),
-                    "-U", SUPERUSER,
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    SUPERUSER,
                     f"--pwfile={self.password_file}",
                     "--auth-local=trust",
                     "--auth-host=scram-sha-256",
-                    "-E", "UTF8",
+                    "-E",
+                    "UTF8",
                     "--locale=C.UTF-8",
                 ],
             ),

@@ -23,9 +23,14 @@ STOP_TIMEOUT = 15.0
 
 
 def redis_server_bin() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
     if not found:
-        raise ServiceError("redis-server is not installed", "run scripts/setup.sh (it installs the Debian package redis-server)")
+        raise ServiceError(
+            "redis-server is not installed",
+            "run scripts/setup.sh (it installs the Debian package redis-server)",
+        )
     return found
 
 
@@ -54,7 +59,9 @@ class LocalRedis(OwnedServerProcess):
     base_dir: Path
     port: int = 0
     appendonly: bool = True  # AOF persistence: data survives kill -9 + restart
-    appendfsync: str = "everysec"  # always | everysec | no (a SIGKILL loses nothing either way; a power cut may)
+    appendfsync: str = (
+        "everysec"  # always | everysec | no (a SIGKILL loses nothing either way; a power cut may)
+    )
     maxmemory: str | None = None  # e.g. "256mb"; None = unlimited
     start_seconds: float | None = field(default=None, init=False)  # how long the last start() took
 
@@ -119,7 +126,10 @@ class LocalRedis(OwnedServerProcess):
                 return
             time.sleep(0.02)
         self.stop()
-        raise ServiceError(f"redis-server did not answer PING on port {self.port} within {START_TIMEOUT:.0f}s (last reply: {reply})", f"see {self.log_file}")
+        raise ServiceError(
+            f"redis-server did not answer PING on port {self.port} within {START_TIMEOUT:.0f}s (last reply: {reply})",
+            f"see {self.log_file}",
+        )
 
     def _log_tail(self, lines: int = 5) -> str:
         try:

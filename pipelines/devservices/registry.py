@@ -106,7 +106,9 @@ def _chosen(services: Iterable[str], every: bool = False) -> list[str]:
     return names
 
 
-def up(base: Path, services: Iterable[str], pg_version: int | None = None, secure: bool = False) -> dict[str, str]:
+def up(
+    base: Path, services: Iterable[str], pg_version: int | None = None, secure: bool = False
+) -> dict[str, str]:
     """Start the services; `pg_version`: the PostgreSQL major (default: the newest Debian server);
     `secure`: spark with authentication and encryption, its secret from $SPARK_SECRET; kafka with
     SASL_SSL and mTLS only (its exports name the password file, CA and client certificate)."""
@@ -118,10 +120,13 @@ def up(base: Path, services: Iterable[str], pg_version: int | None = None, secur
         )
     if secure and not {"spark", "kafka"} & set(names):
         raise UsageError(
-            "--secure is for kafka and spark, but neither is started", "cdc dev up kafka --secure (or spark --secure)"
+            "--secure is for kafka and spark, but neither is started",
+            "cdc dev up kafka --secure (or spark --secure)",
         )
     secret = os.environ.get("SPARK_SECRET", "") if secure and "spark" in names else None
-    if secure and "spark" in names and not secret:  # from the environment only: never on a command line or in output
+    if (
+        secure and "spark" in names and not secret
+    ):  # from the environment only: never on a command line or in output
         raise UsageError(
             "cdc dev up spark --secure takes the cluster's secret from $SPARK_SECRET, which is not set",
             'export SPARK_SECRET="$(openssl rand -hex 32)" and write spark.secret: ${SPARK_SECRET} in the pipeline file',

@@ -137,6 +137,10 @@ them by a name you choose (a table such as `public.orders`).
 def pipeline_file_page() -> str:
     from sinks.registry import PipelineModel
 
-    out = [header("the pydantic models of cdc/ground/config.py and sinks/*/settings.py").rstrip("\n"), "", INTRO]
+    out = [
+        header("the pydantic models of cdc/ground/config.py and sinks/*/settings.py").rstrip("\n"),
+        "",
+        INTRO,
+    ]
     _section("", PipelineModel, out, set())
     return "\n".join(out).rstrip("\n") + "\n"

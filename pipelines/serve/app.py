@@ -54,7 +54,9 @@ class Options:
     page_max: int = 10_000
     example: Path | None = None
     states_cached: int = 4
-    max_clients: int = 1000  # SSE streams at a time (tables and views): bounds the client label of the lag gauge
+    max_clients: int = (
+        1000  # SSE streams at a time (tables and views): bounds the client label of the lag gauge
+    )
 
 
 @dataclass(eq=False)
@@ -91,10 +93,12 @@ class Clients:
 
     def refused(self) -> Response:
         return Response(
-            orjson.dumps({
-                "error": f"this server follows {self.limit} clients already (--max-clients)",
-                "fix": "retry later, use another server, or start it with a larger --max-clients",
-            }),
+            orjson.dumps(
+                {
+                    "error": f"this server follows {self.limit} clients already (--max-clients)",
+                    "fix": "retry later, use another server, or start it with a larger --max-clients",
+                }
+            ),
             503,
             {"Retry-After": "5"},
             media_type="application/json",
@@ -106,7 +110,10 @@ def _json(status: int, body: dict[str, Any]) -> Response:
 
 
 def _control_body(feed: TableFeed, control: Control, position: int | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"control": "must-refetch" if control.refetch else control.reason, "reason": control.reason}
+    body: dict[str, Any] = {
+        "control": "must-refetch" if control.refetch else control.reason,
+        "reason": control.reason,
+    }
     body |= {"message": control.message, "table": feed.name}
     if position is not None:
         body["position"] = position
@@ -119,7 +126,12 @@ def _sse(ident: int, data: bytes) -> bytes:
 
 def _txn_body(feed: TableFeed, txn: Txn, changes: list[Change]) -> bytes:
     return orjson.dumps(
-        {"table": feed.name, "lsn": txn.lsn, "position": txn.last, "changes": [orjson.Fragment(c.envelope) for c in changes]}
+        {
+            "table": feed.name,
+            "lsn": txn.lsn,
+            "position": txn.last,
+            "changes": [orjson.Fragment(c.envelope) for c in changes],
+        }
     )
 
 
@@ -137,13 +149,22 @@ class Feeds:
     # ---- auth ---------------------------------------------------------------------------------------
     def grant(self, request: Request) -> Grant | Response:
         header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else request.query_params.get("access_token")
+        token = (
+            header[7:].strip()
+            if header[:7].lower() == "bearer "
+            else request.query_params.get("access_token")
+        )
         grant = authorize(self.grants, token)
         if grant is None:
             metrics.REFUSED.labels(metrics.PIPELINE.name, "401").inc()
             why = "no bearer token" if not token else "the token is not known"
             return Response(
-                orjson.dumps({"error": why, "fix": "send Authorization: Bearer <token> (or ?access_token= for EventSource)"}),
+                orjson.dumps(
+                    {
+                        "error": why,
+                        "fix": "send Authorization: Bearer <token> (or ?access_token= for EventSource)",
+                    }
+                ),
                 401,
                 {"WWW-Authenticate": 'Bearer realm="cdc serve"'},
                 media_type="application/json",
@@ -157,10 +178,19 @@ class Feeds:
         name = request.path_params["name"]
         feed = self.hub.feeds.get(name)
         if feed is None:
-            return _json(404, {"error": f"no table {name!r} in this feed", "fix": "GET /v1/tables lists the tables you may read"})
+            return _json(
+                404,
+                {
+                    "error": f"no table {name!r} in this feed",
+                    "fix": "GET /v1/tables lists the tables you may read",
+                },
+            )
         if not grant.allows(feed.table):
             metrics.REFUSED.labels(metrics.PIPELINE.name, "403").inc()
-            return _json(403, {"error": f"this token may not read {name}", "fix": "ask for a token that lists the table"})
+            return _json(
+                403,
+                {"error": f"this token may not read {name}", "fix": "ask for a token that lists the table"},
+            )
         return feed, grant
 
     async def filter(self, request: Request, feed: TableFeed) -> Filter:
@@ -197,14 +227,25 @@ class Feeds:
         else:
             cached = self.states.get((feed.name, int(cut_id)))
             if cached is None:
-                return _json(409, _control_body(feed, Control("compacted", "this cut's rows are no longer kept; start again without ?cut="), None))
+                return _json(
+                    409,
+                    _control_body(
+                        feed,
+                        Control("compacted", "this cut's rows are no longer kept; start again without ?cut="),
+                        None,
+                    ),
+                )
             lsn, position, rows = cached
         if not flt.empty:
             rows = [r for r in rows if flt.matches(r.doc)]
         chunk = rows[page * limit : (page + 1) * limit]
         nxt = None
         if (page + 1) * limit < len(rows):
-            params = dict(request.query_params) | {"cut": str(cut_id), "page": str(page + 1), "limit": str(limit)}
+            params = dict(request.query_params) | {
+                "cut": str(cut_id),
+                "page": str(page + 1),
+                "limit": str(limit),
+            }
             params.pop("access_token", None)
             nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
         body = {
@@ -244,7 +285,9 @@ class Feeds:
         # Last-Event-ID first: an EventSource reconnects to its first URL (an old ?from=) with the newer id
         text = request.headers.get("last-event-id") or request.query_params.get("from")
         if text is None:
-            raise UsageError("no position", "pass ?from=<position> (the `position` of the initial rows) or Last-Event-ID")
+            raise UsageError(
+                "no position", "pass ?from=<position> (the `position` of the initial rows) or Last-Event-ID"
+            )
         return int(text)
 
     async def check(self, feed: TableFeed, position: int) -> tuple[Control | None, int | None]:
@@ -255,26 +298,47 @@ class Feeds:
         if state is None or rng is None or state.base is None:
             return Control("unknown-position", f"{feed.name} is not in the log now"), None
         if position < state.base:
-            return Control("rebuilt", f"position {position} is before {feed.name}'s current snapshot; fetch its rows anew"), None
+            return Control(
+                "rebuilt",
+                f"position {position} is before {feed.name}'s current snapshot; fetch its rows anew",
+            ), None
         if position < self.hub.access.purged_below(state):
-            return Control("compacted", f"the log no longer holds every change after position {position}; fetch the rows anew"), None
+            return Control(
+                "compacted",
+                f"the log no longer holds every change after position {position}; fetch the rows anew",
+            ), None
         if position > rng.end:
-            return Control("unknown-position", f"position {position} is past the log's end ({rng.end}); fetch the rows anew"), None
+            return Control(
+                "unknown-position",
+                f"position {position} is past the log's end ({rng.end}); fetch the rows anew",
+            ), None
         return None, await asyncio.to_thread(self.hub.access.version_at, feed.table, position)
 
-    async def catch_up(self, feed: TableFeed, position: int, version: int | None) -> tuple[list[Txn], int, Control | None]:
+    async def catch_up(
+        self, feed: TableFeed, position: int, version: int | None
+    ) -> tuple[list[Txn], int, Control | None]:
         """Transactions after `position` up to the feed's position: from memory, or from the log."""
         txns = feed.since(position)
         upto = feed.position
         if txns is None:
-            batch = await asyncio.to_thread(self.hub.access.read_txns, self.hub.renderer, feed.shape, position, upto, READ_TXNS * 10)
+            batch = await asyncio.to_thread(
+                self.hub.access.read_txns, self.hub.renderer, feed.shape, position, upto, READ_TXNS * 10
+            )
             if batch.rebuilt:
-                return batch.txns, batch.position, Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew")
+                return (
+                    batch.txns,
+                    batch.position,
+                    Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew"),
+                )
             txns, upto = batch.txns, batch.position
         for i, txn in enumerate(txns):
             if version is not None and txn.version != version:
                 end = txns[i - 1].last if i else position
-                return txns[:i], end, Control("schema-changed", f"the columns of {feed.name} changed; fetch its rows anew")
+                return (
+                    txns[:i],
+                    end,
+                    Control("schema-changed", f"the columns of {feed.name} changed; fetch its rows anew"),
+                )
         return txns, upto, None
 
     async def _feed_request(self, request: Request) -> tuple[TableFeed, int, Filter] | Response:
@@ -303,7 +367,9 @@ class Feeds:
             background=BackgroundTask(self.clients.close, client),
         )
 
-    async def _stream(self, feed: TableFeed, position: int, flt: Filter, client: Client) -> AsyncIterator[ServerSentEvent | bytes]:
+    async def _stream(
+        self, feed: TableFeed, position: int, flt: Filter, client: Client
+    ) -> AsyncIterator[ServerSentEvent | bytes]:
         sub: Subscriber | None = None
         try:
             control, version = await self.check(feed, position)
@@ -331,7 +397,9 @@ class Feeds:
                 try:
                     first = await asyncio.wait_for(sub.queue.get(), self.options.heartbeat_s)
                 except TimeoutError:
-                    yield ServerSentEvent(orjson.dumps({"position": position}).decode(), event="heartbeat", id=str(position))
+                    yield ServerSentEvent(
+                        orjson.dumps({"position": position}).decode(), event="heartbeat", id=str(position)
+                    )
                     continue
                 # what else is queued goes out in the same write: one send per wake-up, not per transaction
                 txns = [first] if first is not None else []
@@ -346,7 +414,11 @@ class Feeds:
                     position = client.position = txns[-1].last
             if control is not None:
                 body = _control_body(feed, control, position if not control.refetch else None)
-                yield ServerSentEvent(orjson.dumps(body).decode(), event="control", id=str(position) if not control.refetch else None)
+                yield ServerSentEvent(
+                    orjson.dumps(body).decode(),
+                    event="control",
+                    id=str(position) if not control.refetch else None,
+                )
         finally:
             self.clients.close(client)
             if sub is not None:
@@ -395,7 +467,13 @@ class Feeds:
                     changes = txn.changes if flt.empty else [c for c in txn.changes if flt.matches(c.doc)]
                     if changes:
                         feed.sent_counter().inc(len(changes))
-                        events.append({"id": txn.last, "event": "change", "data": orjson.Fragment(_txn_body(feed, txn, changes))})
+                        events.append(
+                            {
+                                "id": txn.last,
+                                "event": "change",
+                                "data": orjson.Fragment(_txn_body(feed, txn, changes)),
+                            }
+                        )
                     position = txn.last
                 if control is None:
                     position = max(position, upto)
@@ -403,7 +481,6 @@ class Feeds:
         if control is not None:
             body["control"] = _control_body(feed, control, None)
         return _json(200, body)
-
 
     # ---- derived views (pipelines/serve/viewfeed.py) ------------------------------------------------
     def view(self, request: Request) -> tuple[ViewFeed, ViewAt] | Response:
@@ -413,15 +490,30 @@ class Feeds:
         name = request.path_params["name"]
         feed = self.views.feeds.get(name) if self.views is not None else None
         if feed is None:
-            return _json(404, {"error": f"no derived view {name!r} in this pipeline", "fix": "GET /v1/views lists the views you may read"})
+            return _json(
+                404,
+                {
+                    "error": f"no derived view {name!r} in this pipeline",
+                    "fix": "GET /v1/views lists the views you may read",
+                },
+            )
         if not grant.allows(TableName(SCHEMA, name)):
             metrics.REFUSED.labels(metrics.PIPELINE.name, "403").inc()
-            return _json(403, {"error": f"this token may not read views.{name}", "fix": f"ask for a token that lists views.{name} (or views.*)"})
+            return _json(
+                403,
+                {
+                    "error": f"this token may not read views.{name}",
+                    "fix": f"ask for a token that lists views.{name} (or views.*)",
+                },
+            )
         if feed.at is None:
-            return _json(409, {
-                "error": f"view {name} has not been maintained yet (no cut in {self.views.access.path(name)})",  # type: ignore[union-attr]
-                "fix": "run `cdc apply` with a sink that follows the view",
-            })
+            return _json(
+                409,
+                {
+                    "error": f"view {name} has not been maintained yet (no cut in {self.views.access.path(name)})",  # type: ignore[union-attr]
+                    "fix": "run `cdc apply` with a sink that follows the view",
+                },
+            )
         return feed, feed.at
 
     async def view_list(self, request: Request) -> Response:
@@ -430,7 +522,11 @@ class Feeds:
             return grant
         feeds = self.views.feeds.values() if self.views is not None else []
         rows = [
-            {"name": f.name, "position": f.at.position if f.at else None, "cut": f.at.cut_id if f.at else None}
+            {
+                "name": f.name,
+                "position": f.at.position if f.at else None,
+                "cut": f.at.cut_id if f.at else None,
+            }
             for f in feeds
             if grant.allows(TableName(SCHEMA, f.name))
         ]
@@ -439,7 +535,9 @@ class Feeds:
     def _view_position(self, request: Request) -> tuple[str, int]:
         text = request.headers.get("last-event-id") or request.query_params.get("from")
         if text is None:
-            raise UsageError("no position", "pass ?from=<position> (the `position` of the view's rows) or Last-Event-ID")
+            raise UsageError(
+                "no position", "pass ?from=<position> (the `position` of the view's rows) or Last-Event-ID"
+            )
         return parse_position(text)
 
     async def view_initial(self, request: Request) -> Response:
@@ -457,7 +555,12 @@ class Feeds:
             return _bad(exc)
         if wanted is not None and wanted != (at.table_id[:8], at.version):
             if wanted[0] != at.table_id[:8] or wanted[1] > at.version:
-                return _json(409, _view_control(feed, Control("rebuilt", f"view {feed.name} was rebuilt; start again without ?at=")))
+                return _json(
+                    409,
+                    _view_control(
+                        feed, Control("rebuilt", f"view {feed.name} was rebuilt; start again without ?at=")
+                    ),
+                )
             at = ViewAt(at.view, at.table_id, wanted[1], -1, 0, at.key)  # a later page of an older cut
         try:
             rows = await asyncio.to_thread(self.views.access.rows, at)
@@ -469,7 +572,11 @@ class Feeds:
         chunk = rows[page * limit : (page + 1) * limit]
         nxt = None
         if (page + 1) * limit < len(rows):
-            params = dict(request.query_params) | {"at": at.position, "page": str(page + 1), "limit": str(limit)}
+            params = dict(request.query_params) | {
+                "at": at.position,
+                "page": str(page + 1),
+                "limit": str(limit),
+            }
             params.pop("access_token", None)
             nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
         body = {
@@ -482,7 +589,9 @@ class Feeds:
         }
         return _json(200, body)
 
-    def _view_events(self, feed: ViewFeed, tid: str, events: list, flt: Filter) -> list[tuple[str, bytes, int]]:
+    def _view_events(
+        self, feed: ViewFeed, tid: str, events: list, flt: Filter
+    ) -> list[tuple[str, bytes, int]]:
         """(event id, data, changes sent) per cut that has a change passing the filter."""
         out = []
         for version, cut, changes in events:
@@ -490,7 +599,14 @@ class Feeds:
                 changes = [c for c in changes if flt.matches(c.doc)]
             if changes:
                 ident = f"{tid}-{version}"
-                data = orjson.dumps({"view": feed.name, "cut": cut, "position": ident, "changes": [orjson.Fragment(c.envelope) for c in changes]})
+                data = orjson.dumps(
+                    {
+                        "view": feed.name,
+                        "cut": cut,
+                        "position": ident,
+                        "changes": [orjson.Fragment(c.envelope) for c in changes],
+                    }
+                )
                 out.append((ident, data, len(changes)))
         return out
 
@@ -504,7 +620,9 @@ class Feeds:
             flt = parse_filter(list(request.query_params.multi_items()), at.key)
         except (ValueError, UsageError) as exc:
             return _bad(exc)
-        client = self.clients.open(f"{SCHEMA}.{feed.name}", lambda: feed.at.version if feed.at else 0, version)
+        client = self.clients.open(
+            f"{SCHEMA}.{feed.name}", lambda: feed.at.version if feed.at else 0, version
+        )
         if client is None:
             return self.clients.refused()
         return EventSourceResponse(
@@ -514,7 +632,9 @@ class Feeds:
             background=BackgroundTask(self.clients.close, client),
         )
 
-    async def _view_stream(self, feed: ViewFeed, tid: str, version: int, flt: Filter, client: Client) -> AsyncIterator[ServerSentEvent | bytes]:
+    async def _view_stream(
+        self, feed: ViewFeed, tid: str, version: int, flt: Filter, client: Client
+    ) -> AsyncIterator[ServerSentEvent | bytes]:
         assert self.views is not None
         sent = metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}")
         metrics.SUBSCRIBERS.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").inc()
@@ -522,23 +642,31 @@ class Feeds:
             while True:
                 at = feed.at
                 if at is None:
-                    control: Control | None = Control("rebuilt", f"view {feed.name} has no maintained cut now; fetch its rows anew")
+                    control: Control | None = Control(
+                        "rebuilt", f"view {feed.name} has no maintained cut now; fetch its rows anew"
+                    )
                 else:
                     got, control = await asyncio.to_thread(self.views.access.changes, at, tid, version)
                     parts = self._view_events(feed, tid, got.events, flt)
                     if parts:
-                        yield b"".join(b"id: %s\nevent: change\ndata: %s\n\n" % (i.encode(), d) for i, d, _ in parts)
+                        yield b"".join(
+                            b"id: %s\nevent: change\ndata: %s\n\n" % (i.encode(), d) for i, d, _ in parts
+                        )
                         sent.inc(sum(n for _, _, n in parts))
                     version = client.position = got.upto
                 if control is not None:
-                    yield ServerSentEvent(orjson.dumps(_view_control(feed, control)).decode(), event="control")
+                    yield ServerSentEvent(
+                        orjson.dumps(_view_control(feed, control)).decode(), event="control"
+                    )
                     return
                 if at is not None and version < at.version:
                     continue  # more than one read's worth of cuts behind
                 await feed.changed(self.options.heartbeat_s)
                 if feed.at == at:
                     ident = f"{tid}-{version}"
-                    yield ServerSentEvent(orjson.dumps({"position": ident}).decode(), event="heartbeat", id=ident)
+                    yield ServerSentEvent(
+                        orjson.dumps({"position": ident}).decode(), event="heartbeat", id=ident
+                    )
         finally:
             self.clients.close(client)
             metrics.SUBSCRIBERS.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").dec()
@@ -564,7 +692,9 @@ class Feeds:
         upto = got.upto if len(events) == len(got.events) else events[-1][0]
         parts = self._view_events(feed, tid, events, flt)
         if parts:
-            metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").inc(sum(n for _, _, n in parts))
+            metrics.EVENTS_SENT.labels(metrics.PIPELINE.name, f"{SCHEMA}.{feed.name}").inc(
+                sum(n for _, _, n in parts)
+            )
         body = {
             "position": f"{tid}-{upto}",
             "events": [{"id": i, "event": "change", "data": orjson.Fragment(d)} for i, d, _ in parts],
@@ -574,7 +704,12 @@ class Feeds:
 
 
 def _view_control(feed: ViewFeed, control: Control) -> dict[str, Any]:
-    return {"control": "must-refetch", "reason": control.reason, "message": control.message, "view": feed.name}
+    return {
+        "control": "must-refetch",
+        "reason": control.reason,
+        "message": control.message,
+        "view": feed.name,
+    }
 
 
 def _health(hub: Hub, views: ViewHub | None) -> Response:
@@ -611,7 +746,9 @@ def build_app(hub: Hub, grants: list[Grant], options: Options, views: ViewHub | 
         Route("/v1/tables/{name}", feeds.initial),
         Route("/v1/tables/{name}/changes", feeds.changes),
         Route("/v1/tables/{name}/poll", feeds.poll),
-        Route("/metrics", lambda request: Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)),
+        Route(
+            "/metrics", lambda request: Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        ),
         Route("/v1/views", feeds.view_list),
         Route("/v1/views/{name}", feeds.view_initial),
         Route("/v1/views/{name}/changes", feeds.view_changes),

@@ -109,7 +109,9 @@ class TableFeed:
             except asyncio.QueueFull:
                 self.unsubscribe(sub)
                 metrics.DROPPED.labels(metrics.PIPELINE.name, self.name).inc()
-                sub.stop(Control("slow-client", "the client fell more than its queue behind; resume from position"))
+                sub.stop(
+                    Control("slow-client", "the client fell more than its queue behind; resume from position")
+                )
         depth = max((sub.queue.qsize() for sub in self.subscribers), default=0)
         metrics.SUBSCRIBER_LAG.labels(metrics.PIPELINE.name, self.name).set(depth)
         self._wake()
@@ -137,11 +139,15 @@ class TableFeed:
 
 
 class Hub:
-    def __init__(self, access: Access, shapes: dict[str, TableShape], pipeline_name: str, poll_s: float, ring: int):
+    def __init__(
+        self, access: Access, shapes: dict[str, TableShape], pipeline_name: str, poll_s: float, ring: int
+    ):
         self.access = access
         self.poll_s = poll_s
         self.renderer = EnvelopeRenderer("", pipeline_name)
-        self.feeds = {name: TableFeed(name, shape, self.renderer, ring_size=ring) for name, shape in shapes.items()}
+        self.feeds = {
+            name: TableFeed(name, shape, self.renderer, ring_size=ring) for name, shape in shapes.items()
+        }
         self.version: dict[str, int | None] = {}
         self.error: str | None = None
 
@@ -165,7 +171,11 @@ class Hub:
             except Exception as exc:  # a log read failed: say so (once) and on /healthz, try again
                 error = redact(f"{type(exc).__name__}: {exc}")  # no password of a DSN or URL
                 if error != self.error:
-                    print(f"warning: cdc serve: reading the log failed, retrying: {error}", file=sys.stderr, flush=True)
+                    print(
+                        f"warning: cdc serve: reading the log failed, retrying: {error}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self.error = error
             await asyncio.sleep(self.poll_s)
 
@@ -180,19 +190,30 @@ class Hub:
             if state.base != feed.base:
                 feed.base = state.base
                 self.version.pop(feed.name, None)
-                feed.restart(Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew"), rng.end)
+                feed.restart(
+                    Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew"), rng.end
+                )
                 continue
             while feed.position < rng.end:
                 after = feed.position
-                batch = await asyncio.to_thread(self.access.read_txns, self.renderer, feed.shape, after, rng.end, READ_EVENTS)
+                batch = await asyncio.to_thread(
+                    self.access.read_txns, self.renderer, feed.shape, after, rng.end, READ_EVENTS
+                )
                 for txn in batch.txns:
                     known = self.version.get(feed.name)
                     if known is not None and txn.version != known:
-                        feed.restart(Control("schema-changed", f"the columns of {feed.name} changed; fetch its rows anew"), feed.position)
+                        feed.restart(
+                            Control(
+                                "schema-changed", f"the columns of {feed.name} changed; fetch its rows anew"
+                            ),
+                            feed.position,
+                        )
                     self.version[feed.name] = txn.version
                     feed.publish(txn)
                     metrics.EVENTS_READ.labels(metrics.PIPELINE.name, feed.name).inc(len(txn.changes))
                 if batch.rebuilt:
-                    feed.restart(Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew"), rng.end)
+                    feed.restart(
+                        Control("rebuilt", f"{feed.name} was snapshotted again; fetch its rows anew"), rng.end
+                    )
                     break
                 feed.advance(batch.position)

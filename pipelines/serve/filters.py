@@ -68,13 +68,19 @@ def parse_filter(params: list[tuple[str, str]], key_columns: tuple[str, ...]) ->
     for name, value in params:
         if name == "key":
             if len(key_columns) != 1:
-                raise UsageError(f"key=: the key has {len(key_columns)} columns", f"write key.<column>=V for each of {', '.join(key_columns)}")
+                raise UsageError(
+                    f"key=: the key has {len(key_columns)} columns",
+                    f"write key.<column>=V for each of {', '.join(key_columns)}",
+                )
             preds.append(Predicate(key_columns[0], "=", value))
         elif name.startswith("key."):
             preds.append(Predicate(name[4:], "=", value))
         elif name == "where":
             m = _WHERE.match(value)
             if m is None:
-                raise UsageError(f"where={value!r} is not `column OP value`", "write e.g. where=status=shipped or where=qty>=10")
+                raise UsageError(
+                    f"where={value!r} is not `column OP value`",
+                    "write e.g. where=status=shipped or where=qty>=10",
+                )
             preds.append(Predicate(m.group(1).strip(), m.group(2), m.group(3)))
     return Filter(tuple(preds))

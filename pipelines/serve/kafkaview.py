@@ -48,7 +48,15 @@ class KafkaAccess:
         states = {}
         for name, meta in (view._cut_body or {}).get("tables", {}).items():
             table = TableName.parse(name)
-            states[table] = TableState(table, 0, meta.get("state", "live"), meta["base"], meta.get("snapshot_lsn"), 0, meta.get("schema_version"))
+            states[table] = TableState(
+                table,
+                0,
+                meta.get("state", "live"),
+                meta["base"],
+                meta.get("snapshot_lsn"),
+                0,
+                meta.get("schema_version"),
+            )
         return cut, states
 
     def _records(self, table: TableName, after: int, upto: int) -> Iterator[Any]:
@@ -60,14 +68,18 @@ class KafkaAccess:
         while consumer.position(tp) <= upto:
             batch = consumer.poll(timeout_ms=POLL_MS)
             if not batch:  # never "read to upto" without the records: the caller retries (no gap)
-                raise LogError(f"Kafka topic {tp.topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {upto}")
+                raise LogError(
+                    f"Kafka topic {tp.topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {upto}"
+                )
             for records in batch.values():
                 for rec in records:
                     if rec.offset > upto:
                         return
                     yield rec
 
-    def read_txns(self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch:
+    def read_txns(
+        self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int
+    ) -> Batch:
         txns: list[Txn] = []
         count = 0
         for rec in self._records(shape.table, after, upto):

@@ -61,8 +61,12 @@ class Access(Protocol):
     database: str
 
     def latest(self) -> tuple[Cut | None, dict[TableName, TableState]]: ...
-    def read_txns(self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch: ...
-    def state_at(self, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int) -> list[Change]: ...
+    def read_txns(
+        self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int
+    ) -> Batch: ...
+    def state_at(
+        self, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int
+    ) -> list[Change]: ...
     def version_at(self, table: TableName, position: int) -> int | None: ...
     def key(self, table: TableName) -> tuple[str, ...]: ...
     def purged_below(self, state: TableState) -> int: ...
@@ -89,7 +93,9 @@ class LogAccess:
     def latest(self) -> tuple[Cut | None, dict[TableName, TableState]]:
         return latest(self.log())
 
-    def read_txns(self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch:
+    def read_txns(
+        self, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int
+    ) -> Batch:
         return read_txns(self.log(), renderer, shape, after, upto, max_events)
 
     def state_at(self, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int) -> list[Change]:
@@ -109,7 +115,9 @@ def latest(log: LocalLog) -> tuple[Cut | None, dict[TableName, TableState]]:
     return log.latest_cut(), {s.table: s for s in log.tables()}
 
 
-def read_txns(log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int) -> Batch:
+def read_txns(
+    log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, after: int, upto: int, max_events: int
+) -> Batch:
     """Whole transactions with after < offset <= upto (`upto` a cut's end), at most about max_events."""
     txns: list[Txn] = []
     for count, rec in enumerate(log.read(shape.table, after, upto)):
@@ -127,7 +135,9 @@ def read_txns(log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, afte
     return Batch(txns, upto)
 
 
-def state_at(log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int) -> list[Change]:
+def state_at(
+    log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, base: int, end: int
+) -> list[Change]:
     """The table's rows as of a cut: the newest event per key from its base, deletes and truncates
     applied, unchanged TOAST values filled from older events (what a new follower bootstraps)."""
     from cdc.keys import key_texts
@@ -145,7 +155,10 @@ def state_at(log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, base:
         if old is not None and rec.values is not None and any(v is UNCHANGED for v in rec.values):
             names = old.schema.column_names
             prev = dict(zip(names, old.values or [], strict=False))
-            rec.values = [prev.get(n, v) if v is UNCHANGED else v for n, v in zip(rec.schema.column_names, rec.values, strict=True)]
+            rec.values = [
+                prev.get(n, v) if v is UNCHANGED else v
+                for n, v in zip(rec.schema.column_names, rec.values, strict=True)
+            ]
         rows[key] = rec
     return [Change(renderer.value_json(shape.apply(rec))) for rec in rows.values()]
 
@@ -153,5 +166,7 @@ def state_at(log: LocalLog, renderer: EnvelopeRenderer, shape: TableShape, base:
 def version_at(log: LocalLog, table: TableName, position: int) -> int | None:
     """The schema version of the newest stored event at or below `position` (None: none left)."""
     tid = log.require_table(table)
-    row = log.db.execute(f"SELECT sv FROM ev_{tid} WHERE off <= ? ORDER BY off DESC LIMIT 1", (position,)).fetchone()
+    row = log.db.execute(
+        f"SELECT sv FROM ev_{tid} WHERE off <= ? ORDER BY off DESC LIMIT 1", (position,)
+    ).fetchone()
     return None if row is None else int(row[0])

@@ -54,7 +54,9 @@ def serve(
             "read them with any Kafka consumer (their records are the same envelope)",
         )
     if kafka is not None and sink:
-        raise UsageError("--sink is for the local log: a Kafka log's records are served as they are", "leave out --sink")
+        raise UsageError(
+            "--sink is for the local log: a Kafka log's records are served as they are", "leave out --sink"
+        )
     if (tls_cert is None) != (tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together", "pass both files (PEM) or neither")
     for path in (tls_cert, tls_key):
@@ -72,11 +74,16 @@ def serve(
         access = LogAccess(pipeline)
     cut, _ = access.latest()
     sink_cfg = pipeline.sink(sink) if sink else None
-    shapes = table_shapes(pipeline, sink_cfg, pipeline_tables(pipeline, sorted(cut.tables, key=str) if cut else []))
+    shapes = table_shapes(
+        pipeline, sink_cfg, pipeline_tables(pipeline, sorted(cut.tables, key=str) if cut else [])
+    )
     metrics.PIPELINE.name = pipeline.name
     if example:
         if not EXAMPLE.is_file():  # examples/ is in the source tree, not in an installed wheel
-            raise UsageError(f"--example: the page {EXAMPLE} is not here", "run cdc serve from a checkout of pgcdc, or leave out --example")
+            raise UsageError(
+                f"--example: the page {EXAMPLE} is not here",
+                "run cdc serve from a checkout of pgcdc, or leave out --example",
+            )
         options.example = EXAMPLE
     hub = Hub(access, shapes, pipeline.name, poll_s, ring)
     names = [v.name for v in pipeline.views]
@@ -89,14 +96,21 @@ def serve(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((bind, port))
     except OSError as exc:
-        raise UsageError(f"cannot listen on {bind}:{port}: {exc.strerror or exc}", "choose a free port with --port") from None
+        raise UsageError(
+            f"cannot listen on {bind}:{port}: {exc.strerror or exc}", "choose a free port with --port"
+        ) from None
     port = sock.getsockname()[1]
     scheme = "https" if tls_cert else "http"
     host = f"[{bind}]" if ":" in bind else bind
     url = f"{scheme}://{host}:{port}"
     if not _loopback(bind) and tls_cert is None:
-        say(f"warning: serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)")
-    say(f"serving {len(shapes)} table(s) and {len(names)} view(s) of {pipeline.name} at {url}/v1/tables" + (f" (example page: {url}/)" if example else ""))
+        say(
+            f"warning: serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)"
+        )
+    say(
+        f"serving {len(shapes)} table(s) and {len(names)} view(s) of {pipeline.name} at {url}/v1/tables"
+        + (f" (example page: {url}/)" if example else "")
+    )
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -105,7 +119,9 @@ def serve(
         ssl_keyfile=str(tls_key) if tls_key else None,
         timeout_graceful_shutdown=2,
     )
-    record = record_server(pipeline.state_path, {"url": url, "tables": len(shapes), "started": int(time.time())})
+    record = record_server(
+        pipeline.state_path, {"url": url, "tables": len(shapes), "started": int(time.time())}
+    )
     # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again with the handler it
     # found: ours ends the process with 0, as every long-running verb that is told to stop
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -40,7 +40,8 @@ class TableShape:
             keep = [
                 i
                 for i, c in enumerate(schema.columns)
-                if c.name in schema.key or ((self.columns is None or c.name in self.columns) and c.name not in self.exclude)
+                if c.name in schema.key
+                or ((self.columns is None or c.name in self.columns) and c.name not in self.exclude)
             ]
             masks = self.masks or {}
             cols, kinds = [], []
@@ -67,10 +68,17 @@ class TableShape:
         if self.identity:
             return rec
         schema, keep, kinds = self._plan(rec.schema)
-        return replace(rec, schema=schema, values=self._values(rec.values, keep, kinds), before=self._values(rec.before, keep, kinds))
+        return replace(
+            rec,
+            schema=schema,
+            values=self._values(rec.values, keep, kinds),
+            before=self._values(rec.before, keep, kinds),
+        )
 
 
-def table_shapes(pipeline: Pipeline, sink: SinkConfig | None, tables: list[TableName]) -> dict[str, TableShape]:
+def table_shapes(
+    pipeline: Pipeline, sink: SinkConfig | None, tables: list[TableName]
+) -> dict[str, TableShape]:
     """{served name: shape} of the tables the feed serves."""
     if sink is None:
         return {str(t): TableShape(t, str(t)) for t in tables}
@@ -82,6 +90,11 @@ def table_shapes(pipeline: Pipeline, sink: SinkConfig | None, tables: list[Table
             continue
         name = opts.rename or str(t)
         shapes[name] = TableShape(
-            t, name, opts.columns, frozenset(opts.exclude_columns or ()), dict(opts.mask), sink.settings.mask_key
+            t,
+            name,
+            opts.columns,
+            frozenset(opts.exclude_columns or ()),
+            dict(opts.mask),
+            sink.settings.mask_key,
         )
     return shapes

@@ -40,7 +40,10 @@ class Grant:
 def _selectors(text: str, where: str) -> tuple[TableSelector, ...] | None:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise UsageError(f"{where}: no tables after the token", "write the tables it may read, e.g. public.orders,public.items or *")
+        raise UsageError(
+            f"{where}: no tables after the token",
+            "write the tables it may read, e.g. public.orders,public.items or *",
+        )
     if items == ["*"]:
         return None
     try:
@@ -60,7 +63,7 @@ def parse_file(text: str, where: str) -> list[Grant]:
         if m is None or len(parts) != 2:
             raise UsageError(
                 f"{where}:{n}: expected `sha256:<64 hex digits> TABLES`",
-                "store tokens hashed: printf %s \"$TOKEN\" | sha256sum, then write sha256:<digest> public.orders",
+                'store tokens hashed: printf %s "$TOKEN" | sha256sum, then write sha256:<digest> public.orders',
             )
         grants.append(Grant(f"{where}:{n}", bytes.fromhex(m.group(1)), _selectors(parts[1], f"{where}:{n}")))
     return grants
@@ -72,7 +75,10 @@ def parse_env(text: str) -> list[Grant]:
         token, sep, tables = item.partition("=")
         where = f"{ENV_TOKENS} entry {n}"
         if not sep or len(token.strip()) < 16:
-            raise UsageError(f"{where}: expected TOKEN=TABLES with a token of at least 16 characters", f"export {ENV_TOKENS}='<token>=public.orders;<token2>=*'")
+            raise UsageError(
+                f"{where}: expected TOKEN=TABLES with a token of at least 16 characters",
+                f"export {ENV_TOKENS}='<token>=public.orders;<token2>=*'",
+            )
         grants.append(Grant(where, token_hash(token.strip()), _selectors(tables, where)))
     return grants
 
@@ -84,7 +90,10 @@ def load_grants(file: Path | None) -> list[Grant]:
         try:
             grants += parse_file(path.read_text(), str(path))
         except OSError as exc:
-            raise UsageError(f"cannot read the tokens file {path}: {exc.strerror or exc}", "pass a readable file with --tokens") from None
+            raise UsageError(
+                f"cannot read the tokens file {path}: {exc.strerror or exc}",
+                "pass a readable file with --tokens",
+            ) from None
     grants += parse_env(os.environ.get(ENV_TOKENS, ""))
     if not grants:
         raise UsageError(

@@ -120,7 +120,9 @@ class ViewAccess:
             from deltalake import DeltaTable
 
             table_id = DeltaTable(str(self.path(view)), version=state.version).metadata().id
-            at = ViewAt(view, table_id.replace("-", ""), state.version, state.cut_id, state.lsn, tuple(state.key))
+            at = ViewAt(
+                view, table_id.replace("-", ""), state.version, state.cut_id, state.lsn, tuple(state.key)
+            )
         self._at[view], self._stamp[view] = at, stamp
         return at
 
@@ -159,9 +161,14 @@ class ViewAccess:
     def changes(self, at: ViewAt, table_id: str, version: int) -> tuple[ViewEvents, Control | None]:
         """The cuts after `version` of the out table `table_id`, up to `at` (at most READ_VERSIONS)."""
         if table_id != at.table_id[:8]:
-            return ViewEvents([], version), Control("rebuilt", f"view {at.view} was rebuilt (a new epoch); fetch its rows anew")
+            return ViewEvents([], version), Control(
+                "rebuilt", f"view {at.view} was rebuilt (a new epoch); fetch its rows anew"
+            )
         if version > at.version:
-            return ViewEvents([], version), Control("unknown-position", f"version {version} is past view {at.view}'s latest ({at.version}); fetch its rows anew")
+            return ViewEvents([], version), Control(
+                "unknown-position",
+                f"version {version} is past view {at.view}'s latest ({at.version}); fetch its rows anew",
+            )
         if version == at.version:
             return ViewEvents([], version), None
         end = min(at.version, version + READ_VERSIONS)
@@ -174,7 +181,8 @@ class ViewAccess:
         except Exception as exc:  # a version vacuumed, its commit file cleaned up: nothing to resume from
             why = f"{type(exc).__name__}: {str(exc)[:160]}"
             return ViewEvents([], version), Control(
-                "compacted", f"view {at.view}'s change data after version {version} is no longer readable ({why}); fetch its rows anew"
+                "compacted",
+                f"view {at.view}'s change data after version {version} is no longer readable ({why}); fetch its rows anew",
             )
         with self._lock:
             self._reads[key] = got

@@ -246,7 +246,9 @@ class ViewMaintainer:
             return _failed(self.state, view.name, base.cut_id, exc)
         except Exception as exc:  # Spark's analysis of the SQL (a dropped column), a duplicate key...
             renamed = lambda column: renamed_column(self.log, plan.tables, column)  # noqa: E731
-            return _failed(self.state, view.name, base.cut_id, _explain(view, exc, spark_error_line(exc), renamed))
+            return _failed(
+                self.state, view.name, base.cut_id, _explain(view, exc, spark_error_line(exc), renamed)
+            )
         finally:
             for name in self._temp:
                 self.spark.catalog.dropTempView(name)

@@ -165,7 +165,9 @@ class RedisSink(Sink):
         if missing is not None:
             return missing
         resume = "this follower keeps its checkpoint and the next `cdc apply` resumes it from there"
-        if detail.startswith("OutOfMemoryError"):  # noeviction at maxmemory: nothing was evicted, writes refused
+        if detail.startswith(
+            "OutOfMemoryError"
+        ):  # noeviction at maxmemory: nothing was evicted, writes refused
             fix = f"give Redis more memory (`CONFIG SET maxmemory <bytes>`, 0 for no limit, and in redis.conf) or free some; {resume}"
         elif detail.startswith(("ConnectionError", "TimeoutError", "AuthenticationError")):
             fix = f"check that Redis is running and reachable at that URL (or correct `url` of the sink); {resume}"
@@ -243,7 +245,11 @@ class RedisSink(Sink):
         keys = self._keys[batch.table]
         names = sorted({n for new, olds in batch.renames.items() for n in (new, *olds)})
         # Quoted exactly as to_json writes member names.
-        row = self.spark.range(1).select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names))).first()
+        row = (
+            self.spark.range(1)
+            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
+            .first()
+        )
         quoted = {n: row[f"q{i}"][1 : -len(":0}")] for i, n in enumerate(names)}
         script = client.register_script(scripts.RENAME)
         for new, olds in batch.renames.items():
@@ -256,14 +262,20 @@ class RedisSink(Sink):
         or removed from, every cached row of the table (idempotent: a replayed cut changes nothing more)."""
         how = self.config.dropped_columns
         names = sorted(batch.retired)
-        row = self.spark.range(1).select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names))).first()
+        row = (
+            self.spark.range(1)
+            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
+            .first()
+        )
         quoted = [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]  # as to_json writes the names
         script = client.register_script(scripts.RETIRE)
         changed = 0
         for chunk in self._scan(client, keys):
             changed += int(self._redis("writing to", script, keys=chunk, args=[how, *quoted]))
         what = "set to null in" if how == "null" else "removed from"
-        self.say(f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)")
+        self.say(
+            f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)"
+        )
 
     def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
         names = [c.name for c in batch.schema.columns]
@@ -389,7 +401,9 @@ class RedisSink(Sink):
             return
         problem = self._redis("reading from", eviction_problem, self._client(), self.ttl)
         if problem is not None:
-            raise EngineSettingError(redact(f"sink {self.name}: Redis at {self.url}: {problem}"), EVICTION_FIX)
+            raise EngineSettingError(
+                redact(f"sink {self.name}: Redis at {self.url}: {problem}"), EVICTION_FIX
+            )
 
     def clear_table(self, table: TableName) -> None:
         client = self._client()

@@ -27,7 +27,11 @@ from sinks.changes import NetChanges
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
 
-SCD2_COLUMNS = {"_cdc_start_lsn": T.LongType(), "_cdc_end_lsn": T.LongType(), "_cdc_end_ts": T.TimestampType()}
+SCD2_COLUMNS = {
+    "_cdc_start_lsn": T.LongType(),
+    "_cdc_end_lsn": T.LongType(),
+    "_cdc_end_ts": T.TimestampType(),
+}
 
 
 def _ends(v: DataFrame, truncates: list[tuple[int, int, int | None]]) -> tuple[SparkColumn, SparkColumn]:
@@ -40,7 +44,9 @@ def _ends(v: DataFrame, truncates: list[tuple[int, int, int | None]]) -> tuple[S
     return end_lsn, end_ts
 
 
-def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, ...], columns: list[str]) -> DataFrame:
+def _fill_unchanged(
+    target: DeltaTable, versions: NetChanges, keys: tuple[str, ...], columns: list[str]
+) -> DataFrame:
     """Unchanged-TOAST values the batch could not resolve come from the key's current version."""
     v = versions.df
     if not versions.unchanged:
@@ -49,7 +55,10 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
     # The table as of its version now (time travel), not `target.toDF()`: Delta's writes below
     # drop cached plans over the table, and re-reading it after the current versions were ended
     # would find no value to keep.
-    version, location = target.history(1).select("version").first()[0], target.detail().select("location").first()[0]
+    version, location = (
+        target.history(1).select("version").first()[0],
+        target.detail().select("location").first()[0],
+    )
     snapshot = target.toDF().sparkSession.read.format("delta").option("versionAsOf", version).load(location)
     current = snapshot.filter(F.col("_cdc_end_lsn").isNull()).select(
         *(F.col(q(k)) for k in keys), *(F.col(q(c)).alias(f"__cdc_cur_{i}") for i, c in enumerate(wanted))
@@ -59,14 +68,22 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
     for c in v.columns:
         if c in versions.unchanged:
             i = wanted.index(c)
-            out.append(F.when(F.col(versions.unchanged[c]), F.col(f"__cdc_cur_{i}")).otherwise(F.col(q(c))).alias(c))
+            out.append(
+                F.when(F.col(versions.unchanged[c]), F.col(f"__cdc_cur_{i}")).otherwise(F.col(q(c))).alias(c)
+            )
         elif c not in versions.unchanged.values():
             out.append(F.col(q(c)))
     return joined.select(*out)
 
 
 def apply_scd2(
-    spark: SparkSession, target: DeltaTable, batch: DeltaBatch, versions: NetChanges, cut_id: int, app_id: str, fresh: bool
+    spark: SparkSession,
+    target: DeltaTable,
+    batch: DeltaBatch,
+    versions: NetChanges,
+    cut_id: int,
+    app_id: str,
+    fresh: bool,
 ) -> dict[str, int]:
     keys = batch.key_columns
     columns = [f.name for f in batch.spark_schema.fields]
@@ -76,8 +93,13 @@ def apply_scd2(
         end_lsn, end_ts = _ends(filled, batch.truncates)
         rows = filled.filter(F.col("_cdc_op") != "d").select(
             *(F.col(q(c)) for c in columns),
-            "_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts",
-            F.col("_cdc_lsn").alias("_cdc_start_lsn"), end_lsn.alias("_cdc_end_lsn"), end_ts.alias("_cdc_end_ts"),
+            "_cdc_lsn",
+            "_cdc_seq",
+            "_cdc_op",
+            "_cdc_commit_ts",
+            F.col("_cdc_lsn").alias("_cdc_start_lsn"),
+            end_lsn.alias("_cdc_end_lsn"),
+            end_ts.alias("_cdc_end_ts"),
         )
         on_key = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys)
         if not fresh:
@@ -87,15 +109,29 @@ def apply_scd2(
                 began = filled.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).first()[0]
                 target.update(
                     f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {batch.snapshot_lsn}",
-                    {"_cdc_end_lsn": F.lit(batch.snapshot_lsn), "_cdc_end_ts": F.lit(began) if began else F.current_timestamp()},
+                    {
+                        "_cdc_end_lsn": F.lit(batch.snapshot_lsn),
+                        "_cdc_end_ts": F.lit(began) if began else F.current_timestamp(),
+                    },
                 )
-            firsts = filled.groupBy(*(F.col(q(k)) for k in keys)).agg(F.min(F.struct("_cdc_lsn", "_cdc_commit_ts")).alias("f")).select(
-                *(F.col(q(k)) for k in keys), F.col("f._cdc_lsn").alias("first_lsn"), F.col("f._cdc_commit_ts").alias("first_ts")
+            firsts = (
+                filled.groupBy(*(F.col(q(k)) for k in keys))
+                .agg(F.min(F.struct("_cdc_lsn", "_cdc_commit_ts")).alias("f"))
+                .select(
+                    *(F.col(q(k)) for k in keys),
+                    F.col("f._cdc_lsn").alias("first_lsn"),
+                    F.col("f._cdc_commit_ts").alias("first_ts"),
+                )
             )
             (
                 target.alias("t")
-                .merge(firsts.alias("s"), f"{on_key} AND t._cdc_end_lsn IS NULL AND t._cdc_start_lsn < s.first_lsn")
-                .whenMatchedUpdate(set={"_cdc_end_lsn": F.col("s.first_lsn"), "_cdc_end_ts": F.col("s.first_ts")})
+                .merge(
+                    firsts.alias("s"),
+                    f"{on_key} AND t._cdc_end_lsn IS NULL AND t._cdc_start_lsn < s.first_lsn",
+                )
+                .whenMatchedUpdate(
+                    set={"_cdc_end_lsn": F.col("s.first_lsn"), "_cdc_end_ts": F.col("s.first_ts")}
+                )
                 .execute()
             )
             if batch.truncates:

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-
 @dataclass
 class SearchStats(ApplyStats):
     stale: int = 0  # changes not newer than what the index holds (replays, late writes): ignored
@@ -91,7 +90,9 @@ class WriteJob:
 class SearchSink(Sink):
     kind = "search"
     engine = ""
-    parallel_tables = False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
+    parallel_tables = (
+        False  # not yet shown safe for every engine (tantivy's index writers): one table at a time
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

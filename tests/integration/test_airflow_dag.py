@@ -110,7 +110,9 @@ def test_airflow_dags_apply_alert_and_compact(pg_db: str, tmp_path: Path, spark)
     )
     stream_changes(file, pg_db)  # updates, deletes and an older event of key 1 for compaction
     # the stream is not running now (as if `cdc stream` died): WAL the slot has not confirmed
-    sql(pg_db, "CREATE TABLE not_captured (id int)", "INSERT INTO not_captured SELECT generate_series(1, 100)")
+    sql(
+        pg_db, "CREATE TABLE not_captured (id int)", "INSERT INTO not_captured SELECT generate_series(1, 100)"
+    )
 
     out, _ = migrate.communicate(timeout=600)
     assert migrate.returncode == 0, out

@@ -489,7 +489,11 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
     # one table after the other, so "between tables" is one committed and one not started
     # (test_parallel_apply.py crashes a cut applied side by side)
     pipe = make_pipe(
-        tmp_path, pg_db, ["public.a", "public.b"], sinks=[LAKE], spark={"conf": FAST_JVM, "apply_parallelism": 1}
+        tmp_path,
+        pg_db,
+        ["public.a", "public.b"],
+        sinks=[LAKE],
+        spark={"conf": FAST_JVM, "apply_parallelism": 1},
     )
     snapshot(pipe)
     apply_ok(pipe, spark)

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 
 
 def _pipeline(tmp_path: Path, dsn: str) -> Path:
-    return write_pipeline(tmp_path, dsn, ["public.t"], name="reg", sinks=[{"name": "lake", "delta": {"path": "lake"}}])
+    return write_pipeline(
+        tmp_path, dsn, ["public.t"], name="reg", sinks=[{"name": "lake", "delta": {"path": "lake"}}]
+    )
 
 
 def _snapshot(file: Path) -> None:
@@ -25,7 +27,11 @@ def _snapshot(file: Path) -> None:
 
 def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) -> None:
     """Cut ids start over in a new log; Delta's idempotent writes must not take them for old ones."""
-    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 6) g")
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 6) g",
+    )
     file = _pipeline(tmp_path, pg_db)
     _snapshot(file)
     for round_ in range(3):
@@ -41,7 +47,11 @@ def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) ->
 
 
 def test_follower_table_moved_away_is_rebuilt(pg_db: str, tmp_path: Path, spark) -> None:
-    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g",
+    )
     file = _pipeline(tmp_path, pg_db)
     _snapshot(file)
     sql(pg_db, "UPDATE t SET v = 'b' WHERE id <= 5", "DELETE FROM t WHERE id = 20")
@@ -64,7 +74,10 @@ def test_demo_shows_all_three_followers(tmp_path: Path) -> None:
 
     done = subprocess.run(
         [str(REPO / ".venv" / "bin" / "cdc"), "demo", "--dir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out

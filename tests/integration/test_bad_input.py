@@ -294,9 +294,15 @@ def test_table_without_primary_key_in_a_cache_sink(pg: LocalPostgres, pg_db: str
     """A keyless table is followed insert-only (README "Tables without a primary key"); a cache
     follower has no key to keep its rows under, so a pipeline that asks for it is refused."""
     sql(pg_db, "CREATE TABLE ok(id int PRIMARY KEY)", "CREATE TABLE nopk(a int, b text)")
-    cache = {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.ok", "public.nopk"]}}
+    cache = {
+        "name": "cache",
+        "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.ok", "public.nopk"]},
+    }
     path = write_pipeline(tmp_path, pg_db, ["public.ok", "public.nopk"], sinks=[cache])
-    needles = ["sink cache (redis) cannot follow public.nopk: it has no primary key", "ALTER TABLE public.nopk ADD PRIMARY KEY"]
+    needles = [
+        "sink cache (redis) cannot follow public.nopk: it has no primary key",
+        "ALTER TABLE public.nopk ADD PRIMARY KEY",
+    ]
     check_output(cdc("validate", path), SOURCE, *needles, secrets=[pg.password])
     check_error(cdc("snapshot", path), SOURCE, *needles, secrets=[pg.password])
     assert_nothing_created(pg_db)
@@ -359,7 +365,9 @@ def test_missing_table_that_differs_only_in_case(pg_db: str, tmp_path: Path) -> 
     path = write_pipeline(tmp_path, pg_db, ["Mixed Case.Order Items"])
     meant = '"Mixed Case"."Order Items"'
     problem = f'table "mixed case"."order items" does not exist in database {dbname_of(pg_db)}; did you mean {meant}?'
-    check_output(cdc("validate", path), SOURCE, problem, f"quote mixed-case names in source.postgres.tables: '{meant}'")
+    check_output(
+        cdc("validate", path), SOURCE, problem, f"quote mixed-case names in source.postgres.tables: '{meant}'"
+    )
     check_error(cdc("snapshot", path), SOURCE, problem)
     # the fix as printed: the quoted name, in single quotes, into the YAML list
     path.write_text(path.read_text().replace("- Mixed Case.Order Items", f"- '{meant}'"))

@@ -37,7 +37,9 @@ ORDERS = {"where": "status <> 'draft'"}
 
 
 def _write(tmp_path: Path, dsn: str, options: dict) -> Pipe:
-    return make_pipe(tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE, postgres={"table_options": options})
+    return make_pipe(
+        tmp_path, dsn, ["public.users", "public.orders"], sinks=LAKE, postgres={"table_options": options}
+    )
 
 
 def _validate(pipe: Pipe) -> str:

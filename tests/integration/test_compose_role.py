@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 EXAMPLES = REPO / "pipelines" / "examples"
 
 
-def test_compose_init_scripts_make_a_role_the_pipeline_can_use(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
+def test_compose_init_scripts_make_a_role_the_pipeline_can_use(
+    pg: LocalPostgres, pg_db: str, tmp_path: Path
+) -> None:
     dbname = pg_db.rsplit("/", 1)[1]
     role, password = f"cdc_{uuid.uuid4().hex[:8]}", f"Pw{uuid.uuid4().hex}"
     secret = tmp_path / "cdc_pg_password"
@@ -38,11 +40,17 @@ def test_compose_init_scripts_make_a_role_the_pipeline_can_use(pg: LocalPostgres
     }
     psql = ["psql", "-v", "ON_ERROR_STOP=1", "-q", "--username", SUPERUSER, "--dbname", dbname]
     try:
-        subprocess.run([*psql, "-f", EXAMPLES / "shop.sql"], env=env, check=True, capture_output=True, timeout=120)
-        done = subprocess.run(["sh", EXAMPLES / "cdc-role.sh"], env=env, capture_output=True, text=True, timeout=120)
+        subprocess.run(
+            [*psql, "-f", EXAMPLES / "shop.sql"], env=env, check=True, capture_output=True, timeout=120
+        )
+        done = subprocess.run(
+            ["sh", EXAMPLES / "cdc-role.sh"], env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done
         assert password not in done.stdout + done.stderr
-        assert sql(pg.dsn(), f"SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = '{role}'") == [(False, True)]
+        assert sql(pg.dsn(), f"SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = '{role}'") == [
+            (False, True)
+        ]
 
         file = write_pipeline(
             tmp_path,

@@ -66,13 +66,19 @@ def test_dev_up_kafka_secure_exports_run_a_pipeline(dev_dir: Path, pg_db: str, t
     port = int(env["KAFKA_BOOTSTRAP"].rpartition(":")[2])
     assert port_open(port)
     with pytest.raises(KafkaError):  # NoBrokersAvailable: no answer it understands
-        KafkaAdminClient(bootstrap_servers=[env["KAFKA_BOOTSTRAP"]], bootstrap_timeout_ms=3000, request_timeout_ms=3000)
+        KafkaAdminClient(
+            bootstrap_servers=[env["KAFKA_BOOTSTRAP"]], bootstrap_timeout_ms=3000, request_timeout_ms=3000
+        )
 
     status = cdc("dev", "status", "kafka", "--dir", dev_dir)
     assert f"kafka: running KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']} KAFKA_USER=cdc" in status.out, status
 
     # the exports, as `eval "$(cdc dev up kafka --secure)"` leaves them, run a pipeline
-    sql(pg_db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'r' || g FROM generate_series(1, 5) g")
+    sql(
+        pg_db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'r' || g FROM generate_series(1, 5) g",
+    )
     sasl = {
         "bootstrap_servers": "${KAFKA_BOOTSTRAP}",
         "security_protocol": "SASL_SSL",

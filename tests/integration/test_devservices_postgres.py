@@ -100,11 +100,15 @@ def test_dev_up_postgres_version_18() -> None:
         assert up.code == 0, up
         dsn = next(line.split("=", 1)[1] for line in up.out.splitlines() if line.startswith("export PG_DSN="))
         with psycopg2.connect(dsn.strip("'")) as conn, conn.cursor() as cur:
-            cur.execute("SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level')")
+            cur.execute(
+                "SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level')"
+            )
             assert cur.fetchone() == (18, "logical")
         again = cdc("dev", "up", "postgres", "--version", "15", "--dir", str(base), timeout=60)
         assert again.code == 2 and "Traceback" not in again.err, again
-        assert f"error: the PostgreSQL cluster in {base / 'postgres'} is version 18, not 15" in again.err, again.err
+        assert f"error: the PostgreSQL cluster in {base / 'postgres'} is version 18, not 15" in again.err, (
+            again.err
+        )
         assert "fix: stop it and remove" in again.err, again.err
         usage = cdc("dev", "up", "redis", "--version", "18", "--dir", str(base), timeout=60)
         assert usage.code == 2 and "postgres is not started" in usage.err, usage

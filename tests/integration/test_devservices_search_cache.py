@@ -21,6 +21,7 @@ from tests.harness import CdcRun, cdc
 
 pytestmark = pytest.mark.integration
 
+
 def dev(verb: str, service: str, base: Path) -> CdcRun:
     """`cdc dev VERB SERVICE --dir BASE` in a process of its own (as from a terminal)."""
     return cdc("dev", verb, service, "--dir", str(base), timeout=180)

@@ -68,7 +68,11 @@ def test_a_driver_out_of_heap_in_verify_names_the_heap(pg_db: str, tmp_path: Pat
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g",
     )
     pipe = make_pipe(
-        tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": {**FAST_JVM, "spark.driver.memory": "512m"}}
+        tmp_path,
+        pg_db,
+        ["public.t"],
+        sinks=[LAKE],
+        spark={"conf": {**FAST_JVM, "spark.driver.memory": "512m"}},
     )
     snapshot(pipe)
     apply_ok(pipe, spark)

@@ -31,8 +31,16 @@ def test_dropped_columns_keep_null_drop(tmp_path, pg_db, spark, redis_db):
         {"name": "keep", "delta": {"path": "keep"}},
         {"name": "nulled", "delta": {"path": "nulled"}, "dropped_columns": "null"},
         {"name": "dropped", "delta": {"path": "dropped"}, "dropped_columns": "drop"},
-        {"name": "cnull", "redis": {"url": redis_db, "tables": ["public.t"], "key": "n:{schema}.{table}:{pk}"}, "dropped_columns": "null"},
-        {"name": "cdrop", "redis": {"url": redis_db, "tables": ["public.t"], "key": "d:{schema}.{table}:{pk}"}, "dropped_columns": "drop"},
+        {
+            "name": "cnull",
+            "redis": {"url": redis_db, "tables": ["public.t"], "key": "n:{schema}.{table}:{pk}"},
+            "dropped_columns": "null",
+        },
+        {
+            "name": "cdrop",
+            "redis": {"url": redis_db, "tables": ["public.t"], "key": "d:{schema}.{table}:{pk}"},
+            "dropped_columns": "drop",
+        },
     ]
     pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=sinks)
     snapshot(pipe)
@@ -40,18 +48,27 @@ def test_dropped_columns_keep_null_drop(tmp_path, pg_db, spark, redis_db):
     assert not [r for r in runs if r.error], "\n".join(lines)
     assert _lake(tmp_path, "nulled")[1]["rollout"] == "r1"
 
-    sql(pg_db, "ALTER TABLE t DROP COLUMN rollout", "UPDATE t SET v = 'new' WHERE id <= 3", "INSERT INTO t VALUES (11, 'v11')")
+    sql(
+        pg_db,
+        "ALTER TABLE t DROP COLUMN rollout",
+        "UPDATE t SET v = 'new' WHERE id <= 3",
+        "INSERT INTO t VALUES (11, 'v11')",
+    )
     stream(pipe)
     runs, lines = apply(pipe, spark)
     out = "\n".join(lines)
     assert not [r for r in runs if r.error], out
     assert "sink nulled: public.t: column(s) rollout dropped at the source: set NULL in every row" in out, out
-    assert "sink dropped: public.t: column(s) rollout dropped at the source: dropped from the table" in out, out
+    assert "sink dropped: public.t: column(s) rollout dropped at the source: dropped from the table" in out, (
+        out
+    )
 
     keep, nulled, dropped = _lake(tmp_path, "keep"), _lake(tmp_path, "nulled"), _lake(tmp_path, "dropped")
     assert keep[1]["rollout"] == "r1" and keep[1]["v"] == "new" and keep[11]["rollout"] is None  # as before
     assert all(r["rollout"] is None for r in nulled.values()) and nulled[1]["v"] == "new"
-    assert all("rollout" not in r for r in dropped.values()) and dropped[1]["v"] == "new" and len(dropped) == 11
+    assert (
+        all("rollout" not in r for r in dropped.values()) and dropped[1]["v"] == "new" and len(dropped) == 11
+    )
     client = redis.Redis.from_url(redis_db, decode_responses=True)
     try:
         cnull = redis_rows(client, "n:public.t:")

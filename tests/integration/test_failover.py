@@ -44,7 +44,12 @@ STANDBY_SLOT = "standby1"
 
 def _pipeline(tmp_path: Path, dsn: str) -> Path:
     return write_pipeline(
-        tmp_path, dsn, ["public.t"], name="fo", postgres={"failover": True}, sinks=[{"name": "lake", "delta": {"path": "lake"}}]
+        tmp_path,
+        dsn,
+        ["public.t"],
+        name="fo",
+        postgres={"failover": True},
+        sinks=[{"name": "lake", "delta": {"path": "lake"}}],
     )
 
 

@@ -188,7 +188,9 @@ def test_search_index_deleted_is_rebuilt(tmp_path: Path, pg_db: str, engine: str
     assert len(got) == len(want) == ROWS - 1
     assert {(str(d["id"]),): d["title"] for d in got.values()} == {k: r["title"] for k, r in want.items()}
     assert verify(file, spark, "s")[0] == 0
-    if engine == "tantivy":  # the direct reader of docs/follower-search.md, as written (only the path changed)
+    if (
+        engine == "tantivy"
+    ):  # the direct reader of docs/follower-search.md, as written (only the path changed)
         readme = (Path(__file__).resolve().parents[2] / "docs" / "follower-search.md").read_text()
         block = readme.split("*Reading a tantivy follower without `cdc`*", 1)[1].split("```python\n", 1)[1]
         code = block.split("```", 1)[0].replace(

@@ -40,7 +40,9 @@ def stream_child(parent: int) -> int:
     return int(children[0])
 
 
-def test_cdc_run_health_follows_the_source_and_a_hung_stream(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
+def test_cdc_run_health_follows_the_source_and_a_hung_stream(
+    pg: LocalPostgres, pg_db: str, tmp_path: Path
+) -> None:
     role, password = f"h_{uuid.uuid4().hex[:8]}", f"Pw{uuid.uuid4().hex}"
     dbname = pg_db.rsplit("/", 1)[1]
     sql(pg.dsn(), f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'")

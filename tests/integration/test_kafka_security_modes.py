@@ -148,7 +148,9 @@ def test_validate_names_the_topic_rights_the_log_lacks(
         run = cdc("validate", pipe.file)
         assert run.code == 3, run
         assert expected in run.out, run.out
-        assert f"fix: grant user {LIMITED_USER!r} on the topics {pipe.prefix}.* (a PREFIXED ACL)" in run.out, run.out
+        assert (
+            f"fix: grant user {LIMITED_USER!r} on the topics {pipe.prefix}.* (a PREFIXED ACL)" in run.out
+        ), run.out
         assert LIMITED_PASSWORD not in run.out + run.err and "Traceback" not in run.err
 
     # no ACL at all: the topics cannot even be described
@@ -180,7 +182,11 @@ def test_unreachable_opensearch_and_spark_master_fail_validate(pg_db: str, tmp_p
         sinks=[
             {
                 "name": "search",
-                "search": {"engine": "opensearch", "hosts": [f"http://127.0.0.1:{search_port}"], "tables": ["public.t"]},
+                "search": {
+                    "engine": "opensearch",
+                    "hosts": [f"http://127.0.0.1:{search_port}"],
+                    "tables": ["public.t"],
+                },
             }
         ],
         spark={"master": f"spark://127.0.0.1:{master_port}"},
@@ -188,5 +194,8 @@ def test_unreachable_opensearch_and_spark_master_fail_validate(pg_db: str, tmp_p
     run = cdc("validate", pipe)
     assert run.code == 3, run
     assert f"FAIL OpenSearch at http://127.0.0.1:{search_port} is unreachable (" in run.out, run.out
-    assert f"FAIL spark.master spark://127.0.0.1:{master_port}: no master answers: 127.0.0.1:{master_port} (Connection refused)" in run.out, run.out
+    assert (
+        f"FAIL spark.master spark://127.0.0.1:{master_port}: no master answers: 127.0.0.1:{master_port} (Connection refused)"
+        in run.out
+    ), run.out
     assert "2 problem(s) found" in run.out and "Traceback" not in run.err, run

@@ -48,7 +48,10 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
         tmp_path,
         dsn,
         ["public.audit", "public.acct"],
-        sinks=[{"name": "lake", "delta": {"path": "lake"}}, {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.audit"]}}],
+        sinks=[
+            {"name": "lake", "delta": {"path": "lake"}},
+            {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.audit"]}},
+        ],
     )
 
     # validate: the cache cannot hold it (exit 3, the reason); the delta sink alone passes and says how it is followed
@@ -56,10 +59,18 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     assert run.code == 3, run.out + run.err
     assert "sink cache (redis) cannot follow public.audit: it has no primary key" in run.out, run.out
     docs = {"name": "docs", "search": {"engine": "tantivy", "path": "docs", "tables": ["public.audit"]}}
-    pipe = make_pipe(tmp_path, dsn, ["public.audit", "public.acct"], sinks=[{"name": "lake", "delta": {"path": "lake"}}, docs])
+    pipe = make_pipe(
+        tmp_path,
+        dsn,
+        ["public.audit", "public.acct"],
+        sinks=[{"name": "lake", "delta": {"path": "lake"}}, docs],
+    )
     run = cdc_here("validate", pipe.file)
     assert run.code == 0, run.out + run.err
-    assert "table public.audit: 3 columns, no key: followed insert-only (inserts and truncates, through publication cdc_test_inserts)" in run.out, run.out
+    assert (
+        "table public.audit: 3 columns, no key: followed insert-only (inserts and truncates, through publication cdc_test_inserts)"
+        in run.out
+    ), run.out
     assert "table public.acct: 2 columns, key (id) from primary key" in run.out, run.out
 
     snapshot(pipe)
@@ -70,7 +81,10 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
         "SELECT p.pubname, c.relname, p.pubinsert, p.pubupdate, p.pubdelete FROM pg_publication p"
         " JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN pg_class c ON c.oid = r.prrelid ORDER BY 1, 2",
     )
-    assert pubs == [("cdc_test", "acct", True, True, True), ("cdc_test_inserts", "audit", True, False, False)], pubs
+    assert pubs == [
+        ("cdc_test", "acct", True, True, True),
+        ("cdc_test_inserts", "audit", True, False, False),
+    ], pubs
 
     # more inserts after the snapshot: duplicates again, and a TOASTed (out-of-line, uncompressible) value
     big = "SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g"
@@ -120,9 +134,16 @@ def test_pgbench_tpcb_with_history(pg_any: LocalPostgres, pg_any_db: str, tmp_pa
     dsn = pg_any_db
     pgbench = str(pg_any.bin_dir() / "pgbench")
     subprocess.run([pgbench, "-i", "-s", "1", "-q", dsn], check=True, capture_output=True, timeout=300)
-    tables = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
+    tables = [
+        "public.pgbench_accounts",
+        "public.pgbench_branches",
+        "public.pgbench_tellers",
+        "public.pgbench_history",
+    ]
     pipe = make_pipe(tmp_path, dsn, tables, sinks=[LAKE])
-    load = subprocess.Popen([pgbench, "-c", "2", "-T", "20", "-n", dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    load = subprocess.Popen(
+        [pgbench, "-c", "2", "-T", "20", "-n", dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         time.sleep(3)
         snapshot(pipe)  # while the workload writes
@@ -157,11 +178,18 @@ def test_validate_refuses_what_would_break_the_application(pg_db: str, tmp_path:
     pipe = make_pipe(tmp_path, pg_db, ["public.ev", "public.full_ev"], sinks=[LAKE])
     run = cdc_here("validate", pipe.file)
     assert run.code == 3, run.out + run.err
-    assert "table public.ev has no primary key and is in publication cdc_test, which publishes updates" in run.out, run.out
+    assert (
+        "table public.ev has no primary key and is in publication cdc_test, which publishes updates"
+        in run.out
+    ), run.out
     assert "fix: run ALTER PUBLICATION cdc_test DROP TABLE public.ev;" in run.out, run.out
     assert "table public.full_ev has no primary key (REPLICA IDENTITY FULL" in run.out, run.out
     assert "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;" in run.out, run.out
-    sql(pg_db, "ALTER PUBLICATION cdc_test DROP TABLE public.ev;", "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;")
+    sql(
+        pg_db,
+        "ALTER PUBLICATION cdc_test DROP TABLE public.ev;",
+        "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;",
+    )
     run = cdc_here("validate", pipe.file)
     assert run.code == 0, run.out + run.err
     snapshot(pipe)

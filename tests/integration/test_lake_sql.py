@@ -75,7 +75,10 @@ def lake(pg, spark, tmp_path_factory) -> Iterator[Lake]:
 
 
 def rows_of(out: str) -> dict[tuple, dict]:
-    return {(str(r["id"]),): {k: None if v is None else str(v) for k, v in r.items()} for r in map(json.loads, out.splitlines())}
+    return {
+        (str(r["id"]),): {k: None if v is None else str(v) for k, v in r.items()}
+        for r in map(json.loads, out.splitlines())
+    }
 
 
 def test_datafusion_reads_the_source_rows_at_a_cut_without_a_jvm(lake: Lake) -> None:
@@ -83,7 +86,9 @@ def test_datafusion_reads_the_source_rows_at_a_cut_without_a_jvm(lake: Lake) -> 
     cols = {"public.t": "id, v, n", "sales.t": "id, v", 'public."Order Items"': 'id, "Qty", unit_x0020_price'}
     for cut, expected in ((lake.cut_b, None), (lake.cut_a, lake.at_a)):
         for table, select in cols.items():
-            run, jvm, pyspark = cdc_watched("sql", f, "--json", "--engine", "datafusion", "--cut", cut, f"SELECT {select} FROM {table}")
+            run, jvm, pyspark = cdc_watched(
+                "sql", f, "--json", "--engine", "datafusion", "--cut", cut, f"SELECT {select} FROM {table}"
+            )
             assert run.code == 0 and not jvm and not pyspark, (run, jvm, pyspark)
             want = expected[table] if expected else source_rows(lake.pipe.dsn, table, ("id",))
             assert rows_of(run.out) == want, (cut, table, run.out)
@@ -120,7 +125,13 @@ def test_qualified_bare_and_quoted_names(lake: Lake, engine: str) -> None:
         assert run.code == 0 and run.out.splitlines() == ["c", want], (query, run)
         assert f"engine {engine}" in run.err, run.err
     # the header gives an encoded column its source name (queries name it as stored)
-    run = cdc_here("sql", lake.pipe.file, "--engine", engine, f"SELECT {q}Qty{q}, unit_x0020_price FROM {q}Order Items{q} WHERE id = 3")
+    run = cdc_here(
+        "sql",
+        lake.pipe.file,
+        "--engine",
+        engine,
+        f"SELECT {q}Qty{q}, unit_x0020_price FROM {q}Order Items{q} WHERE id = 3",
+    )
     assert run.code == 0 and run.out.splitlines() == ["Qty\tunit price", "30\t103"], run
 
 
@@ -131,7 +142,9 @@ def test_a_query_only_spark_runs_goes_to_spark(lake: Lake) -> None:
     assert run.code == 0 and run.out.splitlines() == ["id\tx", "1\t1", "1\t2"], run
     assert "DataFusion cannot run it" in run.err and "engine spark" in run.err, run.err
     run = cdc_here("sql", lake.pipe.file, "--engine", "datafusion", query)
-    assert run.code == 2 and "error: DataFusion refused the query" in run.err and "--engine spark" in run.err, run
+    assert (
+        run.code == 2 and "error: DataFusion refused the query" in run.err and "--engine spark" in run.err
+    ), run
 
 
 def test_status_wait_and_log_read_start_no_jvm(lake: Lake) -> None:

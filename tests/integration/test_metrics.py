@@ -355,7 +355,15 @@ def test_metrics_port_taken_and_json_errors(pg_db: str, tmp_path: Path) -> None:
             f"error: cannot serve metrics on 127.0.0.1:{port}" in run.err
             and "  fix: choose a free port" in run.err
         ), run
-        run = cdc("stream", pipe.file, "--until", "current", "--metrics-port", str(port), env={"CDC_LOG_FORMAT": "json"})
+        run = cdc(
+            "stream",
+            pipe.file,
+            "--until",
+            "current",
+            "--metrics-port",
+            str(port),
+            env={"CDC_LOG_FORMAT": "json"},
+        )
         assert run.code == 2, run
         (record,) = [json.loads(line) for line in run.err.splitlines()]
         assert (

@@ -29,7 +29,10 @@ def _column_type(dsn: str, column: str) -> str:
     conn = psycopg2.connect(dsn, options=libpq_options())
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'users'::regclass AND attname = %s", (column,))
+            cur.execute(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'users'::regclass AND attname = %s",
+                (column,),
+            )
             return cur.fetchone()[0]
     finally:
         conn.close()
@@ -63,7 +66,9 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
     lines: list[str] = []
     assert run_validate(load_pipeline(pipe.file), lines.append) == 0, lines
     warned = "\n".join(lines)
-    assert "warn table public.users: its publication column list" in warned and "cdc migrate" in warned, warned
+    assert "warn table public.users: its publication column list" in warned and "cdc migrate" in warned, (
+        warned
+    )
     assert _published_columns(pg_db, f"cdc_{pipe.name}") == ("id", "name", "login_count")
 
     # the problem: PostgreSQL refuses the routine migration
@@ -72,7 +77,9 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
 
     # a file that also changes rows of the table: refused, rolled back
     bad = tmp_path / "bad.sql"
-    bad.write_text("ALTER TABLE users ALTER COLUMN login_count TYPE bigint;\nUPDATE users SET name = 'x' WHERE id = 1;\n")
+    bad.write_text(
+        "ALTER TABLE users ALTER COLUMN login_count TYPE bigint;\nUPDATE users SET name = 'x' WHERE id = 1;\n"
+    )
     run = cdc("migrate", pipe.file, "--sql", bad)
     assert run.code == 2, run.out + run.err
     no_traceback(run)
@@ -82,7 +89,9 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
 
     # a failing file: PostgreSQL's error, nothing changed
     broken = tmp_path / "broken.sql"
-    broken.write_text("ALTER TABLE users ALTER COLUMN login_count TYPE bigint; ALTER TABLE users ALTER COLUMN nope TYPE int;")
+    broken.write_text(
+        "ALTER TABLE users ALTER COLUMN login_count TYPE bigint; ALTER TABLE users ALTER COLUMN nope TYPE int;"
+    )
     run = cdc("migrate", pipe.file, "--sql", broken)
     assert run.code == 3 and "nope" in run.err and "rolled back" in run.err, run.out + run.err
     assert _column_type(pg_db, "login_count") == "integer"
@@ -104,5 +113,7 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
     apply_ok(pipe, spark)
     lake = delta_df(spark, pipe, "public.users")
     assert "password_hash" not in lake.columns
-    assert {r["id"]: r["login_count"] for r in lake.where("id <= 5").collect()} == {i: 5000000000 for i in range(1, 6)}
+    assert {r["id"]: r["login_count"] for r in lake.where("id <= 5").collect()} == {
+        i: 5000000000 for i in range(1, 6)
+    }
     verified(pipe, spark)

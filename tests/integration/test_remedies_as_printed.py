@@ -35,7 +35,10 @@ def test_log_and_status_remedies_run_as_printed(pg_db: str, tmp_path: Path) -> N
     # Before any snapshot: status says the slot is missing, log read that there is no log.
     status = cdc("status", file)
     assert "slot does not exist" in status.out, status
-    assert printed_command(status.out.split("slot does not exist", 1)[1].splitlines()[0]) == ["snapshot", str(file)]
+    assert printed_command(status.out.split("slot does not exist", 1)[1].splitlines()[0]) == [
+        "snapshot",
+        str(file),
+    ]
     missing = cdc("log", "read", file)
     assert missing.code == 4 and "error: no log at" in missing.err, missing
     follow = cdc(*printed_command(missing.err))

@@ -331,7 +331,9 @@ def test_stream_before_any_snapshot_is_a_slot_problem(pg_db: str, tmp_path: Path
     pipe = make_pipe(tmp_path, pg_db, ["public.t"])
     run = cdc("stream", pipe.file, "--until", "current")
     assert run.code == 3, run
-    assert "does not exist yet" in run.err and f"  fix: run `cdc snapshot {pipe.file}` first" in run.err, run.err
+    assert "does not exist yet" in run.err and f"  fix: run `cdc snapshot {pipe.file}` first" in run.err, (
+        run.err
+    )
 
 
 # ---- issue 11 item 13: who holds the slot ---------------------------------------------------------------

@@ -80,7 +80,11 @@ def check_delta(spark, base: Path, scd2: bool, name: str) -> None:
     assert not delta_reader_features(path) & DELTA_RS_LACKS, delta_reader_features(path)
     key = ("id", "_cdc_start_lsn") if scd2 else ("id",)
     for reader, read in (("delta-rs", delta_rows(None, path, key)), ("polars", polars_rows(path, key))):
-        live = {int(k[0]): (r[name], r["dropme"], r["n"]) for k, r in read.items() if r.get("_cdc_end_lsn") is None}
+        live = {
+            int(k[0]): (r[name], r["dropme"], r["n"])
+            for k, r in read.items()
+            if r.get("_cdc_end_lsn") is None
+        }
         assert live == got, reader
 
 
@@ -313,7 +317,10 @@ def test_renames_read_late_among_dropped_columns_keep_the_column(pg_db: str, tmp
     snapshot(pipe)
     ddl, v = [], "v"
     for i in range(1, 7):
-        ddl += [f"ALTER TABLE rl ADD COLUMN c{i} int", f"UPDATE rl SET c{i} = {i}, {v} = 'u{i}' WHERE id = {i % 2 + 1}"]
+        ddl += [
+            f"ALTER TABLE rl ADD COLUMN c{i} int",
+            f"UPDATE rl SET c{i} = {i}, {v} = 'u{i}' WHERE id = {i % 2 + 1}",
+        ]
         ddl += [f"ALTER TABLE rl DROP COLUMN c{i - 1}"] if i > 1 else []
         if i % 2 == 0:
             ddl += [f"ALTER TABLE rl RENAME COLUMN {v} TO v{i}", f"UPDATE rl SET v{i} = 'r{i}' WHERE id = 1"]

@@ -393,9 +393,10 @@ def test_kafka_log_add_column_default_then_vacuum_full_is_re_based(
     run = kafka_stream(pipe)
     # the rewrite is known by what it did: the new column's default gone from the catalog (issue 35:
     # a new relfilenode alone no longer re-bases)
-    assert "public.items: new column(s) extra have a default" in run.out and "re-base public.items: done" in run.out, (
-        run.out
-    )
+    assert (
+        "public.items: new column(s) extra have a default" in run.out
+        and "re-base public.items: done" in run.out
+    ), run.out
     apply_ok(pipe, spark)
     columns = ["n", "note", "extra"]
     got = _delta(spark, tmp_path, "public.items", columns)

@@ -112,14 +112,21 @@ def test_replica_identity_using_another_index(pg_db: str, tmp_path: Path) -> Non
     flush_wal(pg_db)
     bad = cdc("validate", pipe.file)
     assert bad.code == 3, f"{bad.code}\n{bad.out}\n{bad.err}"
-    assert "table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key" in bad.out, bad.out
+    assert (
+        "table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key" in bad.out
+    ), bad.out
     assert "fix: run ALTER TABLE public.ri REPLICA IDENTITY DEFAULT;" in bad.out, bad.out
     for _ in range(2):  # the second run meets the same delete: nothing was acknowledged past it
         run = cdc("stream", pipe.file, "--until", "current")
         assert run.code == 3, f"{run.code}\n{run.out}\n{run.err}"
-        assert "error: table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key" in run.err
+        assert (
+            "error: table public.ri has REPLICA IDENTITY USING INDEX ri_code_key, without the primary key"
+            in run.err
+        )
         assert "  fix: run ALTER TABLE public.ri REPLICA IDENTITY DEFAULT (or FULL)" in run.err, run.err
         # the remedy names the pipeline file as given, so it runs as printed
-        assert f"`cdc teardown {pipe.file} --drop-slot --yes` and `cdc snapshot {pipe.file}`" in run.err, run.err
+        assert f"`cdc teardown {pipe.file} --drop-slot --yes` and `cdc snapshot {pipe.file}`" in run.err, (
+            run.err
+        )
         assert "internal error" not in run.out + run.err
         no_traceback(run)

@@ -233,7 +233,11 @@ def test_validate_signs_in_to_opensearch(
     sinks = [
         search_sink(node, "s", username=USER, password=f"${{{ENV}}}", ca_file=ca),
         search_sink(
-            node, "m", ca_file=ca, client_cert=str(node.certs / "client.crt"), client_key=str(node.certs / "client.key")
+            node,
+            "m",
+            ca_file=ca,
+            client_cert=str(node.certs / "client.crt"),
+            client_key=str(node.certs / "client.key"),
         ),
     ]
     f = write_pipeline(tmp_path, pg_db, ["public.items"], sinks=sinks)
@@ -241,14 +245,17 @@ def test_validate_signs_in_to_opensearch(
     run = cdc("validate", f)
     assert run.code == 0, run
     for name in ("s", "m"):
-        assert f"ok   sink {name}: OpenSearch at {node.url}: reachable, signed in (version " in run.out, run.out
+        assert f"ok   sink {name}: OpenSearch at {node.url}: reachable, signed in (version " in run.out, (
+            run.out
+        )
 
     wrong = "wrong-" + PASSWORD
     monkeypatch.setenv(ENV, wrong)
     run = cdc("validate", f)
     assert run.code == 3, run
     assert (
-        f"FAIL OpenSearch at {node.url} refused the sign-in of sinks[s].search.username {USER!r} (HTTP 401)" in run.out
+        f"FAIL OpenSearch at {node.url} refused the sign-in of sinks[s].search.username {USER!r} (HTTP 401)"
+        in run.out
     ), run.out
     assert "fix: check sinks[s].search.username and sinks[s].search.password" in run.out, run.out
     assert "1 problem(s) found" in run.out, run.out  # the certificate sink still signs in

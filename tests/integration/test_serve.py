@@ -53,7 +53,10 @@ def test_initial_rows_paged_then_changes(pipe: Pipe, server: Server) -> None:
     assert sorted(r["after"]["id"] for r in rows) == list(range(1, 26))
     assert {r["op"] for r in rows} == {"r"} and rows[0]["source"]["table"] == "items"
     position = body["position"]
-    sql(pipe.dsn, "BEGIN; UPDATE items SET qty = 100 WHERE id = 1; INSERT INTO items VALUES (26, 'new', 1); COMMIT")
+    sql(
+        pipe.dsn,
+        "BEGIN; UPDATE items SET qty = 100 WHERE id = 1; INSERT INTO items VALUES (26, 'new', 1); COMMIT",
+    )
     with sse(server, "public.items", **{"from": position}) as stream:
         ev = stream.until(lambda e: e.event == "change")[-1]
     assert [c["op"] for c in ev.data["changes"]] == ["u", "c"]  # one whole source transaction
@@ -68,7 +71,9 @@ def test_auth_refused(server: Server) -> None:
     assert refused.status_code == 403 and "may not read" in refused.json()["error"]
     assert httpx.get(server.url + "/v1/tables/public.items/changes?from=0", timeout=10).status_code == 401
     assert server.get("/v1/tables", token=OTHER_TOKEN).json() == {"tables": []}
-    assert server.get("/v1/views/order_docs").status_code == 404  # no view in this pipeline (tests/integration/test_serve_views.py)
+    assert (
+        server.get("/v1/views/order_docs").status_code == 404
+    )  # no view in this pipeline (tests/integration/test_serve_views.py)
 
 
 def _insert_txns(dsn: str, first: int, count: int) -> None:
@@ -86,7 +91,9 @@ def test_filters_and_long_poll(pipe: Pipe, server: Server) -> None:
     sql(pipe.dsn, "INSERT INTO items VALUES (100, 'a', 5)", "INSERT INTO items VALUES (101, 'b', 50)")
     got = []
     while len(got) < 1:  # long-poll until the matching transaction comes
-        answer = server.get("/v1/tables/public.items/poll", **{"from": position, "timeout": 10, "where": "qty>=20"}).json()
+        answer = server.get(
+            "/v1/tables/public.items/poll", **{"from": position, "timeout": 10, "where": "qty>=20"}
+        ).json()
         assert answer["control"] is None
         got += answer["events"]
         position = answer["position"]
@@ -138,13 +145,19 @@ def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> No
     sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, repeat(md5('{i}'), 6250))" for i in range(40)])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if any(s["table"] == "public.big" for s in server.get("/v1/tables").json()["tables"] if s["position"] > body["position"]):
+        if any(
+            s["table"] == "public.big"
+            for s in server.get("/v1/tables").json()["tables"]
+            if s["position"] > body["position"]
+        ):
             break
         time.sleep(0.2)
     time.sleep(2)
     data = b""
     sock.settimeout(30)
-    while b"event: control" not in data or b"\n\n" not in data.split(b"event: control")[1].replace(b"\r\n", b"\n"):
+    while b"event: control" not in data or b"\n\n" not in data.split(b"event: control")[1].replace(
+        b"\r\n", b"\n"
+    ):
         chunk = sock.recv(1 << 20)
         if not chunk:
             break
@@ -156,13 +169,27 @@ def test_slow_client_cut_off_with_its_position(pipe: Pipe, server: Server) -> No
     assert '"reason":"slow-client"' in control
     before = text.split("event: control")[0].splitlines()
     offsets = [int(line.split(":", 1)[1]) for line in before if line.startswith("id:")]
-    got = [c["after"]["id"] for line in before if line.startswith("data:") for c in orjson.loads(line[5:]).get("changes", [])]
-    resume = orjson.loads(next(line[5:] for line in control.splitlines() if line.startswith("data:")))["position"]
+    got = [
+        c["after"]["id"]
+        for line in before
+        if line.startswith("data:")
+        for c in orjson.loads(line[5:]).get("changes", [])
+    ]
+    resume = orjson.loads(next(line[5:] for line in control.splitlines() if line.startswith("data:")))[
+        "position"
+    ]
     assert len(got) < 40 and resume == offsets[-1]
     with sse(server, "public.big", **{"from": resume}) as stream:
         rest = stream.until(lambda e: e.event == "change" and 39 in _ids([e]))
-    assert got + _ids(rest) == list(range(40))  # every transaction once, in order: before the cut, then the rest
-    assert server.get("/metrics", token=None).text.count('pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0') == 1
+    assert got + _ids(rest) == list(
+        range(40)
+    )  # every transaction once, in order: before the cut, then the rest
+    assert (
+        server.get("/metrics", token=None).text.count(
+            'pgcdc_serve_slow_clients_dropped_total{pipeline="test",table="public.big"} 1.0'
+        )
+        == 1
+    )
 
 
 def _lag(server: Server, client: str) -> float | None:
@@ -183,12 +210,16 @@ def test_lag_per_client_on_metrics_and_max_clients(pipe: Pipe) -> None:
     try:
         body, _ = initial_rows(srv, "public.big")
         start = body["position"]
-        sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, repeat(md5('{i}'), 12500))" for i in range(1000, 1040)])
+        sql(
+            pipe.dsn, *[f"INSERT INTO big VALUES ({i}, repeat(md5('{i}'), 12500))" for i in range(1000, 1040)]
+        )
         deadline = time.monotonic() + 120
         newest = start
         while newest < start + 40 and time.monotonic() < deadline:
             time.sleep(0.2)
-            newest = next(t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big")
+            newest = next(
+                t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big"
+            )
         assert newest >= start + 40, (start, newest)
         host, port = srv.url.removeprefix("http://").split(":")
         sock = socket.socket()
@@ -202,7 +233,11 @@ def test_lag_per_client_on_metrics_and_max_clients(pipe: Pipe) -> None:
         sock.settimeout(30)
         while b"\r\n\r\n" not in head:
             head += sock.recv(1)
-        client = next(line.split(":", 1)[1].strip() for line in head.decode().splitlines() if line.lower().startswith("x-cdc-client:"))
+        client = next(
+            line.split(":", 1)[1].strip()
+            for line in head.decode().splitlines()
+            if line.lower().startswith("x-cdc-client:")
+        )
         time.sleep(1.5)  # its catch-up (16 MB) is written to its connection, the next heartbeat waits
         assert _lag(srv, client) == 0.0
         sql(pipe.dsn, *[f"INSERT INTO big VALUES ({i}, 'small')" for i in range(2000, 2005)])
@@ -210,16 +245,24 @@ def test_lag_per_client_on_metrics_and_max_clients(pipe: Pipe) -> None:
         now = newest
         while now < newest + 5 and time.monotonic() < deadline:
             time.sleep(0.2)
-            now = next(t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big")
+            now = next(
+                t["position"] for t in srv.get("/v1/tables").json()["tables"] if t["table"] == "public.big"
+            )
         assert now == newest + 5 and _lag(srv, client) == 5.0
         with sse(srv, "public.items", **{"from": initial_rows(srv, "public.items")[0]["position"]}) as other:
             other_id = other.response.headers["x-cdc-client"]
             assert other_id != client and _lag(srv, other_id) == 0.0
             refused = srv.get("/v1/tables/public.items/changes", **{"from": 0})
-            assert refused.status_code == 503 and "--max-clients" in refused.json()["error"] and refused.headers["retry-after"]
+            assert (
+                refused.status_code == 503
+                and "--max-clients" in refused.json()["error"]
+                and refused.headers["retry-after"]
+            )
         sock.close()
         deadline = time.monotonic() + 30
-        while (_lag(srv, client) is not None or _lag(srv, other_id) is not None) and time.monotonic() < deadline:
+        while (
+            _lag(srv, client) is not None or _lag(srv, other_id) is not None
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _lag(srv, client) is None and _lag(srv, other_id) is None  # gone with their clients
         out, err = srv.stop()
@@ -238,18 +281,29 @@ def test_status_lists_the_server_and_metrics_count(pipe: Pipe, server: Server) -
     assert [c["after"]["id"] for e in answer["events"] for c in e["data"]["changes"]] == [300]
     server.get("/v1/tables", token=None)
     text = server.get("/metrics", token=None).text
-    sent = [line for line in text.splitlines() if line.startswith('pgcdc_serve_events_sent_total{pipeline="test",table="public.items"}')]
+    sent = [
+        line
+        for line in text.splitlines()
+        if line.startswith('pgcdc_serve_events_sent_total{pipeline="test",table="public.items"}')
+    ]
     assert sent and float(sent[0].split()[-1]) > 0
     assert 'pgcdc_serve_requests_refused_total{code="401",pipeline="test"}' in text
 
 
-def test_tls_exit_codes_and_no_secret_printed(pipe: Pipe, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tls_exit_codes_and_no_secret_printed(
+    pipe: Pipe, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ca = make_ca(tmp_path)
     cert, key = issue(tmp_path, "serve", "/CN=localhost", "IP:127.0.0.1,DNS:localhost")
     tls = start_server(pipe.file, "--tls-cert", str(cert), "--tls-key", str(key))
     try:
         assert tls.url.startswith("https://")
-        answer = httpx.get(tls.url + "/v1/tables", headers={"Authorization": f"Bearer {TOKEN}"}, verify=ssl.create_default_context(cafile=str(ca)), timeout=10)
+        answer = httpx.get(
+            tls.url + "/v1/tables",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            verify=ssl.create_default_context(cafile=str(ca)),
+            timeout=10,
+        )
         assert answer.status_code == 200 and answer.json()["tables"]
         with pytest.raises(httpx.HTTPError):
             httpx.get(tls.url.replace("https://", "http://") + "/v1/tables", timeout=5)
@@ -278,18 +332,32 @@ def test_a_sinks_columns_masks_and_rename(pipe: Pipe, server: Server) -> None:
         pipe.dsn,
         ["public.items", "public.big"],
         state_dir=str(pipe.dir / ".cdc" / "test"),
-        sinks=[{"name": "app", "delta": {"path": str(pipe.dir / "lake"), "tables": ["public.items"], "table_options": options}}],
+        sinks=[
+            {
+                "name": "app",
+                "delta": {
+                    "path": str(pipe.dir / "lake"),
+                    "tables": ["public.items"],
+                    "table_options": options,
+                },
+            }
+        ],
     )
     shaped = start_server(file, "--sink", "app", "--heartbeat", "0.5")
     try:
         assert [t["name"] for t in shaped.get("/v1/tables").json()["tables"]] == ["goods"]
         assert shaped.get("/v1/tables/public.items").status_code == 404
         body, rows = initial_rows(shaped, "goods")
-        assert rows and all(set(r["after"]) == {"id", "name"} and r["after"]["name"] == "[redacted]" for r in rows)
+        assert rows and all(
+            set(r["after"]) == {"id", "name"} and r["after"]["name"] == "[redacted]" for r in rows
+        )
         sql(pipe.dsn, "INSERT INTO items VALUES (700, 'secret name', 7)")
         with sse(shaped, "goods", **{"from": body["position"]}) as stream:
             ev = stream.until(lambda e: e.event == "change")[-1]
-        assert ev.data["changes"][0]["after"] == {"id": 700, "name": "[redacted]"} and ev.data["table"] == "goods"
+        assert (
+            ev.data["changes"][0]["after"] == {"id": 700, "name": "[redacted]"}
+            and ev.data["table"] == "goods"
+        )
     finally:
         shaped.stop()
 
@@ -303,15 +371,25 @@ def test_example_page_in_a_real_browser(pipe: Pipe, server: Server) -> None:
         page.wait("document.getElementById('status').textContent === 'live'", what="status live")
         assert page.eval("document.getElementById('row-3') !== null")
         sql(pipe.dsn, "INSERT INTO items VALUES (500, 'from the source', 1)")
-        page.wait("(document.getElementById('row-500') || {}).textContent?.includes('from the source')", what="row 500")
+        page.wait(
+            "(document.getElementById('row-500') || {}).textContent?.includes('from the source')",
+            what="row 500",
+        )
         sql(pipe.dsn, "UPDATE items SET name = 'changed' WHERE id = 500")
-        page.wait("document.getElementById('row-500').textContent.includes('changed')", what="row 500 changed")
+        page.wait(
+            "document.getElementById('row-500').textContent.includes('changed')", what="row 500 changed"
+        )
         page.reload()
         page.wait("document.getElementById('status').textContent === 'live'", what="status live after reload")
         sql(pipe.dsn, "UPDATE items SET name = 'after reload' WHERE id = 500")
-        page.wait("document.getElementById('row-500').textContent.includes('after reload')", what="row 500 after reload")
+        page.wait(
+            "document.getElementById('row-500').textContent.includes('after reload')",
+            what="row 500 after reload",
+        )
         seen = page.eval("JSON.parse(sessionStorage.getItem('cdc-serve:public.items')).seen")
-        assert len(seen) >= 3 and seen == sorted(set(seen))  # every event id once, in order, across the reload
+        assert len(seen) >= 3 and seen == sorted(
+            set(seen)
+        )  # every event id once, in order, across the reload
         shown = page.eval("document.querySelectorAll('#rows tr').length")
     _, rows = initial_rows(server, "public.items")
     assert shown == len(rows)

@@ -15,11 +15,17 @@ pytestmark = pytest.mark.integration
 
 
 def _ids(events) -> list[int]:
-    return [(c["after"] or c["before"])["id"] for e in events if e.event == "change" for c in e.data["changes"]]
+    return [
+        (c["after"] or c["before"])["id"] for e in events if e.event == "change" for c in e.data["changes"]
+    ]
 
 
 def test_two_servers_on_the_kafka_log(pg_db: str, kafka, tmp_path: Path) -> None:
-    sql(pg_db, "CREATE TABLE items (id int PRIMARY KEY, name text)", "INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 5) g")
+    sql(
+        pg_db,
+        "CREATE TABLE items (id int PRIMARY KEY, name text)",
+        "INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 5) g",
+    )
     pipe = make_kpipe(tmp_path, pg_db, ["public.items"], kafka.bootstrap, sinks=[])
     snapshot(pipe)
     stream = start_stream(pipe)
@@ -28,7 +34,11 @@ def test_two_servers_on_the_kafka_log(pg_db: str, kafka, tmp_path: Path) -> None
     try:
         body, rows = initial_rows(one, "public.items")
         assert sorted(r["after"]["id"] for r in rows) == [1, 2, 3, 4, 5] and {r["op"] for r in rows} == {"r"}
-        sql(pg_db, "BEGIN; INSERT INTO items VALUES (6, 'a'); INSERT INTO items VALUES (7, 'b'); COMMIT", "DELETE FROM items WHERE id = 1")
+        sql(
+            pg_db,
+            "BEGIN; INSERT INTO items VALUES (6, 'a'); INSERT INTO items VALUES (7, 'b'); COMMIT",
+            "DELETE FROM items WHERE id = 1",
+        )
         with sse(one, "public.items", timeout=60, **{"from": body["position"]}) as events:
             first = events.until(lambda e: e.event == "change")
         assert _ids(first) == [6, 7]  # one source transaction, one event

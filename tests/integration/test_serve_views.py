@@ -35,7 +35,9 @@ WRITES = (
 
 def _source(dsn: str) -> dict[int, tuple]:
     columns, rows = pg_view(dsn, DOCS, ["id"])
-    return {int(k[0]): tuple(r[columns.index(c)] for c in ("id", "total", "customer")) for k, r in rows.items()}
+    return {
+        int(k[0]): tuple(r[columns.index(c)] for c in ("id", "total", "customer")) for k, r in rows.items()
+    }
 
 
 def _row(doc: dict[str, Any] | None) -> tuple | None:
@@ -47,7 +49,9 @@ def _row(doc: dict[str, Any] | None) -> tuple | None:
 
 def _sse(server: Server, path: str, **headers: str) -> tuple[httpx.Client, Any]:
     client = httpx.Client(timeout=30)
-    req = client.build_request("GET", server.url + path, headers={"Authorization": f"Bearer {TOKEN}", **headers})
+    req = client.build_request(
+        "GET", server.url + path, headers={"Authorization": f"Bearer {TOKEN}", **headers}
+    )
     return client, client.send(req, stream=True)
 
 
@@ -85,7 +89,9 @@ def test_a_derived_view_served_rows_then_cuts_resumed(tmp_path, pg_db, spark) ->
     apply_ok(pipe, spark)  # the view's first cut
     server = start_server(pipe.file, "--heartbeat", "0.5", "--poll", "0.05")
     try:
-        assert server.get("/v1/views/order_docs", token=OTHER_TOKEN).status_code == 403  # its list lacks views.order_docs
+        assert (
+            server.get("/v1/views/order_docs", token=OTHER_TOKEN).status_code == 403
+        )  # its list lacks views.order_docs
         assert server.get("/v1/views/nope").status_code == 404
         listed = server.get("/v1/views").json()["views"]
         first = server.get("/v1/views/order_docs", limit=5)
@@ -94,7 +100,9 @@ def test_a_derived_view_served_rows_then_cuts_resumed(tmp_path, pg_db, spark) ->
         assert listed == [{"name": "order_docs", "position": body["position"], "cut": body["cut"]["id"]}]
         rows, nxt = list(body["rows"]), body["next"]
         while nxt:  # paged at the same version
-            page = httpx.get(server.url + nxt, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+            page = httpx.get(
+                server.url + nxt, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+            ).json()
             assert page["position"] == body["position"]
             rows, nxt = rows + page["rows"], page["next"]
         before = _source(pg_db)
@@ -118,7 +126,14 @@ def test_a_derived_view_served_rows_then_cuts_resumed(tmp_path, pg_db, spark) ->
             for k in set(before) | set(after)
             if before.get(k) != after.get(k)
         }
-        assert {c["after"]["id"] if c["after"] else c["before"]["id"]: (c["op"], _row(c["before"]), _row(c["after"])) for c in ev["changes"]} == want
+        assert {
+            c["after"]["id"] if c["after"] else c["before"]["id"]: (
+                c["op"],
+                _row(c["before"]),
+                _row(c["after"]),
+            )
+            for c in ev["changes"]
+        } == want
         assert sorted(want) == [1, 3, 5, 9, 13]  # the cut as one event: three updates, a delete, an insert
         assert ident == ev["position"] and ev["cut"] > body["cut"]["id"]
         tid, version = ident.split("-")
@@ -126,7 +141,9 @@ def test_a_derived_view_served_rows_then_cuts_resumed(tmp_path, pg_db, spark) ->
         assert server.get("/v1/views/order_docs").json()["position"] == ident  # the rows now at that cut
 
         # resume: from the initial position the same cut again; from its id nothing twice, a heartbeat
-        client, resp = _sse(server, "/v1/views/order_docs/changes?from=0badc0de-0", **{"Last-Event-ID": body["position"]})
+        client, resp = _sse(
+            server, "/v1/views/order_docs/changes?from=0badc0de-0", **{"Last-Event-ID": body["position"]}
+        )
         again = _events(resp, "change")
         resp.close()
         client.close()

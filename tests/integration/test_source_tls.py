@@ -93,7 +93,9 @@ def tls_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalPost
 
 def pipeline(tmp_path: Path, pg: LocalPostgres, address: str, query: str, **postgres_extra: str) -> Path:
     dsn = f"postgresql://postgres:{quote(pg.password)}@{address}:{pg.port}/postgres?{query}"
-    return write_pipeline(tmp_path, dsn, ["public.t"], name="tls", postgres=postgres_extra, state_dir=str(tmp_path / "state"))
+    return write_pipeline(
+        tmp_path, dsn, ["public.t"], name="tls", postgres=postgres_extra, state_dir=str(tmp_path / "state")
+    )
 
 
 def test_source_over_tls_and_the_validate_warning(tls_pg, tmp_path: Path) -> None:

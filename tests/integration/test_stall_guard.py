@@ -37,7 +37,9 @@ def test_a_cut_that_stops_moving_ends_cdc_run(pg_db: str, tmp_path: Path, spark)
         "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 200) g",
     )
-    pipe = make_pipe(tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": FAST_JVM, "stall_timeout_s": 10})
+    pipe = make_pipe(
+        tmp_path, pg_db, ["public.t"], sinks=[LAKE], spark={"conf": FAST_JVM, "stall_timeout_s": 10}
+    )
     snapshot(pipe)
     marker = tmp_path / "held"
     run = cdc_popen(

@@ -165,7 +165,14 @@ def test_status_on_a_terminal_is_a_table_and_watch_refreshes_it(pg_db: str, tmp_
     assert code == 0, out
     assert "\x1b[" in out, out  # with colours
     out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
-    for text in ("pipeline test", "WAL position", "slot confirmed", "log (local): cut 1", "followers", "never applied"):
+    for text in (
+        "pipeline test",
+        "WAL position",
+        "slot confirmed",
+        "log (local): cut 1",
+        "followers",
+        "never applied",
+    ):
         assert text in out, (text, out)
     assert "┃" in out or "│" in out, out  # drawn as a table
 
@@ -174,4 +181,6 @@ def test_status_on_a_terminal_is_a_table_and_watch_refreshes_it(pg_db: str, tmp_
     assert out.count("followers") >= 2 and "Traceback" not in out, out
 
     piped = cdc("status", file)
-    assert piped.code == 0 and "│" not in piped.out and "follower cache (redis): never applied" in piped.out, piped
+    assert (
+        piped.code == 0 and "│" not in piped.out and "follower cache (redis): never applied" in piped.out
+    ), piped

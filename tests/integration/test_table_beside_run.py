@@ -31,6 +31,7 @@ def test_a_table_snapshotted_beside_a_running_cdc_run_is_applied(tmp_path: Path,
         metrics={"port": port},
         spark={"master": "local[1]", "trigger_interval_s": 1},
     )
+
     def rows(table: str) -> dict:
         """The Delta follower's {id: v} read with delta-rs ({} before the table exists)."""
         path = tmp_path / "lake" / "public" / table.split(".")[1]
@@ -43,15 +44,23 @@ def test_a_table_snapshotted_beside_a_running_cdc_run_is_applied(tmp_path: Path,
     proc = cdc_popen("run", pipe.file)
     try:
         wait_for("public.t in the lake", lambda: len(rows("public.t")) == 20, proc, timeout=300)
-        edit_pipeline(pipe.file, lambda doc: doc["source"]["postgres"]["tables"].append("public.usage_events"))
+        edit_pipeline(
+            pipe.file, lambda doc: doc["source"]["postgres"]["tables"].append("public.usage_events")
+        )
         snap = cdc("snapshot", pipe.file, "--tables", "public.usage_events")
         assert snap.code == 0, snap.out + snap.err
         no_traceback(snap)
         assert f"port {port} (metrics.port) is in use" in snap.out + snap.err
-        sql(pg_db, "UPDATE usage_events SET v = 'changed' WHERE id = 1", "UPDATE t SET v = 'also' WHERE id = 2")
+        sql(
+            pg_db,
+            "UPDATE usage_events SET v = 'changed' WHERE id = 1",
+            "UPDATE t SET v = 'also' WHERE id = 2",
+        )
         wait_for(
             "public.usage_events and its change in the lake",
-            lambda: len(rows("public.usage_events")) == 30 and rows("public.usage_events").get("1") == "changed",
+            lambda: (
+                len(rows("public.usage_events")) == 30 and rows("public.usage_events").get("1") == "changed"
+            ),
             proc,
             timeout=300,
         )

@@ -46,12 +46,19 @@ def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
     runs = apply_once(pipe, spark)
     assert [(r.sink, r.cut_id) for r in runs] == [("lake", 5)], runs
     after = json.loads(ckpt_file.read_text())
-    assert (after["format"], after["cut_id"], after["tables"]) == (STATE.version, 5, {"public.items": [1, 7]}), after
+    assert (after["format"], after["cut_id"], after["tables"]) == (
+        STATE.version,
+        5,
+        {"public.items": [1, 7]},
+    ), after
     code, report = verify(pipe, spark)
     assert code == 0, report
     # the lake's _cdc_cuts of 0.1.0 got the format columns with the new cut's row (its old row: null)
     cuts = spark.read.format("delta").load(str(work / "lake" / "_cdc_cuts")).orderBy("cut_id").collect()
-    assert [(r.cut_id, r.format, r.cdc_version) for r in cuts] == [(3, None, None), (5, DELTA_CUTS.version, VERSION)], cuts
+    assert [(r.cut_id, r.format, r.cdc_version) for r in cuts] == [
+        (3, None, None),
+        (5, DELTA_CUTS.version, VERSION),
+    ], cuts
 
 
 def test_kafka_cut_record_from_the_future_refused_cleanly(pg_db: str, tmp_path: Path, kafka) -> None:

@@ -66,9 +66,13 @@ def test_verify_names_a_rename_the_follower_has_not_got_yet(pg_db: str, tmp_path
     code, report = verify(pipe.file, spark)
     assert code == 1, report
     at = r"in the log at [0-9A-F]+/[0-9A-F]+, not applied yet\)"
-    assert re.search(r"under their old name: v \(renamed in the source: v -> v renamed, " + at, report), report
+    assert re.search(r"under their old name: v \(renamed in the source: v -> v renamed, " + at, report), (
+        report
+    )
     assert re.search(r"does not have: tier \(added in the source, " + at, report), report
-    assert f"`cdc apply {pipe.file} --once --sink lake` brings the rename (or wait for `cdc run`)" in report, report
+    assert (
+        f"`cdc apply {pipe.file} --once --sink lake` brings the rename (or wait for `cdc run`)" in report
+    ), report
     assert "(now v renamed)" not in report, report  # not the message for a rename the log lacks
     assert "missing 0, extra 0, different 1" in report and "different: id=7" in report, report
     spark.sql(f"UPDATE delta.`{lake}` SET v = 'v7' WHERE id = 7")
@@ -81,6 +85,8 @@ def test_verify_names_a_rename_the_follower_has_not_got_yet(pg_db: str, tmp_path
     stream(pipe)
     apply_ok(pipe, spark)
     rows = delta_rows(None, lake)  # delta-rs: no column mapping, the name encoded
-    assert rows[("1",)]["v_x0020_renamed"] == "after" and rows[("2",)]["v_x0020_renamed"] == "v2", rows[("2",)]
+    assert rows[("1",)]["v_x0020_renamed"] == "after" and rows[("2",)]["v_x0020_renamed"] == "v2", rows[
+        ("2",)
+    ]
     assert "v" not in rows[("2",)] and rows[("2",)]["tier"] == "std", rows[("2",)]
     verified(pipe, spark)

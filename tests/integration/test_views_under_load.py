@@ -37,7 +37,11 @@ def test_a_view_follower_advances_through_small_transactions_while_applies_are_s
     tmp_path, pg_db, spark, redis_db, monkeypatch
 ):
     make_table(pg_db, "public.t", 300)
-    sql(pg_db, "CREATE TABLE g(id int PRIMARY KEY, label text)", "INSERT INTO g SELECT i, 'g' || i FROM generate_series(0, 4) i")
+    sql(
+        pg_db,
+        "CREATE TABLE g(id int PRIMARY KEY, label text)",
+        "INSERT INTO g SELECT i, 'g' || i FROM generate_series(0, 4) i",
+    )
     cache = {"name": "cache", "redis": {"url": redis_db, "views": ["docs"]}}
     pipe = make_pipe(
         tmp_path,
@@ -97,7 +101,9 @@ def test_a_view_follower_advances_through_small_transactions_while_applies_are_s
         marker.unlink(missing_ok=True)
         writer.finish()
         stop_stream(proc)
-    assert all(a < b for a, b in itertools.pairwise(cuts)), f"the follower did not advance every round: {cuts}"
+    assert all(a < b for a, b in itertools.pairwise(cuts)), (
+        f"the follower did not advance every round: {cuts}"
+    )
     assert len(passed) >= 4 and min(passed) >= 3 * KEEP, f"cuts written while held: {passed}"
     assert _latest_cut_id(pipe) - first > 12 * KEEP
     assert len(writer.txns) > 100

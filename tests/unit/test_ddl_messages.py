@@ -18,8 +18,16 @@ pytestmark = pytest.mark.unit
 
 def test_a_ddl_message_gives_columns_with_attnums_and_fast_defaults() -> None:
     body = {
-        "v": 1, "event": "ddl", "tag": "ALTER TABLE", "oid": "16411", "schema": "public", "table": "t",
-        "columns": [[1, "id", "23", -1, 0, True, None, None, True], [3, "tier", "25", -1, 0, False, "'std'::text", "std", False]],
+        "v": 1,
+        "event": "ddl",
+        "tag": "ALTER TABLE",
+        "oid": "16411",
+        "schema": "public",
+        "table": "t",
+        "columns": [
+            [1, "id", "23", -1, 0, True, None, None, True],
+            [3, "tier", "25", -1, 0, False, "'std'::text", "std", False],
+        ],
         "key": ["id"],
     }
     event = ddl.parse(json.dumps(body).encode())
@@ -55,7 +63,9 @@ def test_a_schema_version_alone_makes_a_table_worth_applying(tmp_path: Path) -> 
     try:
         tid = log.ensure_table(t)
         log.schema_version(tid, TableSchema((Column("id", 23, -1, attnum=1),), ("id",)), 100)
-        log.schema_version(tid, TableSchema((Column("id", 23, -1, attnum=1), Column("w", 25, -1, attnum=2)), ("id",)), 500)
+        log.schema_version(
+            tid, TableSchema((Column("id", 23, -1, attnum=1), Column("w", 25, -1, attnum=2)), ("id",)), 500
+        )
         assert schema_changed(log, t, 400, 600)  # a version at 500, between the follower's cut and this one
         assert not schema_changed(log, t, 501, 900)
         assert not schema_changed(log, t, 200, 499)  # the cut ends before the version's commit

@@ -80,5 +80,7 @@ def test_sql_and_maintain_refuse_a_sink_that_is_not_delta(tmp_path) -> None:
     result = runner.invoke(cli, ["maintain", str(file)])
     assert result.exit_code == 2 and "error: pipeline p has no delta sink" in result.stderr, result.output
     result = runner.invoke(cli, ["sql", str(file), "--sink", "cache", "SELECT 1"])
-    assert result.exit_code == 2 and "error: sink 'cache' is a redis sink, not a delta sink" in result.stderr, result.output
+    assert (
+        result.exit_code == 2 and "error: sink 'cache' is a redis sink, not a delta sink" in result.stderr
+    ), result.output
     assert "  fix: name a delta sink with --sink" in result.stderr

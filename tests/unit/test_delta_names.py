@@ -13,7 +13,9 @@ pytestmark = pytest.mark.unit
 
 
 def test_only_names_plain_delta_cannot_hold_are_encoded() -> None:
-    assert encode("id") == "id" and encode("a_x0020_b") == "a_x0020_b" and encode("Ünïcode.ok") == "Ünïcode.ok"
+    assert (
+        encode("id") == "id" and encode("a_x0020_b") == "a_x0020_b" and encode("Ünïcode.ok") == "Ünïcode.ok"
+    )
     assert encode("v renamed") == "v_x0020_renamed"
     assert encode(" ,;{}()=\t\n") == "".join(
         f"_x{c:04X}_" for c in (0x20, 0x2C, 0x3B, 0x7B, 0x7D, 0x28, 0x29, 0x3D, 0x09, 0x0A)
@@ -21,7 +23,9 @@ def test_only_names_plain_delta_cannot_hold_are_encoded() -> None:
     assert ColumnNames(mapped=True).stored("v renamed") == "v renamed"  # column mapping holds any name
 
 
-@pytest.mark.parametrize("name", ["v renamed", "a=b", "x,y;z", "tab\there", "new\nline", "quote's \"q\" \\ (x)"])
+@pytest.mark.parametrize(
+    "name", ["v renamed", "a=b", "x,y;z", "tab\there", "new\nline", 'quote\'s "q" \\ (x)']
+)
 def test_the_comment_gives_the_source_name_back(name: str) -> None:
     names = ColumnNames(mapped=False)
     stored = names.stored(name)

@@ -12,14 +12,25 @@ pytestmark = pytest.mark.unit
 
 
 def _pipeline(sink: dict):
-    return parse_pipeline({"name": "p", "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}}, "sinks": [sink]})
+    return parse_pipeline(
+        {"name": "p", "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}}, "sinks": [sink]}
+    )
 
 
 def test_keep_is_the_default_and_null_drop_are_taken_by_delta_and_redis() -> None:
     assert _pipeline({"name": "lake", "delta": {"path": "lake"}}).sinks[0].dropped_columns == "keep"
     for how in ("null", "drop"):
-        assert _pipeline({"name": "lake", "delta": {"path": "lake"}, "dropped_columns": how}).sinks[0].dropped_columns == how
-        cache = {"name": "c", "redis": {"url": "redis://127.0.0.1:6379/0", "tables": ["public.t"]}, "dropped_columns": how}
+        assert (
+            _pipeline({"name": "lake", "delta": {"path": "lake"}, "dropped_columns": how})
+            .sinks[0]
+            .dropped_columns
+            == how
+        )
+        cache = {
+            "name": "c",
+            "redis": {"url": "redis://127.0.0.1:6379/0", "tables": ["public.t"]},
+            "dropped_columns": how,
+        }
         assert _pipeline(cache).sinks[0].dropped_columns == how
 
 
@@ -27,7 +38,11 @@ def test_keep_is_the_default_and_null_drop_are_taken_by_delta_and_redis() -> Non
     "sink",
     [
         {"name": "hist", "delta": {"path": "hist", "mode": "scd2"}, "dropped_columns": "null"},
-        {"name": "s", "search": {"engine": "tantivy", "path": "s", "tables": ["public.t"]}, "dropped_columns": "drop"},
+        {
+            "name": "s",
+            "search": {"engine": "tantivy", "path": "s", "tables": ["public.t"]},
+            "dropped_columns": "drop",
+        },
         {"name": "lake", "delta": {"path": "lake"}, "dropped_columns": "nullify"},
     ],
 )

@@ -21,7 +21,9 @@ TYPES = {
     25: {"oid": 25, "name": "text", "kind": "base"},
     1082: {"oid": 1082, "name": "date", "kind": "base"},
 }
-SCHEMA = TableSchema((Column("id", 20, -1), Column('n"%s\\é', 25, -1), Column("day", 1082, -1)), ("id",), TYPES)
+SCHEMA = TableSchema(
+    (Column("id", 20, -1), Column('n"%s\\é', 25, -1), Column("day", 1082, -1)), ("id",), TYPES
+)
 ROW = ["7", 'a "quoted" %d\\ value ☃', "1970-01-03"]
 ROW_JSON = {"id": 7, 'n"%s\\é': 'a "quoted" %d\\ value ☃', "day": 2}
 OLD = ["7", "old", "1970-01-02"]
@@ -84,7 +86,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("rec", "before", "after"), CASES, ids=[f"{c[0].op}{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    ("rec", "before", "after"), CASES, ids=[f"{c[0].op}{i}" for i, c in enumerate(CASES)]
+)
 def test_value_json_is_the_envelope_dict_serialized(rec: LogRecord, before: Any, after: Any) -> None:
     renderer = EnvelopeRenderer("d%b\\", 'srv"%x')
     want = expected(rec, before, after, 1234)
@@ -94,7 +98,9 @@ def test_value_json_is_the_envelope_dict_serialized(rec: LogRecord, before: Any,
 
 def test_records_add_a_tombstone_after_a_delete_and_no_key_for_a_truncate() -> None:
     renderer = EnvelopeRenderer("db", "srv")
-    out = list(renderer.records([record("c", ROW, None), record("d", None, OLD), record("t", None, None, key=None)]))
+    out = list(
+        renderer.records([record("c", ROW, None), record("d", None, OLD), record("t", None, None, key=None)])
+    )
     assert [(r.op, k, v is None) for r, k, v in out] == [
         ("c", b'{"id":7}', False),
         ("d", b'{"id":7}', False),

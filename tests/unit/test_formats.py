@@ -79,7 +79,9 @@ def test_old_state_upgraded_in_place_once_then_rolled_back(old_state: Path) -> N
 
     run = cdc("upgrade", old_state)
     assert run.code == 0, run
-    assert "upgraded 1 state file(s)" in run.out and "from state format 0 (cdc 0.1.0) to 1" in run.out, run.out
+    assert "upgraded 1 state file(s)" in run.out and "from state format 0 (cdc 0.1.0) to 1" in run.out, (
+        run.out
+    )
     after = json.loads(ckpt.read_text())
     assert after == {"format": 1, "cdc_version": VERSION, **before}
 
@@ -99,7 +101,9 @@ def test_state_from_the_future_refused_cleanly(old_state: Path) -> None:
     for verb in (("upgrade",), ("status",), ("log", "read")):
         run = cdc(*verb, old_state)
         assert run.code == 5, (verb, run)
-        assert f"is in state format {STATE.version + 1}, written by cdc 9.0.0; this cdc {VERSION}" in run.err, run.err
+        assert (
+            f"is in state format {STATE.version + 1}, written by cdc 9.0.0; this cdc {VERSION}" in run.err
+        ), run.err
         assert "  fix: run cdc 9.0.0 or newer" in run.err and "Traceback" not in run.err, run.err
     assert json.loads(ckpt.read_text())["format"] == STATE.version + 1  # untouched
 
@@ -110,8 +114,17 @@ def test_delta_cut_rows_of_0_1_0_read_and_newer_refused() -> None:
     from cdc.ground.formats import DELTA_CUTS
     from sinks.delta.cuts import _record
 
-    row = {"cut_id": 3, "lsn": 1, "log_id": "l", "versions": {"public.t": 1}, "paths": {}, "applied_at": dt.datetime.now(dt.UTC)}
+    row = {
+        "cut_id": 3,
+        "lsn": 1,
+        "log_id": "l",
+        "versions": {"public.t": 1},
+        "paths": {},
+        "applied_at": dt.datetime.now(dt.UTC),
+    }
     assert _record(row).cut_id == 3 and _record({**row, "format": None}).cut_id == 3  # 0.1.0's rows
     assert _record({**row, "format": DELTA_CUTS.version, "cdc_version": VERSION}).cut_id == 3
-    with pytest.raises(FormatTooNew, match=r"cut 3 in _cdc_cuts is in delta_cuts format 2, written by cdc 0.9.0"):
+    with pytest.raises(
+        FormatTooNew, match=r"cut 3 in _cdc_cuts is in delta_cuts format 2, written by cdc 0.9.0"
+    ):
         _record({**row, "format": 2, "cdc_version": "0.9.0"})

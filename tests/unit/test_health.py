@@ -98,9 +98,15 @@ def test_apply_readiness_follows_the_rounds() -> None:
     assert watch.check()["live"] and not watch.check()["ready"]  # no round yet
     watch.round_started()
     assert watch.check()["ready"]  # a round under way moves (no guard: never declared stuck)
-    watch.round_ended([SinkRun("lake", up_to_date=True), SinkRun("cache", error=SinkError("Redis down", "start it"))])
+    watch.round_ended(
+        [SinkRun("lake", up_to_date=True), SinkRun("cache", error=SinkError("Redis down", "start it"))]
+    )
     state = watch.check()
-    assert state["live"] and not state["ready"] and "sink cache: its last round failed: Redis down" in state["reason"]
+    assert (
+        state["live"]
+        and not state["ready"]
+        and "sink cache: its last round failed: Redis down" in state["reason"]
+    )
     watch.round_ended([SinkRun("lake"), SinkRun("cache")])
     assert watch.check()["ready"] and watch.check()["reason"] == "every follower advances"
     watch.last_ok["lake"] -= 301  # no good round of lake for longer than max(300 s, 10 intervals)

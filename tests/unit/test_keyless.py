@@ -19,7 +19,9 @@ pytestmark = pytest.mark.unit
 
 def _table(name: str, key: tuple[str, ...], ident: str = "d") -> TableInfo:
     cols = (ColumnInfo("id", 1, 23, -1, True), ColumnInfo("v", 2, 25, -1, False))
-    return TableInfo(TableName.parse(name), 1, "r", ident, cols, key, "primary key" if key else "", True, True)
+    return TableInfo(
+        TableName.parse(name), 1, "r", ident, cols, key, "primary key" if key else "", True, True
+    )
 
 
 def test_insert_only_is_no_key_and_default_or_no_identity() -> None:
@@ -31,7 +33,9 @@ def test_insert_only_is_no_key_and_default_or_no_identity() -> None:
 def test_position_keys_are_unique_and_snapshot_ones_never_a_streamed_seq() -> None:
     assert position_key(123, 4) == b"123\t4"
     seqs = {snapshot_seq(off, pos) for off in (7, 8, 7 + (1 << 27)) for pos in (0, 1, 99, (1 << 36) - 1)}
-    assert len(seqs) == 12 - 4  # the segment offset is taken modulo 2**27 (segments of one snapshot are close)
+    assert (
+        len(seqs) == 12 - 4
+    )  # the segment offset is taken modulo 2**27 (segments of one snapshot are close)
     assert all(s < 0 for s in seqs) and all(s >= -(1 << 63) for s in seqs)
 
 
@@ -54,7 +58,9 @@ def test_insert_publication_name_fits() -> None:
 def test_keyless_tables_refused_where_they_cannot_be_held(tmp_path: Path) -> None:
     doc = {
         "name": "t",
-        "source": {"postgres": {"dsn": "postgresql://x@127.0.0.1/db", "tables": ["public.audit", "public.k"]}},
+        "source": {
+            "postgres": {"dsn": "postgresql://x@127.0.0.1/db", "tables": ["public.audit", "public.k"]}
+        },
         "log": {"kafka": {"bootstrap_servers": "127.0.0.1:9092"}},
         "sinks": [
             {"name": "lake", "delta": {"path": "lake"}},
@@ -72,8 +78,12 @@ def test_keyless_tables_refused_where_they_cannot_be_held(tmp_path: Path) -> Non
     doc["sinks"][0]["delta"]["mode"] = "scd2"
     file.write_text(yaml.safe_dump(doc))
     problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
-    assert len(problems) == 1 and problems[0].startswith("sink lake (delta, mode scd2) cannot follow public.audit"), problems
+    assert len(problems) == 1 and problems[0].startswith(
+        "sink lake (delta, mode scd2) cannot follow public.audit"
+    ), problems
     doc["sinks"] = [{"name": "ice", "iceberg": {"warehouse": "wh"}}]
     file.write_text(yaml.safe_dump(doc))
     problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
-    assert len(problems) == 1 and problems[0].startswith("sink ice (iceberg) cannot follow public.audit yet"), problems
+    assert len(problems) == 1 and problems[0].startswith(
+        "sink ice (iceberg) cannot follow public.audit yet"
+    ), problems

@@ -124,8 +124,13 @@ def test_the_header_has_source_names_for_encoded_columns(tmp_path: Path) -> None
     )
     write_deltalake(str(tmp_path / "r"), pa.table([[1], [250], ["n"]], schema=schema))
     cut = {
-        "cut_id": 1, "lsn": 1, "lsn_text": "0/1", "log_id": "log-a", "versions": [("public.r", 0)],
-        "paths": [("public.r", "r")], "applied_at": dt.datetime(2026, 11, 28, tzinfo=dt.UTC),
+        "cut_id": 1,
+        "lsn": 1,
+        "lsn_text": "0/1",
+        "log_id": "log-a",
+        "versions": [("public.r", 0)],
+        "paths": [("public.r", "r")],
+        "applied_at": dt.datetime(2026, 11, 28, tzinfo=dt.UTC),
     }
     write_deltalake(str(tmp_path / "_cdc_cuts"), pa.Table.from_pylist([cut], CUTS_SCHEMA))
     assert run(tmp_path, "SELECT * FROM public.r") == (["id", "unit price", "note_x0020_x"], [(1, 250, "n")])

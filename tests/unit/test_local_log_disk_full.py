@@ -20,7 +20,9 @@ SCHEMA = TableSchema((Column("id", 23, -1),), ("id",), {23: {"oid": 23, "name": 
 
 
 def rows(lsn: int, count: int) -> list[tuple]:
-    return [(lsn, i, "c", f"k{lsn}-{i}".encode(), b"x" * 2000, None, None, 1, 7, 0, lsn + 1) for i in range(count)]
+    return [
+        (lsn, i, "c", f"k{lsn}-{i}".encode(), b"x" * 2000, None, None, 1, 7, 0, lsn + 1) for i in range(count)
+    ]
 
 
 def test_a_full_disk_is_a_clear_log_error_and_the_last_cut_stays(tmp_path: Path) -> None:

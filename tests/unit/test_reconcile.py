@@ -13,6 +13,7 @@ from tests.fixtures.chunk_model import Source, fold, k, replayed
 
 pytestmark = pytest.mark.unit
 
+
 def test_whole_events_inside_the_window_win():
     rows = [(k(1), "r1"), (k(2), "r2"), (k(3), "r3"), (k(4), "r4")]
     events = [WindowEvent(k(1), "u"), WindowEvent(k(2), "d"), WindowEvent(k(9), "c")]

@@ -319,10 +319,19 @@ def test_batches_encode_as_recordbatch_does(monkeypatch) -> None:
 
     monkeypatch.setattr(time, "time", lambda: 1_700_000_123.456)
     records = [
-        (b'{"id":%d}' % i, None if i % 5 == 0 else b"v" * (i % 300), position_headers(i, i % 7, 10**15 + i, 2))
+        (
+            b'{"id":%d}' % i,
+            None if i % 5 == 0 else b"v" * (i % 300),
+            position_headers(i, i % 7, 10**15 + i, 2),
+        )
         for i in range(20_000)  # offset deltas past the one-byte and two-byte varints
     ]
-    records += [(None, b"x" * 5000, b"\x00"), (b"k", None, b"\x00"), (b"big", b"y" * 70_000, b"\x00"), (b"", b"", b"\x00")]
+    records += [
+        (None, b"x" * 5000, b"\x00"),
+        (b"k", None, b"\x00"),
+        (b"big", b"y" * 70_000, b"\x00"),
+        (b"", b"", b"\x00"),
+    ]
     for limit in (1 << 20, 64 << 10, 1000, 1):
         assert list(fastpath.bodies(records, limit)) == list(batched(iter(records), limit)), limit
     with pytest.raises(TypeError):
@@ -332,7 +341,12 @@ def test_batches_encode_as_recordbatch_does(monkeypatch) -> None:
 def test_position_headers_as_recordbatch_does() -> None:
     from cdc.log.kafka.recordbatch import position_headers
 
-    for args in ((0, 0, 0, 0), (1, 2, 3, 4), (2**63 - 1, 2**31, 1_700_000_000_123_456, 12), (5, 0, -86_400_000_000, 1)):
+    for args in (
+        (0, 0, 0, 0),
+        (1, 2, 3, 4),
+        (2**63 - 1, 2**31, 1_700_000_000_123_456, 12),
+        (5, 0, -86_400_000_000, 1),
+    ):
         assert _render.position_headers(*args) == position_headers(*args), args
 
 

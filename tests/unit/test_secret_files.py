@@ -36,7 +36,9 @@ def _doc() -> dict:
     }
 
 
-def test_value_from_the_file_without_its_trailing_newline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_value_from_the_file_without_its_trailing_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KAFKA_PASSWORD", raising=False)
     secret = tmp_path / "kafka-password"
     secret.write_text(SECRET + "\n")
@@ -49,7 +51,9 @@ def test_value_from_the_file_without_its_trailing_newline(tmp_path: Path, monkey
     assert parse_pipeline(_doc()).log.kafka.sasl_password == SECRET
 
 
-def test_the_environment_still_works_and_a_default_yields_to_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_environment_still_works_and_a_default_yields_to_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KAFKA_PASSWORD_FILE", raising=False)
     monkeypatch.setenv("KAFKA_PASSWORD", "from-env")
     assert parse_pipeline(_doc()).log.kafka.sasl_password == "from-env"
@@ -84,7 +88,11 @@ def test_a_file_that_cannot_be_read_is_exit_2_through_the_cli(tmp_path: Path, ca
         secret.chmod(0)
     elif case == "directory":
         secret.mkdir()
-    why = {"missing": "No such file or directory", "unreadable": "Permission denied", "directory": "Is a directory"}[case]
+    why = {
+        "missing": "No such file or directory",
+        "unreadable": "Permission denied",
+        "directory": "Is a directory",
+    }[case]
     pipe = tmp_path / "shop.yml"
     pipe.write_text(yaml.safe_dump(_doc()))
     run = cdc("validate", pipe, env={"KAFKA_PASSWORD_FILE": str(secret)})

@@ -20,14 +20,20 @@ pytestmark = pytest.mark.unit
 ORDERS = TableName("public", "orders")
 
 
-def test_tokens_hashed_in_a_file_and_plain_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokens_hashed_in_a_file_and_plain_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     digest = hashlib.sha256(b"file-token-0123456789").hexdigest()
     file = tmp_path / "tokens"
     file.write_text(f"# reader of orders\nsha256:{digest} public.orders\n")
     monkeypatch.setenv("CDC_SERVE_TOKENS", "env-token-0123456789=public.*")
     grants = load_grants(file)
     file_grant = authorize(grants, "file-token-0123456789")
-    assert file_grant is not None and file_grant.allows(ORDERS) and not file_grant.allows(TableName("public", "users"))
+    assert (
+        file_grant is not None
+        and file_grant.allows(ORDERS)
+        and not file_grant.allows(TableName("public", "users"))
+    )
     env_grant = authorize(grants, "env-token-0123456789")
     assert env_grant is not None and env_grant.allows(TableName("public", "users"))
     assert not env_grant.allows(TableName("other", "users"))
@@ -44,7 +50,12 @@ def test_no_token_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["plain-token public.orders", "sha256:abc public.orders", f"sha256:{'0' * 64}", f"sha256:{'0' * 64} not_a_table"],
+    [
+        "plain-token public.orders",
+        "sha256:abc public.orders",
+        f"sha256:{'0' * 64}",
+        f"sha256:{'0' * 64} not_a_table",
+    ],
 )
 def test_token_file_lines_refused(text: str) -> None:
     with pytest.raises(UsageError) as err:
@@ -69,7 +80,13 @@ def test_filters() -> None:
     assert where.matches({"op": "u", "after": {"id": 1, "qty": 12, "status": "open"}})
     assert not where.matches({"op": "u", "after": {"id": 1, "qty": 9, "status": "open"}})
     # a row leaving the filter is seen when the event has its old row
-    assert where.matches({"op": "u", "after": {"id": 1, "qty": 9, "status": "shut"}, "before": {"id": 1, "qty": 12, "status": "open"}})
+    assert where.matches(
+        {
+            "op": "u",
+            "after": {"id": 1, "qty": 9, "status": "shut"},
+            "before": {"id": 1, "qty": 12, "status": "open"},
+        }
+    )
     assert parse_filter([("where", "flag=true")], ("id",)).matches({"op": "c", "after": {"flag": True}})
     assert parse_filter([("where", "n!=null")], ("id",)).matches({"op": "c", "after": {"n": 1}})
     assert parse_filter([("from", "1")], ("id",)).empty
@@ -80,9 +97,16 @@ def test_filters() -> None:
 
 
 def test_shape_keeps_key_drops_and_masks_columns() -> None:
-    schema = TableSchema((Column("id", 23, -1), Column("email", 25, -1), Column("secret", 25, -1), Column("note", 25, -1)), ("id",))
-    rec = LogRecord(ORDERS, 5, 100, 1, "u", b"", ["1", "a@b.c", "s", UNCHANGED], None, None, schema, 1, 0, 100)
-    shape = TableShape(ORDERS, "orders", None, frozenset({"secret"}), {"email": "hash", "note": "redact"}, "k" * 16)
+    schema = TableSchema(
+        (Column("id", 23, -1), Column("email", 25, -1), Column("secret", 25, -1), Column("note", 25, -1)),
+        ("id",),
+    )
+    rec = LogRecord(
+        ORDERS, 5, 100, 1, "u", b"", ["1", "a@b.c", "s", UNCHANGED], None, None, schema, 1, 0, 100
+    )
+    shape = TableShape(
+        ORDERS, "orders", None, frozenset({"secret"}), {"email": "hash", "note": "redact"}, "k" * 16
+    )
     out = shape.apply(rec)
     assert out.schema.column_names == ["id", "email", "note"] and out.schema.key == ("id",)
     assert out.values == ["1", mask_text("hash", "k" * 16, "a@b.c"), UNCHANGED]  # unchanged stays unchanged
@@ -109,9 +133,20 @@ def _view_cut(path: Path, rows: list[dict], cut: int, first: bool = False) -> No
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     txn = CommitProperties(app_transactions=[Transaction("cdc-view:test:docs", cut)])
-    table = pa.table({"id": [r["id"] for r in rows], "name": [r.get("name") for r in rows], "gone": [bool(r.get("gone")) for r in rows]})
+    table = pa.table(
+        {
+            "id": [r["id"] for r in rows],
+            "name": [r.get("name") for r in rows],
+            "gone": [bool(r.get("gone")) for r in rows],
+        }
+    )
     if first:
-        write_deltalake(str(path), table.drop_columns(["gone"]), configuration={"delta.enableChangeDataFeed": "true"}, commit_properties=txn)
+        write_deltalake(
+            str(path),
+            table.drop_columns(["gone"]),
+            configuration={"delta.enableChangeDataFeed": "true"},
+            commit_properties=txn,
+        )
         return
     (
         DeltaTable(str(path))
@@ -139,7 +174,10 @@ def test_a_views_out_table_read_by_version_with_its_cuts(tmp_path: Path) -> None
     access = ViewAccess(tmp_path, ["docs"])
     at = access.at("docs")
     assert at is not None and at.version == 0 and at.cut_id == 7
-    assert [orjson.loads(c.envelope)["after"] for c in access.rows(at)] == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    assert [orjson.loads(c.envelope)["after"] for c in access.rows(at)] == [
+        {"id": 1, "name": "a"},
+        {"id": 2, "name": "b"},
+    ]
     _view_cut(out, [{"id": 1, "name": "A"}, {"id": 2, "gone": True}, {"id": 3, "name": "c"}], 8)  # version 1
     _view_cut(out, [{"id": 3, "name": "C"}], 9)  # version 2
     assert access.at("docs") == at  # not served before the state file says the cut is done

@@ -48,4 +48,7 @@ def test_a_kind_added_to_the_registry_is_a_key_of_the_pipeline_file() -> None:
         )
     assert "sinks.0.queue: unknown key 'topik' (did you mean 'topic'?)" in bad.value.problem
     assert "give exactly one sink kind: `delta`, `iceberg`, `search`, `redis` or `queue`" in bad.value.problem
-    assert list(model.sink_config.model_fields)[:2] == ["name", "delta"]  # kinds after the name, as the reference lists them
+    assert list(model.sink_config.model_fields)[:2] == [
+        "name",
+        "delta",
+    ]  # kinds after the name, as the reference lists them

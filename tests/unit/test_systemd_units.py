@@ -48,7 +48,9 @@ def make_root(tmp_path: Path) -> Path:
 
 
 def test_the_example_units_verify(tmp_path: Path) -> None:
-    assert {"pgcdc-run@shop.service", "pgcdc-health@shop.timer", "pgcdc-stream@shop.service"} <= set(INSTANCES)
+    assert {"pgcdc-run@shop.service", "pgcdc-health@shop.timer", "pgcdc-stream@shop.service"} <= set(
+        INSTANCES
+    )
     done = verify(make_root(tmp_path), *INSTANCES)
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done
 
@@ -72,4 +74,6 @@ def test_the_units_use_the_documented_pieces() -> None:
     assert "/healthz" in (UNITS / "pgcdc-health@.service").read_text()
     page = (REPO / "docs" / "run-continuously.md").read_text()
     for unit in UNITS.iterdir():
-        assert f"examples/systemd/{unit.name}" in page or unit.name in page, f"the docs do not show {unit.name}"
+        assert f"examples/systemd/{unit.name}" in page or unit.name in page, (
+            f"the docs do not show {unit.name}"
+        )

@@ -17,12 +17,30 @@ pytestmark = pytest.mark.unit
 def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
     sinks = [
         {"name": "lake", "delta": {"path": "st/lake"}},
-        {"name": "idx", "search": {"engine": "tantivy", "tables": ["public.t"]}},  # default path: <state_dir>/search
+        {
+            "name": "idx",
+            "search": {"engine": "tantivy", "tables": ["public.t"]},
+        },  # default path: <state_dir>/search
     ]
-    file = write_pipeline(tmp_path, "postgresql://x@127.0.0.1:1/x", ["public.t"], state_dir="st", sinks=sinks, log={"local": {"path": "elsewhere"}})
+    file = write_pipeline(
+        tmp_path,
+        "postgresql://x@127.0.0.1:1/x",
+        ["public.t"],
+        state_dir="st",
+        sinks=sinks,
+        log={"local": {"path": "elsewhere"}},
+    )
     pipeline = load_pipeline(file)
     state = tmp_path / "st"
-    for rel in ("lake/public/t/part-0.parquet", "search/public/t/seg", "checkpoints/lake.json", "views/base/x", "spark/code.zip", "verify-1/rows", "locks/apply.lake.lock"):
+    for rel in (
+        "lake/public/t/part-0.parquet",
+        "search/public/t/seg",
+        "checkpoints/lake.json",
+        "views/base/x",
+        "spark/code.zip",
+        "verify-1/rows",
+        "locks/apply.lake.lock",
+    ):
         (state / rel).parent.mkdir(parents=True, exist_ok=True)
         (state / rel).write_bytes(b"row")
     (tmp_path / "elsewhere" / "segments").mkdir(parents=True)
@@ -30,7 +48,9 @@ def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
     said: list[str] = []
 
     remove_captured(pipeline, said.append)
-    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "test.yml")
+    left = sorted(
+        str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "test.yml"
+    )
     assert left == ["st/lake/public/t/part-0.parquet", "st/search/public/t/seg"], left
     assert f"deleted the log at {(tmp_path / 'elsewhere').resolve()}" in said[0], said
     assert "checkpoints/" in said[1] and "views/" in said[1] and "verify-1/" in said[1], said
@@ -42,7 +62,15 @@ def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
 def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(tmp_path: Path) -> None:
     file = write_pipeline(tmp_path, "postgresql://x@127.0.0.1:1/x", ["public.t"], state_dir=".", sinks=[])
     pipeline = load_pipeline(file)
-    for rel in ("log/log.db", "log/segments/t1/s1/c00000.copy", "checkpoints/lake.json", "rebase.json", "verify-ab/rows", "notes.txt", "mine/data"):
+    for rel in (
+        "log/log.db",
+        "log/segments/t1/s1/c00000.copy",
+        "checkpoints/lake.json",
+        "rebase.json",
+        "verify-ab/rows",
+        "notes.txt",
+        "mine/data",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"row")
     said: list[str] = []
@@ -50,4 +78,7 @@ def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(tmp_
     remove_captured(pipeline, said.append)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["mine/data", "notes.txt", "test.yml"], left
-    assert said[-1] == f"left under {tmp_path.resolve()}, which also holds the pipeline file, what cdc did not write: mine, notes.txt, test.yml", said
+    assert (
+        said[-1]
+        == f"left under {tmp_path.resolve()}, which also holds the pipeline file, what cdc did not write: mine, notes.txt, test.yml"
+    ), said

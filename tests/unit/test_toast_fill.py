@@ -228,4 +228,6 @@ def test_parts_render_what_one_range_renders_in_a_pool_too(staging: Staging) -> 
     assert len(single) == 3 + 16 + 1  # snapshot rows, events, a tombstone after the delete
     started_ms = staging.log.db.execute("SELECT started_ms FROM snapshots").fetchone()[0]
     ts = b"%d" % (started_ms * 1000)  # snapshot rows: the snapshot's time (as source.ts_ms)
-    assert [h for _k, _v, h in single[:1]] == [[("cdc.lsn", b"100"), ("cdc.seq", b"0"), ("cdc.ts", ts), ("cdc.sv", b"1")]]
+    assert [h for _k, _v, h in single[:1]] == [
+        [("cdc.lsn", b"100"), ("cdc.seq", b"0"), ("cdc.ts", ts), ("cdc.sv", b"1")]
+    ]

@@ -24,16 +24,23 @@ def names(sql: str, key: list[str] | None = None) -> list[str] | None:
 
 
 def test_resolved_views_give_their_output_names() -> None:
-    assert names("SELECT o.id, o.total, c.name AS customer FROM public.orders o JOIN public.customers c ON c.id = o.customer_id") == ["id", "total", "customer"]
+    assert names(
+        "SELECT o.id, o.total, c.name AS customer FROM public.orders o JOIN public.customers c ON c.id = o.customer_id"
+    ) == ["id", "total", "customer"]
     assert names("SELECT * FROM public.orders") == ["id", "customer_id", "total"]
-    assert names("SELECT customer_id, sum(total) AS n FROM public.orders GROUP BY customer_id", ["customer_id"]) == ["customer_id", "n"]
+    assert names(
+        "SELECT customer_id, sum(total) AS n FROM public.orders GROUP BY customer_id", ["customer_id"]
+    ) == ["customer_id", "n"]
     assert names("SELECT id, `Qty` AS qty FROM `Sales`.`Order Items`") == ["id", "qty"]
 
 
 @pytest.mark.parametrize(
     ("sql", "key"),
     [
-        ("SELECT customer_id, sum(amount) AS n FROM public.orders GROUP BY customer_id", ["customer_id"]),  # no such column
+        (
+            "SELECT customer_id, sum(amount) AS n FROM public.orders GROUP BY customer_id",
+            ["customer_id"],
+        ),  # no such column
         ("SELECT id, count(1) FROM public.orders GROUP BY id", ["id"]),  # unnamed: Spark names it
     ],
 )
@@ -42,7 +49,9 @@ def test_what_sqlglot_cannot_be_sure_of_goes_to_spark(sql: str, key: list[str]) 
 
 
 def test_check_names() -> None:
-    plan = analyse(ViewConfig(name="v", sql="SELECT id FROM public.orders", key=["id"]), list(COLUMNS), COLUMNS)
+    plan = analyse(
+        ViewConfig(name="v", sql="SELECT id FROM public.orders", key=["id"]), list(COLUMNS), COLUMNS
+    )
     check_names(plan, ["id", "n"])
     with pytest.raises(UsageError, match="outputs the column N twice"):
         check_names(plan, ["id", "n", "N"])

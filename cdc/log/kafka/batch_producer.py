@@ -60,10 +60,15 @@ class BatchProducer:
         self.request_timeout_ms = request_timeout_ms
         self.retry_s = retry_s
         self._client = KafkaNetClient(
-            bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, **security
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            request_timeout_ms=request_timeout_ms,
+            **security,
         )
         try:
-            self._client.check_version(timeout_ms=request_timeout_ms)  # bootstraps: fails fast if no broker answers
+            self._client.check_version(
+                timeout_ms=request_timeout_ms
+            )  # bootstraps: fails fast if no broker answers
             self._producer_id, self._epoch = self._init_producer_id()
         except BaseException:
             self.close()
@@ -128,7 +133,10 @@ class BatchProducer:
         """None once acknowledged (offset recorded), else the error that ended this attempt."""
         while not batch.future.is_done:
             self._client.poll(timeout_ms=self.request_timeout_ms, future=batch.future)
-            if not batch.future.is_done and time.monotonic() - batch.sent_at > 2 * self.request_timeout_ms / 1000:
+            if (
+                not batch.future.is_done
+                and time.monotonic() - batch.sent_at > 2 * self.request_timeout_ms / 1000
+            ):
                 return Errors.KafkaTimeoutError(f"no answer to a Produce request to {batch.topic}")
         if batch.future.failed():
             exc = batch.future.exception
@@ -167,7 +175,9 @@ class BatchProducer:
         tp = TopicPartition(topic, 0)
         leader = cluster.leader_for_partition(tp)
         if leader is None or leader == -1:
-            update = cluster.add_topic(topic)  # done at once when already tracked: then ask for fresh metadata
+            update = cluster.add_topic(
+                topic
+            )  # done at once when already tracked: then ask for fresh metadata
             if update.is_done:
                 update = cluster.request_update()
             self._client.poll(timeout_ms=self.request_timeout_ms, future=update)
@@ -176,7 +186,11 @@ class BatchProducer:
 
     def _init_producer_id(self) -> tuple[int, int]:
         request = InitProducerIdRequest(
-            transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1, max_version=4
+            transactional_id=None,
+            transaction_timeout_ms=60_000,
+            producer_id=-1,
+            producer_epoch=-1,
+            max_version=4,
         )
         deadline = time.monotonic() + self.retry_s
         while True:

@@ -72,7 +72,9 @@ class PublishWatch:
         kafka = pipeline.log_config.kafka
         assert kafka is not None
         servers = kafka.bootstrap_servers
-        self.servers = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()]
+        self.servers = [
+            s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()
+        ]
         self.staging = staging
         self.say = say
         self.clock = clock or time.monotonic
@@ -219,7 +221,11 @@ class PublisherProcess:
             if self._errors.poll(1.0):
                 kind, problem, fix = self._errors.recv()
                 cls = getattr(errors, kind, LogError)
-                return cls(problem, fix) if isinstance(cls, type) and issubclass(cls, CdcError) else LogError(problem, fix)
+                return (
+                    cls(problem, fix)
+                    if isinstance(cls, type) and issubclass(cls, CdcError)
+                    else LogError(problem, fix)
+                )
         return None
 
 
@@ -227,7 +233,9 @@ def _child_main(
     pipeline: Pipeline, stop_event: StopFlag, error_pipe: Connection, parent_pid: int, bell: Connection
 ) -> None:
     """Entry point of the child (multiprocessing, spawn)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides when we stop
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the whole group: the parent decides when we stop
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
     from cdc.log import open_log
     from cdc.log.kafka.publisher import Publisher, publisher_lock
@@ -244,7 +252,10 @@ def _child_main(
     publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
     try:
         with publisher_lock(staging):
-            if publisher.run(should_stop, pause=stop_event.wait, **_idle(bell)) and os.getppid() == parent_pid:
+            if (
+                publisher.run(should_stop, pause=stop_event.wait, **_idle(bell))
+                and os.getppid() == parent_pid
+            ):
                 publisher.publish_once()  # whatever the stream made durable before it stopped
     except CdcError as exc:
         error_pipe.send((type(exc).__name__, exc.problem, exc.fix))

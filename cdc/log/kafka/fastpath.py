@@ -89,13 +89,19 @@ def event_records(
         if record.op == "u" and UNCHANGED in (record.values or ()):
             return None
         key = renderer.key_json(record) or TRUNCATE_KEY
-        headers = _render.position_headers(record.lsn, record.seq, record.commit_ts or 0, record.schema_version)
+        headers = _render.position_headers(
+            record.lsn, record.seq, record.commit_ts or 0, record.schema_version
+        )
         value = renderer.value_json(record, clock.now_ms())
-        records[at : at + 1] = [(key, value, headers), (key, None, headers)] if record.op == "d" else [(key, value, headers)]
+        records[at : at + 1] = (
+            [(key, value, headers), (key, None, headers)] if record.op == "d" else [(key, value, headers)]
+        )
     return list(keychange.mark(_positioned(rows, records)))
 
 
-def _positioned(rows: list[tuple[Any, ...]], records: list[Record]) -> Iterator[tuple[keychange.Position, Record]]:
+def _positioned(
+    rows: list[tuple[Any, ...]], records: list[Record]
+) -> Iterator[tuple[keychange.Position, Record]]:
     """Each record with its row's position (a delete's row gives two records: it and its tombstone)."""
     at = 0
     for row in rows:  # off, lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn

@@ -158,7 +158,9 @@ class Publisher:
         state = PublishedState.load(self.staging)
         if cut is None or cut.id == state.cut_id:
             return 0
-        self._ensure({cuts_topic(self.prefix): META_TOPIC_CONFIG, schemas_topic(self.prefix): META_TOPIC_CONFIG})
+        self._ensure(
+            {cuts_topic(self.prefix): META_TOPIC_CONFIG, schemas_topic(self.prefix): META_TOPIC_CONFIG}
+        )
         self._database = self.staging.meta("source_database") or ""
         produced = 0
         for table, rng in sorted(cut.tables.items()):
@@ -191,7 +193,12 @@ class Publisher:
         records = []
         for version, since, schema in history:
             if version > published:
-                value = {"table": str(table), "version": version, "since_lsn": since, "schema": schema.to_json()}
+                value = {
+                    "table": str(table),
+                    "version": version,
+                    "since_lsn": since,
+                    "schema": schema.to_json(),
+                }
                 records.append((f"{table}/{version}".encode(), orjson.dumps(value), NO_HEADERS))
         if records:
             self.producer.send(schemas_topic(self.prefix), records)
@@ -202,9 +209,12 @@ class Publisher:
     ) -> tuple[int | None, int | None, int]:
         if upto <= after:
             return None, None, 0
-        parts = self.staging.read_parts(table, after, upto, events=self.part_events, segment_bytes=self.part_bytes)
+        parts = self.staging.read_parts(
+            table, after, upto, events=self.part_events, segment_bytes=self.part_bytes
+        )
         tasks = [
-            RenderTask(str(self.staging.path), str(table), part, self._database, self.prefix, BATCH_BYTES) for part in parts
+            RenderTask(str(self.staging.path), str(table), part, self._database, self.prefix, BATCH_BYTES)
+            for part in parts
         ]
         if len(tasks) > 1 and self.workers > 0:
             bodies = self._render_pool().bodies(tasks)
@@ -233,8 +243,17 @@ class Publisher:
                 "state": st.state if st and st.state == "dropped" else "live",
                 "dropped_lsn": st.dropped_lsn if st else None,
             }
-        value = {"cut_id": cut.id, "lsn": cut.lsn, "ts_ms": now_ms(), "log_id": self.staging.log_id, "tables": tables}
-        value |= {"format": KAFKA.version, "cdc_version": VERSION}  # the topics' format (cdc/ground/formats.py)
+        value = {
+            "cut_id": cut.id,
+            "lsn": cut.lsn,
+            "ts_ms": now_ms(),
+            "log_id": self.staging.log_id,
+            "tables": tables,
+        }
+        value |= {
+            "format": KAFKA.version,
+            "cdc_version": VERSION,
+        }  # the topics' format (cdc/ground/formats.py)
         self.producer.send(cuts_topic(self.prefix), [(CUT_KEY, orjson.dumps(value), NO_HEADERS)])
 
     # ---- continuous --------------------------------------------------------------------------------
@@ -269,7 +288,9 @@ class Publisher:
                         try:
                             produced = self.publish_once()
                         except (KafkaError, LogError, OSError) as exc:
-                            self.say(f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying")
+                            self.say(
+                                f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying"
+                            )
                             self.close()
                             raise
             except (KafkaError, LogError, OSError):

@@ -71,7 +71,9 @@ def position_headers(lsn: int, seq: int, commit_ts: int, schema_version: int) ->
     """encode_headers of the publisher's headers cdc.lsn, cdc.seq, cdc.ts, cdc.sv (decimal text)."""
     a, b, c, d = b"%d" % lsn, b"%d" % seq, b"%d" % commit_ts, b"%d" % schema_version
     small = _SMALL
-    return b"".join((_FOUR, _LSN, small[len(a)], a, _SEQ, small[len(b)], b, _TS, small[len(c)], c, _SV, small[len(d)], d))
+    return b"".join(
+        (_FOUR, _LSN, small[len(a)], a, _SEQ, small[len(b)], b, _TS, small[len(c)], c, _SV, small[len(d)], d)
+    )
 
 
 class RecordBatchWriter:

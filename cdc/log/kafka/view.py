@@ -40,7 +40,9 @@ def read_topic(consumer: KafkaConsumer, topic: str, start: int | None = None) ->
     while (consumer.position(tp) or 0) < end:  # None only before an assignment
         batch = consumer.poll(timeout_ms=POLL_MS)
         if not batch:
-            raise LogError(f"Kafka topic {topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {end}")
+            raise LogError(
+                f"Kafka topic {topic}: no records arrived within {POLL_MS / 1000:.0f}s while reading to offset {end}"
+            )
         for records in batch.values():
             out.extend(records)
     return out
@@ -95,7 +97,9 @@ class KafkaLogView:
             body = orjson.loads(record.value)
             if body["cut_id"] == cut_id:
                 self._check_format(body)
-                tables = {TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()}
+                tables = {
+                    TableName.parse(k): TableRange(v["base"], v["end"]) for k, v in body["tables"].items()
+                }
                 return Cut(body["cut_id"], body["lsn"], body["ts_ms"], tables)
         return None
 
@@ -155,8 +159,14 @@ class KafkaLogView:
         for name, meta in (self._cut_body or {}).get("tables", {}).items():
             out.append(
                 TableState(
-                    TableName.parse(name), 0, meta.get("state", "live"), meta["base"], meta.get("snapshot_lsn"), 0,
-                    meta.get("schema_version"), meta.get("dropped_lsn"),
+                    TableName.parse(name),
+                    0,
+                    meta.get("state", "live"),
+                    meta["base"],
+                    meta.get("snapshot_lsn"),
+                    0,
+                    meta.get("schema_version"),
+                    meta.get("dropped_lsn"),
                 )
             )
         return out
@@ -172,10 +182,14 @@ class KafkaLogView:
                 found.setdefault(TableName.parse(body["table"]), []).append(
                     (body["version"], body["since_lsn"], TableSchema.from_json(body["schema"]))
                 )
-            self._schemas = {t: sorted({v[0]: v for v in h}.values(), key=lambda v: v[0]) for t, h in found.items()}
+            self._schemas = {
+                t: sorted({v[0]: v for v in h}.values(), key=lambda v: v[0]) for t, h in found.items()
+            }
         history = self._schemas.get(table)
         if not history:
-            raise LogError(f"the Kafka log has no schema for {table}", "is `cdc stream` (with its publisher) running?")
+            raise LogError(
+                f"the Kafka log has no schema for {table}", "is `cdc stream` (with its publisher) running?"
+            )
         return history
 
     def schema(self, table: TableName, version: int | None = None) -> TableSchema:

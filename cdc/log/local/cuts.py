@@ -26,9 +26,13 @@ KEEP_CUTS = 200
 class CutStore(LocalStore):
     """Cuts written inside the open write transaction, pruned as retention allows, read back."""
 
-    def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder):
+    def __init__(
+        self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder
+    ):
         super().__init__(path, synchronous, readonly, command)
-        self.set_retention(KEEP_CUTS, KEEP_CUTS, 0, None)  # no holds: the newest KEEP_CUTS (open_log sets the pipeline's)
+        self.set_retention(
+            KEEP_CUTS, KEEP_CUTS, 0, None
+        )  # no holds: the newest KEEP_CUTS (open_log sets the pipeline's)
         self._alarmed: dict[str, int] = {}
 
     def _write_cut(self, lsn: int) -> Cut:
@@ -44,7 +48,9 @@ class CutStore(LocalStore):
             ranges[TableName(schema_name, table_name)] = TableRange(base, end)
             body[str(tid)] = [base, end]
         ts = now_ms()
-        cur = self.db.execute("INSERT INTO cuts(lsn, ts_ms, tables) VALUES (?, ?, ?)", (lsn, ts, orjson.dumps(body).decode()))
+        cur = self.db.execute(
+            "INSERT INTO cuts(lsn, ts_ms, tables) VALUES (?, ?, ?)", (lsn, ts, orjson.dumps(body).decode())
+        )
         cut_id = cur.lastrowid
         assert cut_id is not None  # set by every INSERT
         if cut_id % 50 == 0:
@@ -64,7 +70,12 @@ class CutStore(LocalStore):
         (`holds`: follower -> oldest cut id it needs, cdc/log/holds.py), but never more than
         `held_max` cuts nor cuts older than `held_max_age_s`: past that bound the oldest go and
         the alarm (meta `cut_retention_alarm`, a metric, a warning on stderr) names the followers."""
-        self.keep_cuts, self.held_max, self.held_max_age_s, self._holds = keep, held_max, held_max_age_s, holds
+        self.keep_cuts, self.held_max, self.held_max_age_s, self._holds = (
+            keep,
+            held_max,
+            held_max_age_s,
+            holds,
+        )
         self._pipeline = pipeline
 
     def _first_cut_since(self, ts_ms: int) -> int | None:
@@ -75,7 +86,9 @@ class CutStore(LocalStore):
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            row = self.db.execute("SELECT id, ts_ms FROM cuts WHERE id >= ? ORDER BY id LIMIT 1", (mid,)).fetchone()
+            row = self.db.execute(
+                "SELECT id, ts_ms FROM cuts WHERE id >= ? ORDER BY id LIMIT 1", (mid,)
+            ).fetchone()
             if row[1] >= ts_ms:
                 hi = mid
             else:
@@ -91,7 +104,9 @@ class CutStore(LocalStore):
             bound = min(below, max(cut_id - self.held_max + 1, by_age))
             below = max(min(holds.values()), bound)
         overdue = {f: c for f, c in sorted(holds.items()) if c < below}
-        alarm = orjson.dumps({"ts_ms": ts_ms, "below": below, "followers": overdue}).decode() if overdue else ""
+        alarm = (
+            orjson.dumps({"ts_ms": ts_ms, "below": below, "followers": overdue}).decode() if overdue else ""
+        )
         if bool(alarm) != bool(self._meta("cut_retention_alarm")) or (overdue and overdue != self._alarmed):
             self._set_meta("cut_retention_alarm", alarm)
             if overdue:

@@ -62,7 +62,8 @@ class LocalReader(CutStore, LogReader):
 
         previous = after
         for off, lsn, sv, payload in self.db.execute(
-            f"SELECT off, lsn, sv, payload FROM ev_{tid} WHERE op = 'S' AND off > ? AND off <= ? ORDER BY off", (after, upto)
+            f"SELECT off, lsn, sv, payload FROM ev_{tid} WHERE op = 'S' AND off > ? AND off <= ? ORDER BY off",
+            (after, upto),
         ).fetchall():
             events_between(previous, off - 1)
             previous = off
@@ -77,7 +78,9 @@ class LocalReader(CutStore, LogReader):
                 raise LogError(f"snapshot segment {int(payload)} of table id {tid} is missing from the log")
             size = (self.path / seg[0]).stat().st_size
             for start in range(0, max(size, 1), segment_bytes):
-                parts.append(SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size), seg[1]))
+                parts.append(
+                    SegmentSlice(off, lsn, sv, seg[0], start, min(start + segment_bytes, size), seg[1])
+                )
         events_between(previous, upto)
         return parts
 
@@ -90,7 +93,14 @@ class LocalReader(CutStore, LogReader):
         if len(rows) != 2:
             return False
         (op1, lsn1, seq1, elsn1), (op2, lsn2, seq2, elsn2) = rows
-        return op1 == "d" and op2 == "c" and lsn1 == lsn2 and seq2 == seq1 + 1 and elsn1 is not None and elsn1 == elsn2
+        return (
+            op1 == "d"
+            and op2 == "c"
+            and lsn1 == lsn2
+            and seq2 == seq1 + 1
+            and elsn1 is not None
+            and elsn1 == elsn2
+        )
 
     def read_part(self, table: TableName, part: ReadPart) -> Iterator[LogRecord]:
         tid = self.require_table(table)
@@ -157,7 +167,9 @@ class LocalReader(CutStore, LogReader):
     def count_events(self, table: TableName, after: int, upto: int, below_lsn: int) -> int:
         """Events (snapshot markers included) in (after, upto] committed before `below_lsn`."""
         tid = self.require_table(table)
-        n: int = self.db.execute(f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)).fetchone()[0]
+        n: int = self.db.execute(
+            f"SELECT count(*) FROM ev_{tid} WHERE off > ? AND off <= ? AND lsn < ?", (after, upto, below_lsn)
+        ).fetchone()[0]
         return n
 
     def first_offset_from(self, table: TableName, lsn: int, upto: int) -> int | None:
@@ -172,10 +184,15 @@ class LocalReader(CutStore, LogReader):
         end: int = self.db.execute(f"SELECT coalesce(max(off), 0) FROM ev_{table_id}").fetchone()[0]
         return end
 
-    def events_after(self, table_id: int, after: int) -> Iterator[tuple[int, str, bytes | None, bytes | None]]:
+    def events_after(
+        self, table_id: int, after: int
+    ) -> Iterator[tuple[int, str, bytes | None, bytes | None]]:
         """(commit lsn, op, key, payload) of the table's events at offsets above `after`, in offset
         order (a chunked snapshot reads the stream's events inside a chunk's window from here)."""
-        cur = self.db.execute(f"SELECT lsn, op, key, payload FROM ev_{table_id} WHERE off > ? AND op != 'S' ORDER BY off", (after,))
+        cur = self.db.execute(
+            f"SELECT lsn, op, key, payload FROM ev_{table_id} WHERE off > ? AND op != 'S' ORDER BY off",
+            (after,),
+        )
         try:
             yield from cur
         finally:
@@ -205,7 +222,11 @@ class LocalReader(CutStore, LogReader):
         tid = self.require_table(table)
         state = self.table_state(table)
         base = state.base if state and state.base is not None else 0
-        counts = dict(self.db.execute(f"SELECT op, count(*) FROM ev_{tid} WHERE off >= ? AND op != 'S' GROUP BY op", (base,)).fetchall())
+        counts = dict(
+            self.db.execute(
+                f"SELECT op, count(*) FROM ev_{tid} WHERE off >= ? AND op != 'S' GROUP BY op", (base,)
+            ).fetchall()
+        )
         snap = self.db.execute(
             f"SELECT coalesce(sum(s.rows), 0) FROM ev_{tid} e JOIN segments s ON e.op = 'S' AND e.payload != x'' AND s.id = CAST(e.payload AS INTEGER)"
             " WHERE e.off >= ?",
@@ -214,4 +235,3 @@ class LocalReader(CutStore, LogReader):
         if snap:
             counts["r"] = snap
         return counts
-

@@ -20,6 +20,7 @@ def decode_text_tuple(payload: bytes | None) -> list[Any] | None:
     values, _ = decode_tuple(payload, 0)
     return [v.decode() if isinstance(v, bytes) else v for v in values]
 
+
 def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, line: bytes) -> LogRecord:
     """One line (newline removed) of a snapshot segment slice as the 'r' record read_part gives."""
     fields = line.split(b"\t")
@@ -27,7 +28,20 @@ def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, l
     values = copy_fields_to_values(fields)
     commit_ts = part.ts_ms * 1000 if part.ts_ms else None  # snapshot rows: the snapshot's time
     return LogRecord(
-        table, part.off, part.lsn, 0, "r", key, values, None, None, schema, None, commit_ts, part.lsn, part.version
+        table,
+        part.off,
+        part.lsn,
+        0,
+        "r",
+        key,
+        values,
+        None,
+        None,
+        schema,
+        None,
+        commit_ts,
+        part.lsn,
+        part.version,
     )
 
 

@@ -87,7 +87,9 @@ def open_db(
     if readonly:
         if not db_file.exists():
             raise LogError(f"no log at {path}", f"run `{command('snapshot')}` first")
-        conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False
+        )
     else:
         private_dir(path)
         private_file(db_file)  # SQLite gives its -wal/-shm files the database file's mode
@@ -113,7 +115,9 @@ def add_table_columns(db: sqlite3.Connection) -> None:
 class LocalStore:
     """The connection to one embedded log, its meta, write transactions, tables and schemas."""
 
-    def __init__(self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder):
+    def __init__(
+        self, path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder
+    ):
         self.path = Path(path)
         self.readonly = readonly
         self._command = command  # builds the commands of fix: lines (cdc/ground/remedy.py)
@@ -155,7 +159,9 @@ class LocalStore:
         return row[0] if row else None
 
     def _set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value))
+        self.db.execute(
+            "INSERT INTO meta(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
+        )
 
     def meta(self, key: str) -> str | None:
         return self._meta(key)
@@ -175,7 +181,9 @@ class LocalStore:
             self.db.execute("BEGIN IMMEDIATE")
             self._in_batch = True
             # Read under the write lock: a snapshot finishing in another process cannot slip in.
-            self._snapshot_lsn = dict(self.db.execute("SELECT id, snapshot_lsn FROM tables WHERE snapshot_lsn IS NOT NULL"))
+            self._snapshot_lsn = dict(
+                self.db.execute("SELECT id, snapshot_lsn FROM tables WHERE snapshot_lsn IS NOT NULL")
+            )
 
     class _Write:
         def __init__(self, log: LocalStore):
@@ -187,7 +195,9 @@ class LocalStore:
             self.log._begin()
             return self.log
 
-        def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        def __exit__(
+            self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        ) -> None:
             if not self.owned:
                 return
             self.log._in_batch = False
@@ -227,7 +237,9 @@ class LocalStore:
     def schema_by_version(self, table_id: int, version: int) -> TableSchema:
         cached = self._schemas.get((table_id, version))
         if cached is None:
-            row = self.db.execute("SELECT body FROM schemas WHERE table_id = ? AND version = ?", (table_id, version)).fetchone()
+            row = self.db.execute(
+                "SELECT body FROM schemas WHERE table_id = ? AND version = ?", (table_id, version)
+            ).fetchone()
             if row is None:
                 raise LogError(f"log is missing schema version {version} of table id {table_id}")
             cached = self._schemas[(table_id, version)] = TableSchema.from_json(orjson.loads(row[0]))
@@ -244,13 +256,17 @@ class LocalStore:
 
     def schema_versions(self, table: TableName) -> dict[int, TableSchema]:
         tid = self.require_table(table)
-        rows = self.db.execute("SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)).fetchall()
+        rows = self.db.execute(
+            "SELECT version, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)
+        ).fetchall()
         return {v: TableSchema.from_json(orjson.loads(b)) for v, b in rows}
 
     def schema_history(self, table: TableName) -> list[tuple[int, int, TableSchema]]:
         """(version, since LSN, schema) of every schema version of the table, oldest first."""
         tid = self.require_table(table)
-        rows = self.db.execute("SELECT version, since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,))
+        rows = self.db.execute(
+            "SELECT version, since_lsn, body FROM schemas WHERE table_id = ? ORDER BY version", (tid,)
+        )
         return [(v, since, TableSchema.from_json(orjson.loads(body))) for v, since, body in rows]
 
     def column_defaults(self, table: TableName) -> dict[str, tuple[int, str]]:
@@ -282,7 +298,9 @@ class LocalStore:
             "SELECT t.id, t.schema_name, t.table_name, t.state, t.base, t.snapshot_lsn, t.purged_below,"
             f" (SELECT max(version) FROM schemas s WHERE s.table_id = t.id), {extra} FROM tables t ORDER BY t.id"
         ).fetchall()
-        return [TableState(TableName(s, n), i, st, b, sl, p, v, d, r) for i, s, n, st, b, sl, p, v, r, d in rows]
+        return [
+            TableState(TableName(s, n), i, st, b, sl, p, v, d, r) for i, s, n, st, b, sl, p, v, r, d in rows
+        ]
 
     def table_state(self, table: TableName) -> TableState | None:
         return next((t for t in self.tables() if t.table == table), None)

@@ -37,7 +37,9 @@ class LocalWriter(CutStore, LogWriter):
             tid = self.table_id(table)  # again under the write lock: another process may have added it
             if tid is not None:
                 return tid
-            cur = self.db.execute("INSERT INTO tables(schema_name, table_name) VALUES (?, ?)", (table.schema, table.name))
+            cur = self.db.execute(
+                "INSERT INTO tables(schema_name, table_name) VALUES (?, ?)", (table.schema, table.name)
+            )
             tid = cur.lastrowid
             assert tid is not None  # set by every INSERT
             self.db.execute(EV_DDL.format(id=tid))
@@ -75,7 +77,8 @@ class LocalWriter(CutStore, LogWriter):
         under the new name (joins the open batch, so it is durable with the changes after it)."""
         with self.write():
             self.db.execute(
-                "UPDATE tables SET schema_name = ?, table_name = ? WHERE id = ?", (table.schema, table.name, table_id)
+                "UPDATE tables SET schema_name = ?, table_name = ? WHERE id = ?",
+                (table.schema, table.name, table_id),
             )
 
     def mark_dropped(self, table_ids: Collection[int], lsn: int) -> Cut:
@@ -85,7 +88,8 @@ class LocalWriter(CutStore, LogWriter):
         with self.write():
             for tid in table_ids:
                 self.db.execute(
-                    "UPDATE tables SET state = 'dropped', dropped_lsn = ? WHERE id = ? AND state = 'live'", (lsn, tid)
+                    "UPDATE tables SET state = 'dropped', dropped_lsn = ? WHERE id = ? AND state = 'live'",
+                    (lsn, tid),
                 )
             return self._write_cut(lsn)
 
@@ -95,7 +99,10 @@ class LocalWriter(CutStore, LogWriter):
         pipeline file still names it, which then needs `cdc snapshot --tables`)."""
         tid = self.require_table(table)
         with self.write():
-            self.db.execute("DELETE FROM segments WHERE snapshot_id IN (SELECT id FROM snapshots WHERE table_id = ?)", (tid,))
+            self.db.execute(
+                "DELETE FROM segments WHERE snapshot_id IN (SELECT id FROM snapshots WHERE table_id = ?)",
+                (tid,),
+            )
             self.db.execute("DELETE FROM snapshots WHERE table_id = ?", (tid,))
             self.db.execute("DELETE FROM schemas WHERE table_id = ?", (tid,))
             self.db.execute("DELETE FROM tables WHERE id = ?", (tid,))
@@ -190,17 +197,24 @@ class LocalWriter(CutStore, LogWriter):
             )
 
     def done_chunks(self, snapshot_id: int) -> set[int]:
-        return {r[0] for r in self.db.execute("SELECT chunk FROM segments WHERE snapshot_id = ?", (snapshot_id,))}
+        return {
+            r[0] for r in self.db.execute("SELECT chunk FROM segments WHERE snapshot_id = ?", (snapshot_id,))
+        }
 
     def running_snapshots(self) -> list[tuple[int, int, int, int]]:
         """(snapshot_id, table_id, lsn, schema_version) of snapshots not finished."""
-        return list(self.db.execute("SELECT id, table_id, lsn, schema_version FROM snapshots WHERE state = 'running'"))
+        return list(
+            self.db.execute("SELECT id, table_id, lsn, schema_version FROM snapshots WHERE state = 'running'")
+        )
 
     def abandon_snapshot(self, snapshot_id: int) -> None:
         """Forget a snapshot that cannot be finished (its exported snapshot is gone)."""
         row = self.db.execute("SELECT table_id FROM snapshots WHERE id = ?", (snapshot_id,)).fetchone()
         with self.write():
-            self.db.execute("UPDATE snapshots SET state = 'abandoned', finished_ms = ? WHERE id = ?", (now_ms(), snapshot_id))
+            self.db.execute(
+                "UPDATE snapshots SET state = 'abandoned', finished_ms = ? WHERE id = ?",
+                (now_ms(), snapshot_id),
+            )
             self.db.execute("DELETE FROM segments WHERE snapshot_id = ?", (snapshot_id,))
         if row:
             shutil.rmtree(self.path / "segments" / f"t{row[0]}" / f"s{snapshot_id}", ignore_errors=True)
@@ -216,11 +230,16 @@ class LocalWriter(CutStore, LogWriter):
             segments = self.db.execute(
                 "SELECT id, rows FROM segments WHERE snapshot_id = ? ORDER BY chunk", (snapshot_id,)
             ).fetchall()
-            markers = [(lsn, 0, "S", None, str(seg_id).encode(), None, None, version, None, None, lsn) for seg_id, _ in segments]
+            markers = [
+                (lsn, 0, "S", None, str(seg_id).encode(), None, None, version, None, None, lsn)
+                for seg_id, _ in segments
+            ]
             if not markers:  # an empty table still needs a base: an empty marker
                 markers = [(lsn, 0, "S", None, b"", None, None, version, None, None, lsn)]
             self.db.executemany(EV_INSERT.format(id=table_id), markers)
-            base = self.db.execute(f"SELECT min(off) FROM ev_{table_id} WHERE off >= ?", (first_new,)).fetchone()[0]
+            base = self.db.execute(
+                f"SELECT min(off) FROM ev_{table_id} WHERE off >= ?", (first_new,)
+            ).fetchone()[0]
             # Stream events newer than the snapshot, written while it ran, move behind the markers.
             self.db.execute(
                 f"INSERT INTO ev_{table_id}(lsn, seq, op, key, payload, before, before_kind, sv, xid, ts, elsn)"
@@ -235,7 +254,8 @@ class LocalWriter(CutStore, LogWriter):
                 (base, lsn, relid, table_id),
             )
             self.db.execute(
-                "UPDATE snapshots SET state = 'done', finished_ms = ?, rows = ? WHERE id = ?", (now_ms(), total, snapshot_id)
+                "UPDATE snapshots SET state = 'done', finished_ms = ?, rows = ? WHERE id = ?",
+                (now_ms(), total, snapshot_id),
             )
             stream = self._meta("stream_position")
             cut_lsn = max(lsn, int(stream.split(",")[1])) if stream else lsn

@@ -39,8 +39,16 @@ COLUMN_NAMES = ["off", "lsn", "seq", "op", "key", "vals", "unch", "ts"]
 def _arrow_types() -> list:
     import pyarrow as pa
 
-    return [pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.binary(), pa.list_(pa.string()), pa.list_(pa.int32()), pa.int64()]
-
+    return [
+        pa.int64(),
+        pa.int64(),
+        pa.int64(),
+        pa.string(),
+        pa.binary(),
+        pa.list_(pa.string()),
+        pa.list_(pa.int32()),
+        pa.int64(),
+    ]
 
 
 class LocalReader(ChangeReader):
@@ -90,7 +98,9 @@ class EventRange(InputPartition):
 class Segment(InputPartition):
     """Lines of a snapshot segment file starting at a byte in [start, end)."""
 
-    def __init__(self, off: int, lsn: int, version: int, path: str, start: int, end: int, ts: int | None = None):
+    def __init__(
+        self, off: int, lsn: int, version: int, path: str, start: int, end: int, ts: int | None = None
+    ):
         self.off, self.lsn, self.version, self.path = off, lsn, version, path
         self.start, self.end, self.ts = start, end, ts  # ts: the snapshot's time (µs), its rows' commit time
 
@@ -126,20 +136,26 @@ class LocalLogReader(DataSourceReader):
         self.attnums: list[int] = json.loads(options.get("attnums") or "null") or [0] * len(self.columns)
         self.retired: list[str] = json.loads(options.get("retired") or "[]")
         # Value for rows written before a column existed (its fast default, else NULL).
-        self.missing: list[str | None] = json.loads(options.get("missing") or "null") or [None] * len(self.columns)
+        self.missing: list[str | None] = json.loads(options.get("missing") or "null") or [None] * len(
+            self.columns
+        )
 
     def partitions(self) -> list[InputPartition]:
         from cdc.log.local import EventRun, LocalLog
 
         log = LocalLog(Path(self.path), readonly=True)
         try:  # whole segment files, as their snapshot chunks made them
-            parts = log.read_parts_by_id(self.table_id, self.after, self.upto, EVENTS_PER_PARTITION, WHOLE_SEGMENTS)
+            parts = log.read_parts_by_id(
+                self.table_id, self.after, self.upto, EVENTS_PER_PARTITION, WHOLE_SEGMENTS
+            )
         finally:
             log.close()
         out: list[InputPartition] = [
             EventRange(p.after, p.upto)
             if isinstance(p, EventRun)
-            else Segment(p.off, p.lsn, p.version, str(Path(self.path) / p.path), p.start, p.end, p.ts_ms * 1000 or None)
+            else Segment(
+                p.off, p.lsn, p.version, str(Path(self.path) / p.path), p.start, p.end, p.ts_ms * 1000 or None
+            )
             for p in parts
         ]
         return out or [EventRange(self.after, self.after)]
@@ -163,7 +179,9 @@ class LocalLogReader(DataSourceReader):
                     break
             if not n:
                 return
-            yield pa.RecordBatch.from_arrays([pa.array(c, type=t) for c, t in zip(cols, types, strict=True)], names=COLUMN_NAMES)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=t) for c, t in zip(cols, types, strict=True)], names=COLUMN_NAMES
+            )
             if n < BATCH_ROWS:
                 return
 
@@ -179,7 +197,9 @@ class LocalLogReader(DataSourceReader):
         layouts: dict[int, tuple[list[int], tuple[int, ...]]] = {}
         missing = self.missing
         # Target columns by identity (attnum), so a row written before a rename lands in the renamed column.
-        target = TableSchema(tuple(Column(n, 0, 0, attnum=a) for n, a in zip(self.columns, self.attnums, strict=True)), ())
+        target = TableSchema(
+            tuple(Column(n, 0, 0, attnum=a) for n, a in zip(self.columns, self.attnums, strict=True)), ()
+        )
         followed = FollowedSchema(target, frozenset(self.retired))
 
         def layout(version: int) -> tuple[list[int], tuple[int, ...]]:
@@ -197,19 +217,43 @@ class LocalLogReader(DataSourceReader):
             if isinstance(partition, Segment):
                 index, key_idx = layout(partition.version)
                 rows = iter_segment(Path(partition.path), partition.start, partition.end)
-                if not key_idx:  # keyless: each row keyed by its place in the snapshot (cdc.keys.snapshot_seq)
+                if (
+                    not key_idx
+                ):  # keyless: each row keyed by its place in the snapshot (cdc.keys.snapshot_seq)
                     rows = iter_segment_positions(Path(partition.path), partition.start, partition.end)
                 for fields in rows:
                     pos = fields.pop() if not key_idx else None
                     vals = [
-                        (missing[j] if i == -1 else None) if i < 0 else None if fields[i] == b"\\N" else unescape(fields[i]).decode()
+                        (missing[j] if i == -1 else None)
+                        if i < 0
+                        else None
+                        if fields[i] == b"\\N"
+                        else unescape(fields[i]).decode()
                         for j, i in enumerate(index)
                     ]
                     if pos is not None:
                         seq = snapshot_seq(partition.off, pos)
-                        yield (partition.off, partition.lsn, seq, "r", position_key(partition.lsn, seq), vals, [], partition.ts)
+                        yield (
+                            partition.off,
+                            partition.lsn,
+                            seq,
+                            "r",
+                            position_key(partition.lsn, seq),
+                            vals,
+                            [],
+                            partition.ts,
+                        )
                         continue
-                    yield (partition.off, partition.lsn, 0, "r", key_from_copy_fields(fields, key_idx), vals, [], partition.ts)
+                    yield (
+                        partition.off,
+                        partition.lsn,
+                        0,
+                        "r",
+                        key_from_copy_fields(fields, key_idx),
+                        vals,
+                        [],
+                        partition.ts,
+                    )
                 return
             assert isinstance(partition, EventRange)
             for off, lsn, seq, op, key, payload, before, sv, ts in conn.execute(
