@@ -433,8 +433,11 @@ class DeltaSink(Sink):
         rows = changes.df.where(F.col("_cdc_op") != "d").select(
             *(F.col(q(c)).cast(types[c]).alias(c) for c in columns)
         )
-        with follower_write(self.spark, self.app_id, cut_id):
-            rows.write.format("delta").mode("append").save(path)
+        # the idempotent write's id as writer options: the session confs of follower_write belong to
+        # this sink's session, while a DataFrame write uses the session the batch was read in
+        # (another one when tables are applied side by side)
+        writer = rows.write.format("delta").mode("append")
+        writer.option("txnAppId", self.app_id).option("txnVersion", str(cut_id)).save(path)
         return written_rows(self.spark, path, self.app_id, cut_id)
 
     def _merge(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
