@@ -15,7 +15,6 @@ import json
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +32,16 @@ from pipelines.devservices.redis import LocalRedis
 from sinks.delta.paths import table_path
 from sinks.registry import load_pipeline
 from tests.fixtures.readers import delta_rows, opensearch_docs, redis_rows, tantivy_docs
-from tests.harness import cdc, cdc_popen, source_rows, sql, stream_changes, verify, write_pipeline
+from tests.harness import (
+    cdc,
+    cdc_popen,
+    source_rows,
+    sql,
+    stop_process,
+    stream_changes,
+    verify,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -540,18 +548,32 @@ def test_cdc_run_finds_a_follower_flushed_while_idle(
     proc = cdc_popen("run", file)
     try:
         until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the first apply")
+        # the rows are in before the cut's marker and checkpoint: a flush in between would leave a
+        # marker written after it (an engine wiped during an apply, not while idle)
+        until(
+            lambda: cut_saved(tmp_path / ".cdc" / "test" / "checkpoints" / "cache.json"),
+            proc,
+            "the checkpoint",
+        )
         until(lambda: run("status", file)[0] == 0, proc, "status clean")
         client.flushall()
         until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the rebuild")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        # SIGTERM, not SIGKILL, also when a step above failed: cdc run stops its stream child, which
+        # would otherwise outlive it holding the output pipes (communicate() would never return)
+        out, err = stop_process(proc, timeout=180)
     assert proc.returncode == 0, (out, err)
     assert "sink cache: the follower lost data it had applied (public.items: its marker is gone" in out, out
     assert verify(file, spark, "cache")[0] == 0
+
+
+def cut_saved(checkpoint: Path) -> bool:
+    """The follower's checkpoint records an applied cut with none pending."""
+    try:
+        saved = json.loads(checkpoint.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return bool(saved.get("cut_id")) and saved.get("pending") is None
 
 
 def until(check, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
