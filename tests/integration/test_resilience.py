@@ -4,10 +4,8 @@ problems, validate's statements for the owner, `dev up` output and closed pipes.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -545,38 +543,6 @@ def test_validate_prints_publication_statements_that_work(
     run = cdc("stream", pipe.file, "--until", "current")
     assert run.code == 0, run
     assert_same(pipe, {"public.a": ["id"], "public.p": ["id", "region"]})
-
-
-# ---- issue 11 item 5: the Quick tour's eval of `cdc dev up` ------------------------------------------------
-def test_quick_tour_eval_of_dev_up_exports_pg_dsn(tmp_path: Path) -> None:
-    """README Quick tour, in bash as written: after `eval "$(cdc dev up postgres)"` the pipeline
-    file's ${PG_DSN} is set for `cdc validate` (a child process), which connects and passes."""
-    import sys
-
-    from tests.harness import REPO
-
-    base = Path(tempfile.mkdtemp(prefix="cdc-test-dev-"))  # not pytest's tmp: the server runs as postgres
-    base.chmod(0o755)
-    (tmp_path / "shop.yml").write_text(
-        "name: shop\nsource:\n  postgres:\n    dsn: ${PG_DSN}\n    tables: [public.t]\n"
-    )
-    cdc_cmd = f"{sys.executable} -m pipelines.cli"
-    script = f"""
-set -e
-cd {REPO}
-eval "$({cdc_cmd} dev up postgres --dir {base})"
-{sys.executable} -c "import os; from cdc.session import run_sql; run_sql(os.environ['PG_DSN'], 'CREATE TABLE t (id int PRIMARY KEY, v text)')"
-{cdc_cmd} validate {tmp_path / "shop.yml"}
-"""
-    try:
-        done = subprocess.run(
-            ["bash", "-c", script], capture_output=True, text=True, timeout=300, check=False
-        )
-    finally:
-        LocalPostgres(base / "postgres").stop()
-        shutil.rmtree(base, ignore_errors=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "all checks passed" in done.stdout, done.stdout
 
 
 # ---- issue 22 item 9: the reader of stdout goes away --------------------------------------------------------
