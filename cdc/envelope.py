@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from cdc.ground import clock
+from cdc.ground.formats import VERSION
 from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
@@ -36,7 +37,7 @@ except ImportError:  # pragma: no cover - no C compiler at install time
 
 UNAVAILABLE = "__debezium_unavailable_value"
 UNAVAILABLE_BYTES = base64.b64encode(UNAVAILABLE.encode()).decode()
-CONNECTOR_VERSION = "pgcdc-0.1.0"
+CONNECTOR_VERSION = f"pgcdc-{VERSION}"  # source.version: the cdc that wrote the record
 TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one for every truncate of a table
 
 
