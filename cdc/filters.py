@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import psycopg2
 from psycopg2 import sql
 
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import SourceError
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName, quote_ident
 
 MIN_FILTER_VERSION = 150000  # publication column lists and row filters

@@ -25,10 +25,10 @@ import shlex
 import time
 from collections.abc import Callable
 
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.remedy import Command, placeholder
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName
 from cdc.keyless import keyless_problems
 from cdc.log.base import TableSchema

@@ -13,8 +13,9 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from cdc.ground.config import KafkaLog, Pipeline
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError
+from cdc.ground.log_config import KafkaLog
 from cdc.ground.tables import TableName
 from sinks.search.settings import SearchSettings
 

@@ -18,8 +18,8 @@ from cdc.filters import (
     resolve_filter,
     select_query,
 )
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.remedy import Command, placeholder
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName, TableSelector, quote_ident
 from cdc.source.catalog import missing_table, resolve_tables, server_info, table_info
 from cdc.source.publications import check_publications

@@ -15,7 +15,7 @@ from cdc.ground.errors import LogError, UsageError
 from cdc.log.kafka.batch_producer import BatchProducer
 
 if TYPE_CHECKING:
-    from cdc.ground.config import KafkaLog
+    from cdc.ground.log_config import KafkaLog
 
 TIMEOUT_MS = 15_000
 
