@@ -21,7 +21,7 @@ from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.ddl import describe as describe_ddl
 from pipelines.validate_services import check_services
 from sinks.cache.settings import RedisSettings
-from snapshot.chunked import watermark_right
+from snapshot.watermarks import watermark_right
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
 

@@ -42,12 +42,14 @@ from cdc.source import (
 )
 from cdc.source.slots import _slot
 from cdc.tablewatch import check_pipeline_source, gone_from_source
-from snapshot.chunked import ChunkedSnapshot, ChunkedTable, orderable_key, stream_covers
+from snapshot.chunk_sql import orderable_key
+from snapshot.chunked import ChunkedSnapshot, ChunkedTable
 from snapshot.chunks import plan_chunks
 from snapshot.copier import CopyDone, CopyJob, CopyPool
 from snapshot.progress import RowProgress
 from snapshot.reconcile import choose_mode
 from snapshot.slots import slot_with_snapshot
+from snapshot.watermarks import stream_covers
 
 
 @dataclass
