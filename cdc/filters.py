@@ -1,5 +1,5 @@
-"""Source-side column lists and row filters (`source.postgres.table_options`, README "Choosing
-what is captured").
+"""Source-side column lists and row filters (`source.postgres.table_options`,
+docs/choosing-what-is-captured.md).
 
 One resolved CaptureFilter per table is used everywhere rows leave PostgreSQL, so they agree:
 the publication (a column list and a row filter, PostgreSQL 15 or later: excluded data never

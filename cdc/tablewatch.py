@@ -1,4 +1,4 @@
-"""Captured tables that are renamed or dropped in the source (README "Schema changes").
+"""Captured tables that are renamed or dropped in the source (docs/schema-changes.md).
 
 pgoutput says nothing when a table is renamed or dropped: a Relation message just carries the
 new name (its relation id is the table's OID, which a rename keeps), and a dropped table sends

@@ -169,7 +169,7 @@ def wal_keep_limit(conn) -> str | None:
 
 
 def slot_safety_line(keep: str, slot: str, snapshot_cmd: str) -> str:
-    """The README's safety net (Operations: Slots and WAL retention): a warning, not a failure, when
+    """The safety net of docs/source-database.md (Slots and WAL retention): a warning, not a failure, when
     a stopped pipeline's slot may keep WAL until the source's disk is full."""
     if keep != "-1":
         return (

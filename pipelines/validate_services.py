@@ -22,7 +22,7 @@ from sinks.search.settings import SearchSettings
 OK, BAD = "ok  ", "FAIL"
 Say = Callable[[str], None]
 
-# What the log does with each of its topics (README "Kafka log and Debezium"): `cdc stream`
+# What the log does with each of its topics (docs/kafka-debezium.md): `cdc stream`
 # creates missing ones, checks their cleanup.policy and writes; apply, status and verify read.
 WRITER_NEEDS = ("DESCRIBE", "WRITE", "READ", "DESCRIBE_CONFIGS")
 READER_NEEDS = ("DESCRIBE", "READ")  # format: debezium: the connector writes, we only read

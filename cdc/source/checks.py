@@ -41,7 +41,7 @@ def check_source(
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
-    (the stream still has to pass their last changes, README "Schema changes")."""
+    (the stream still has to pass their last changes, docs/schema-changes.md)."""
     report = CheckReport()
     info = report.server = server_info(conn)
     who = quote_ident(info.user)

@@ -29,7 +29,7 @@ def _bootstrap(target: KafkaLog | str | list[str]) -> str | list[str]:
 
 
 def security(target: KafkaLog | str | list[str]) -> dict[str, Any]:
-    """kafka-python settings of `log: kafka`'s security keys (README Security), for every client."""
+    """kafka-python settings of `log: kafka`'s security keys (docs/security.md), for every client."""
     if isinstance(target, (str, list)) or target.security_protocol == "PLAINTEXT":
         return {}
     out: dict[str, Any] = {"security_protocol": target.security_protocol}
