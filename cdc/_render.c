@@ -241,7 +241,7 @@ static int64_t floordiv(int64_t a, int64_t b) {
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-/* cdc.typemap.days_from_civil */
+/* cdc.pgdatetime.days_from_civil */
 static int64_t days_from_civil(int64_t year, int64_t month, int64_t day) {
     int64_t shifted;
     if (month <= 2) { year -= 1; shifted = month + 9; }
@@ -259,7 +259,7 @@ static int64_t digits_value(const char *s, int n) {
     return v;
 }
 
-/* 'YYYY-MM-DD', all ASCII digits: cdc.typemap._date's common case. 1 when written. */
+/* 'YYYY-MM-DD', all ASCII digits: cdc.pgdatetime.convert_date's common case. 1 when written. */
 static int put_date(Buf *b, const char *s, Py_ssize_t n) {
     if (n != 10 || s[4] != '-' || s[7] != '-') return 0;
     for (int i = 0; i < 10; i++)
@@ -270,7 +270,7 @@ static int put_date(Buf *b, const char *s, Py_ssize_t n) {
     return buf_put(b, tmp, len) < 0 ? -1 : 1;
 }
 
-/* 'YYYY-MM-DD HH:MM:SS[.f{1,6}]+00': the fast path of cdc.typemap._timestamptz_converter.
+/* 'YYYY-MM-DD HH:MM:SS[.f{1,6}]+00': the fast path of cdc.pgdatetime.timestamptz_converter.
  * 1 when written, 0 when not this form, -1 error. */
 static int put_timestamptz(Buf *b, const char *s, Py_ssize_t n, int precision) {
     for (Py_ssize_t i = 0; i < n; i++)

@@ -26,8 +26,9 @@ from cdc.ground.formats import VERSION
 from cdc.ground.tables import TableName
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import UNCHANGED
+from cdc.pgtypes import Converter
 from cdc.schema import schema_types
-from cdc.typemap import Converter, c_kind, converter
+from cdc.typemap import c_kind, converter
 
 try:  # the optional C speedup, built by `pip install -e .` (setup.py)
     # re-exported: the Kafka fast path renders with it; a C extension the checker cannot read

@@ -1,5 +1,5 @@
-"""Source-side column lists and row filters (`source.postgres.table_options`, README "Choosing
-what is captured").
+"""Source-side column lists and row filters (`source.postgres.table_options`,
+docs/choosing-what-is-captured.md).
 
 One resolved CaptureFilter per table is used everywhere rows leave PostgreSQL, so they agree:
 the publication (a column list and a row filter, PostgreSQL 15 or later: excluded data never
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import psycopg2
 from psycopg2 import sql
 
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import SourceError
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName, quote_ident
 
 MIN_FILTER_VERSION = 150000  # publication column lists and row filters

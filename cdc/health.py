@@ -1,4 +1,4 @@
-"""Liveness and readiness of this process, for supervisors (README "Monitoring", "Health").
+"""Liveness and readiness of this process, for supervisors (docs/monitoring.md, health).
 
 The loops report here (the stream's read loop, the continuous apply); pipelines/metrics.py serves
 the answer as /healthz (live) and /readyz (ready) on the metrics port. Recording is one clock read

@@ -1,4 +1,4 @@
-"""Prometheus metrics recorded by the stream, the snapshot and the apply job (README "Monitoring").
+"""Prometheus metrics recorded by the stream, the snapshot and the apply job (docs/monitoring.md).
 
 Recorded always, because it is cheap: once per durable log batch, per copied chunk, per applied
 cut, never per event. Served over HTTP only when asked (`--metrics-port`, or `metrics:` in the

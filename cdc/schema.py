@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cdc.log.base import Column, TableSchema
-from cdc.typemap import PgType, resolve_types
+from cdc.pgtypes import PgType, resolve_types
 
 
 def pgtype_to_dict(t: PgType) -> dict[str, Any]:

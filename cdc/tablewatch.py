@@ -1,4 +1,4 @@
-"""Captured tables that are renamed or dropped in the source (README "Schema changes").
+"""Captured tables that are renamed or dropped in the source (docs/schema-changes.md).
 
 pgoutput says nothing when a table is renamed or dropped: a Relation message just carries the
 new name (its relation id is the table's OID, which a rename keeps), and a dropped table sends
@@ -25,10 +25,10 @@ import shlex
 import time
 from collections.abc import Callable
 
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import LogError, SourceError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.remedy import Command, placeholder
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName
 from cdc.keyless import keyless_problems
 from cdc.log.base import TableSchema

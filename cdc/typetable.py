@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdc.typemap import PgType
+from cdc.pgtypes import PgType
 
 
 def base(name: str, **kw) -> PgType:

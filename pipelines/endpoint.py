@@ -1,4 +1,4 @@
-"""The HTTP server on the metrics port: /metrics, /healthz and /readyz (README "Monitoring", "Health").
+"""The HTTP server on the metrics port: /metrics, /healthz and /readyz (docs/monitoring.md, health).
 
 prometheus_client's own server answers every path with the metrics page; this one routes the two
 health paths to cdc/health.py's report first. Both answer JSON, 200 when live (/healthz) or

@@ -1,4 +1,4 @@
-"""How `cdc sql` names a follower's tables (README "Reading the lake"), in both engines.
+"""How `cdc sql` names a follower's tables (docs/reading-the-lake.md), in both engines.
 
 Every table answers to its source name, qualified or not, with PostgreSQL's rules: `public.orders`,
 `orders`, `"Sales"."Order Items"` (unquoted names fold to lower case, quoted ones keep capitals and

@@ -1,4 +1,4 @@
-"""How the CLI's lines look: human text (default) or JSON lines for log shippers (README "Monitoring").
+"""How the CLI's lines look: human text (default) or JSON lines for log shippers (docs/monitoring.md).
 
 `--log-format json` (or CDC_LOG_FORMAT=json) on the long-running verbs turns every line the CLI
 prints (results on stdout; stage lines, errors and their fixes on stderr) into one JSON object:

@@ -1,4 +1,4 @@
-"""The Prometheus endpoint of `cdc stream|apply|run|snapshot` (README "Monitoring").
+"""The Prometheus endpoint of `cdc stream|apply|run|snapshot` (docs/monitoring.md).
 
 Off unless `--metrics-port` or `metrics: {port: ...}` asks for it; binds 127.0.0.1 unless the
 pipeline file names another `metrics.host`. One scrape returns:

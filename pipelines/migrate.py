@@ -14,7 +14,7 @@ transaction:
 No moment exists at which the publication holds an excluded column: it goes from the old list to
 "not published" to the new list, and a transaction's changes are decoded with the publication as it
 stands at their commit. The table's rows are rewritten without change events by a type change; the
-running stream re-bases such a table by itself (README "Schema changes").
+running stream re-bases such a table by itself (docs/schema-changes.md).
 
 Keep the file to DDL: rows the file itself inserts, updates or deletes in those tables are not
 captured (the table is out of the publication while they happen). The file is refused (rolled back)

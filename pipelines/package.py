@@ -1,10 +1,10 @@
 """The spark-submit package: the code zip (pipelines/codezip.py), the entry script and the
-driver's log4j settings (README "Running on a cluster").
+driver's log4j settings (docs/cluster.md).
 
 `cdc package spark --out DIR` writes DIR/pgcdc.zip and DIR/cdc_apply.py and prints the
 spark-submit command with the jars it needs. `cdc apply` on a non-local master ships the same zip
 by itself (pipelines/spark.py ship_code), so executors never need the project installed; they do
-need its third-party libraries (README: the executors' Python).
+need its third-party libraries (docs/cluster.md: the executors' Python).
 """
 
 from __future__ import annotations

@@ -52,9 +52,7 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
             (pipeline.publication,),
         )
         publication = cur.fetchone()
-        inserts = insert_publication(
-            pipeline.publication
-        )  # keyless tables' (README "Tables without a primary key")
+        inserts = insert_publication(pipeline.publication)  # keyless tables' (docs/keyless-tables.md)
         cur.execute(
             "SELECT pg_get_userbyid(pubowner), pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s",
             (inserts,),

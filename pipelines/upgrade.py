@@ -1,6 +1,6 @@
-"""Bringing a pipeline's state_dir to this release's formats, and back (README "Upgrading").
+"""Bringing a pipeline's state_dir to this release's formats, and back (docs/upgrades.md).
 
-Runs at the start of every verb that reads the state (pipelines/cli.py `load`) and as
+Runs at the start of every verb that reads the state (pipelines/cli/common.py `load`) and as
 `cdc upgrade`. State records cdc 0.1.0 wrote carry no `format` key (state format 0); format 1 is
 the same record with the key, so the migration stamps them in place: idempotent (a stamped record
 is left alone), atomic per file (write_record). A record from a newer cdc stops everything with

@@ -21,7 +21,7 @@ from cdc.tablewatch import check_pipeline_source, gone_from_source
 from pipelines.ddl import describe as describe_ddl
 from pipelines.validate_services import check_services
 from sinks.cache.settings import RedisSettings
-from snapshot.chunked import watermark_right
+from snapshot.watermarks import watermark_right
 
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
 
@@ -169,7 +169,7 @@ def wal_keep_limit(conn) -> str | None:
 
 
 def slot_safety_line(keep: str, slot: str, snapshot_cmd: str) -> str:
-    """The README's safety net (Operations: Slots and WAL retention): a warning, not a failure, when
+    """The safety net of docs/source-database.md (Slots and WAL retention): a warning, not a failure, when
     a stopped pipeline's slot may keep WAL until the source's disk is full."""
     if keep != "-1":
         return (

@@ -13,15 +13,16 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from cdc.ground.config import KafkaLog, Pipeline
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError
+from cdc.ground.log_config import KafkaLog
 from cdc.ground.tables import TableName
 from sinks.search.settings import SearchSettings
 
 OK, BAD = "ok  ", "FAIL"
 Say = Callable[[str], None]
 
-# What the log does with each of its topics (README "Kafka log and Debezium"): `cdc stream`
+# What the log does with each of its topics (docs/kafka-debezium.md): `cdc stream`
 # creates missing ones, checks their cleanup.policy and writes; apply, status and verify read.
 WRITER_NEEDS = ("DESCRIBE", "WRITE", "READ", "DESCRIBE_CONFIGS")
 READER_NEEDS = ("DESCRIBE", "READ")  # format: debezium: the connector writes, we only read

@@ -3,7 +3,7 @@
 An application that wrote to the source and then reads a follower (a cache, a search index)
 would see the state before its write until the pipeline carries it over. `cdc wait` returns
 once every named follower (default: every sink) has applied everything committed up to a
-position: exit 0, or 1 when `--timeout` passes first (README "Operations: read your own writes").
+position: exit 0, or 1 when `--timeout` passes first (docs/run-continuously.md, read your own writes).
 
 A follower's checkpoint holds the LSN of the cut it applied last; a cut at LSN L holds every
 transaction committed before L (the stream also makes cuts at the server's position while the

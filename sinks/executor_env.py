@@ -1,5 +1,5 @@
 """Where the executors' Python workers find the sinks' secrets (cdc/ground/executor_secrets.py;
-README "Secrets on the executors").
+docs/cluster.md, secrets on the executors).
 
 The task functions carry SecretRefs (variable names). Before a job that needs them, a sink calls
 `provide`:

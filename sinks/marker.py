@@ -1,5 +1,5 @@
 """A follower's marker: which pipeline, sink and log it follows, and how far, kept inside the
-engine next to the rows (README "Operations: rebuilding and rewinding a follower").
+engine next to the rows (docs/recovery-and-rewind.md).
 
 The checkpoint (state_dir) says how far a follower got; only the engine can say whether it
 still holds that. Each sink keeps one marker per table in the engine itself (Redis: the key

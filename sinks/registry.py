@@ -17,7 +17,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cdc.ground.config as pipeline_file
+import cdc.ground.pipeline_file as pipeline_file
+from cdc.ground.config import pipeline_model
 from cdc.ground.errors import UsageError
 from cdc.ground.settings import SinkSettings
 from sinks.cache.settings import RedisSettings
@@ -52,9 +53,7 @@ SINK_KINDS: dict[str, SinkKind] = {
 }
 
 # The pipeline file's model with these kinds (module attributes by these names: pickle finds them).
-PipelineModel = pipeline_file.pipeline_model(
-    {k: (s.settings, s.description) for k, s in SINK_KINDS.items()}, __name__
-)
+PipelineModel = pipeline_model({k: (s.settings, s.description) for k, s in SINK_KINDS.items()}, __name__)
 SinkConfigModel = PipelineModel.sink_config
 
 

@@ -40,301 +40,44 @@ one transaction per reader is ever held open, and no slot or exported snapshot i
 
 With no stream running (`cdc snapshot` on its own, or `cdc run` before it streams), the snapshot
 streams itself up to the last high watermark (`cdc stream --until <H>`), as `cdc stream` would.
+
+Here: one table's snapshot, coordinated (ChunkedSnapshot). Its parts beside it: the SQL on the
+source (chunk_sql.py), the watermarks (watermarks.py), the checkpoint (chunk_checkpoint.py) and a
+chunk reconciled in the log (chunk_reconcile.py, by the rule of reconcile.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import psycopg2
-from psycopg2 import sql
 
 from cdc import metrics
-from cdc.filters import select_query
-from cdc.ground.errors import SourceError
-from cdc.ground.lsn import format_lsn, parse_lsn
+from cdc.ground.lsn import format_lsn
 from cdc.ground.private import private_dir, private_open
 from cdc.ground.tables import TableName
-from cdc.keys import key_from_copy_fields
-from cdc.log.local import LocalLog, iter_segment_lines
-from cdc.pgoutput import UNCHANGED, decode_tuple
+from cdc.log.local import LocalLog
 from cdc.source import connect
+from snapshot.chunk_checkpoint import Checkpoint, ChunkMark, checkpoint_path
+from snapshot.chunk_reconcile import reconcile_segment
+from snapshot.chunk_sql import boundary_statement, chunk_statement, key_types, read_error
 from snapshot.copier import count_lines
 from snapshot.keyranges import InOrder, Key, KeyRange, range_from, throttle_delay
 from snapshot.progress import RowProgress
-from snapshot.reconcile import Reconciled, WindowEvent, reconcile
+from snapshot.watermarks import emit_watermark, stream_covers
 
 if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
 
-WATERMARK_PREFIX = "cdc_watermark"
-EMIT_SQL = "SELECT pg_logical_emit_message(true, %s, %s)"
 
-
-# ---- checkpoints -------------------------------------------------------------------------------------
-@dataclass
-class ChunkMark:
-    number: int
-    low: int  # LSN of the low watermark message
-    high: int  # LSN of the high watermark message
-    after: int  # the table's last log offset before the low watermark: window events come after it
-    rows: int
-    # the chunk's upper key bound (key values as text; checkpoints written before chunks were key
-    # ranges hold the chunk's last row); None: the open-ended last chunk, or an empty one
-    last: list[str | None] | None
-    reconciled: bool = False
-    final: bool = False  # the table's last chunk: every row has been read
-
-
-@dataclass
-class Checkpoint:
-    """A chunked snapshot in progress, in <state_dir>/chunked/<schema>.<table>.json."""
-
-    path: Path
-    table: str
-    snapshot_id: int
-    first_low: int
-    chunks: list[ChunkMark] = field(default_factory=list)
-    complete: bool = False  # the table's last chunk is in: every row has been read
-
-    @classmethod
-    def load(cls, path: Path) -> Checkpoint | None:
-        try:
-            data = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        chunks = [ChunkMark(**c) for c in data.pop("chunks")]
-        return cls(path=path, chunks=chunks, **data)
-
-    def save(self) -> None:
-        private_dir(self.path.parent)
-        body = asdict(self)
-        body.pop("path")
-        tmp = self.path.with_suffix(".tmp")
-        with private_open(tmp, "w") as f:
-            f.write(json.dumps(body, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-
-    @property
-    def rows(self) -> int:
-        return sum(c.rows for c in self.chunks)
-
-    @property
-    def last_key(self) -> list[str | None] | None:
-        keys = [c.last for c in self.chunks if c.last is not None]
-        return keys[-1] if keys else None
-
-
-def checkpoint_path(state_dir: Path, table: TableName) -> Path:
-    return Path(state_dir) / "chunked" / f"{table.schema}.{table.name}.json"
-
-
-def discard_checkpoint(state_dir: Path, table: TableName) -> None:
-    checkpoint_path(state_dir, table).unlink(missing_ok=True)
-
-
-# ---- the source side ----------------------------------------------------------------------------------
-def emit_watermark(conn, table: TableName, chunk: int, mark: str, *, first: bool = False) -> int:
-    """Write a watermark into the WAL (autocommit: its own transaction); returns its LSN. `first`:
-    the snapshot's first low watermark, the position of the table's new base: wait until what
-    committed before it is visible (later chunks need no wait: a change committed before their
-    low watermark but not visible to their read comes after that base in the log anyway)."""
-    body = json.dumps({"table": str(table), "chunk": chunk, "mark": mark})
-    try:
-        with conn.cursor() as cur:
-            cur.execute(EMIT_SQL, (WATERMARK_PREFIX, body))
-            lsn = parse_lsn(cur.fetchone()[0])
-    except psycopg2.errors.InsufficientPrivilege:
-        conn.rollback()
-        problem = watermark_right(conn) or (
-            "the pipeline's role may not write WAL watermarks",
-            "snapshot.mode: exported",
-        )
-        raise SourceError(f"chunked snapshot of {table}: {problem[0]}", problem[1]) from None
-    if first:
-        _wait_for_older_transactions(conn)
-    return lsn
-
-
-def _wait_for_older_transactions(conn) -> None:
-    """Block until every transaction in progress now has ended. A transaction's commit record can
-    be in the WAL before the transaction is visible to new snapshots; after this wait, everything
-    that committed before the watermark is visible to the next chunk's read."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT array_agg(x::text) FROM pg_snapshot_xip(pg_current_snapshot()) x")
-        running = cur.fetchone()[0] or []
-        while running:
-            cur.execute(
-                "SELECT array_agg(x) FROM unnest(%s::xid8[]) x WHERE pg_xact_status(x) = 'in progress'",
-                (running,),
-            )
-            running = [str(x) for x in cur.fetchone()[0] or []]
-            if running:
-                time.sleep(0.02)
-
-
-def watermark_right(conn) -> tuple[str, str] | None:
-    """(problem, fix) when the connected role may not write watermarks (EXECUTE on
-    pg_logical_emit_message, which PostgreSQL grants to PUBLIC unless an administrator revoked it)."""
-    with conn.cursor() as cur:
-        # the text variant by its arguments, not a fixed signature: PostgreSQL 17 added a 4th (flush)
-        cur.execute(
-            "SELECT current_user, p.oid::regprocedure::text, has_function_privilege(p.oid, 'EXECUTE')"
-            " FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message'"
-            " AND p.pronamespace = 'pg_catalog'::regnamespace AND p.proargtypes[2] = 'text'::regtype"
-        )
-        user, signature, allowed = cur.fetchone()
-    if allowed:
-        return None
-    return (
-        f"role {user} may not execute pg_logical_emit_message, which chunked snapshots write their WAL watermarks with",
-        f"GRANT EXECUTE ON FUNCTION {signature} TO {user}; (or snapshot.mode: exported)",
-    )
-
-
-def key_types(conn, table: TableName, key: tuple[str, ...]) -> list[str]:
-    """SQL type names of the key columns (the chunk query casts the last key's text back with them)."""
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
-            " AND attnum > 0 AND NOT attisdropped",
-            (str(table),),
-        )
-        types = dict(cur.fetchall())
-    return [types[k] for k in key]
-
-
-def orderable_key(conn, table: TableName, key: tuple[str, ...]) -> bool:
-    """Whether the key is exactly the columns of a valid unique btree index (a primary key is one):
-    then `ORDER BY key` and `key > last` walk the table in one well-defined order."""
-    if not key:
-        return False
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam"
-            " WHERE i.indrelid = %s::regclass AND i.indisunique AND i.indisvalid AND a.amname = 'btree'"
-            " AND i.indnkeyatts = %s AND i.indexprs IS NULL AND i.indpred IS NULL"
-            " AND (SELECT array_agg(attname::text ORDER BY attname) FROM pg_attribute WHERE attrelid = i.indrelid"
-            "      AND attnum = ANY(i.indkey::int2[])) = (SELECT array_agg(k ORDER BY k) FROM unnest(%s::text[]) k))",
-            (str(table), len(key), list(key)),
-        )
-        return bool(cur.fetchone()[0])
-
-
-def _key_list(key: tuple[str, ...]) -> sql.Composed:
-    return sql.SQL(", ").join(sql.Identifier(k) for k in key)
-
-
-def _key_bound(key: tuple[str, ...], types: list[str], op: str, bound: Key) -> sql.Composed:
-    """`(k1, k2) > (CAST('v1' AS t1), ...)`: a row comparison the key's btree index answers."""
-    values = sql.SQL(", ").join(
-        sql.SQL("CAST({} AS {})").format(sql.Literal(v), sql.SQL(t))
-        for v, t in zip(bound, types, strict=True)
-    )
-    return sql.SQL("({}) {} ({})").format(_key_list(key), sql.SQL(op), values)
-
-
-def boundary_statement(
-    table: TableName, key: tuple[str, ...], types: list[str], lo: Key | None, chunk_rows: int
-) -> sql.Composed:
-    """The keys at positions chunk_rows and chunk_rows + 1 above `lo`, in key order, as text
-    (snapshot/keyranges.range_from reads them): a walk over the key's index, no rows read. It
-    ignores the row filter, so every chunk spans the same share of the index."""
-    keys = _key_list(key)
-    walk = sql.SQL("SELECT {} FROM {}").format(keys, sql.Identifier(table.schema, table.name))
-    if lo is not None:
-        walk += sql.SQL(" WHERE {}").format(_key_bound(key, types, ">", lo))
-    walk += sql.SQL(" ORDER BY {} OFFSET {} LIMIT 2").format(keys, sql.Literal(chunk_rows - 1))
-    # the two keys found as text (cast outside: not for every key walked over); qualified names:
-    # a bare ORDER BY "id" would sort by the output column "id", the text
-    texts = sql.SQL(", ").join(sql.SQL("b.{}::text").format(sql.Identifier(k)) for k in key)
-    ordered = sql.SQL(", ").join(sql.SQL("b.{}").format(sql.Identifier(k)) for k in key)
-    return sql.SQL("SELECT {} FROM ({}) b ORDER BY {}").format(texts, walk, ordered)
-
-
-def chunk_statement(
-    table: TableName,
-    columns: tuple[str, ...],
-    key: tuple[str, ...],
-    types: list[str],
-    where: str | None,
-    chunk: KeyRange,
-) -> sql.Composed:
-    """COPY of one chunk: the captured columns and rows (cdc.filters.select_query, as the
-    publication sends them) with a key in (lo, hi]. No ORDER BY: a bounded range needs none, and
-    the planner may pick any scan (the last, open-ended chunk of a small table: a plain seq scan)."""
-    bounds: list[sql.Composable] = []
-    if chunk.lo is not None:
-        bounds.append(_key_bound(key, types, ">", chunk.lo))
-    if chunk.hi is not None:
-        bounds.append(_key_bound(key, types, "<=", chunk.hi))
-    return sql.SQL("COPY ({}) TO STDOUT").format(select_query(table, columns, where, bounds))
-
-
-def _read_error(table: TableName, exc: psycopg2.Error) -> SourceError:
-    message = (exc.pgerror or str(exc)).strip()
-    fix = "GRANT SELECT on the table to the pipeline's role" if "permission denied" in message else None
-    return SourceError(f"chunked snapshot of {table}: {message}", fix)
-
-
-# ---- the log side -------------------------------------------------------------------------------------
-def window_events(log: LocalLog, table_id: int, mark: ChunkMark) -> Iterator[WindowEvent]:
-    """The table's stream events committed inside the chunk's window (low, high)."""
-    for lsn, op, key, payload in log.events_after(table_id, mark.after):
-        if lsn <= mark.low:
-            continue  # committed before the window (the stream appends in commit order)
-        if lsn >= mark.high:
-            return
-        whole = op != "u" or payload is None or not any(v is UNCHANGED for v in decode_tuple(payload, 0)[0])
-        yield WindowEvent(key, op, whole)
-
-
-def reconcile_segment(
-    log: LocalLog, table_id: int, snapshot_id: int, mark: ChunkMark, key_idx: tuple[int, ...]
-) -> Reconciled:
-    """Drop the chunk rows the window's events supersede, rewriting the segment file in place."""
-    counts = Reconciled()
-    path = log.segment_path(table_id, snapshot_id, mark.number)
-    events = list(window_events(log, table_id, mark))
-    if not events:
-        counts.kept = mark.rows
-        return counts
-    tmp = path.with_suffix(".reconcile")
-    rows = (
-        (key_from_copy_fields(line.rstrip(b"\n").split(b"\t"), key_idx), line)
-        for line in iter_segment_lines(path)
-    )
-    with private_open(tmp, "wb", buffering=1 << 20) as out:
-        for line in reconcile(rows, events, counts):
-            out.write(line)
-        out.flush()
-        os.fsync(out.fileno())
-        nbytes = out.tell()
-    os.replace(tmp, path)
-    log.add_segment(snapshot_id, mark.number, path, counts.kept, nbytes)
-    return counts
-
-
-def stream_covers(log: LocalLog, lsn: int) -> bool:
-    """Whether the log holds every transaction of the source committed up to watermark `lsn`.
-    pg_logical_emit_message returns the end of the message's record, which is where its own
-    transaction's commit record starts: the watermark transaction commits exactly at `lsn`."""
-    position = log.stream_position()
-    return position is not None and position[0] >= lsn
-
-
-# ---- one table ------------------------------------------------------------------------------------------
 @dataclass
 class _Read:
     """A chunk read into its segment's .part file whose fsync (`synced`) may still be running."""
@@ -546,7 +289,7 @@ class ChunkedSnapshot:
                 cur.execute(statement)
                 found = [list(row) for row in cur.fetchall()]
         except psycopg2.Error as exc:
-            raise _read_error(t.table, exc) from None
+            raise read_error(t.table, exc) from None
         return range_from(number, lo, found)
 
     def _watermark(self, control, number: int, mark: str) -> tuple[int, int]:
@@ -624,7 +367,7 @@ class ChunkedSnapshot:
         except psycopg2.Error as exc:
             sink.close()
             reader.rollback()
-            raise _read_error(t.table, exc) from None
+            raise read_error(t.table, exc) from None
         except BaseException:
             sink.close()
             raise
@@ -655,19 +398,3 @@ class ChunkedSnapshot:
             mark.reconciled = changed = True
         if changed:
             cp.save()
-
-
-__all__ = [
-    "WATERMARK_PREFIX",
-    "Checkpoint",
-    "ChunkedSnapshot",
-    "ChunkedTable",
-    "boundary_statement",
-    "chunk_statement",
-    "emit_watermark",
-    "orderable_key",
-    "reconcile_segment",
-    "stream_covers",
-    "watermark_right",
-    "window_events",
-]

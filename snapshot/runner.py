@@ -8,31 +8,30 @@ snapshot was interrupted): the tables are added to the publication first, so the
 captures their changes from then on; then a *temporary* slot exports a fresh snapshot whose
 consistent point separates "in the snapshot" from "in the stream" exactly. The log makes the
 snapshot the table's new base and keeps only stream events newer than it (LocalLog.finish_snapshot).
+
+Here: which tables are copied and how (snapshot.mode: exported or chunked), the publication, and
+the Kafka publication of a snapshot. The copies themselves: exported.py (one exported snapshot,
+a pool of COPY workers) and chunked.py (watermark chunks, table by table); plan.py holds what
+both read of a table and the result.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import secrets
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import psycopg2
-from psycopg2 import sql
 
 from cdc import metrics
 from cdc.filters import CaptureFilter, publication_drift, refused, set_filters
 from cdc.ground.config import Pipeline
-from cdc.ground.errors import CdcError, LogError, SourceError, UsageError
+from cdc.ground.errors import LogError, SourceError, UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
-from cdc.rebase import encode_filenodes, filenodes_key, load_states, save_state
-from cdc.schema import ATTRIBUTES_SQL, TypeCache, build_schema, relation_catalog, with_attnums
+from cdc.rebase import save_state
+from cdc.schema import TypeCache, build_schema, with_attnums
 from cdc.source import (
     connect,
     ensure_publication,
@@ -42,38 +41,13 @@ from cdc.source import (
 )
 from cdc.source.slots import _slot
 from cdc.tablewatch import check_pipeline_source, gone_from_source
-from snapshot.chunked import ChunkedSnapshot, ChunkedTable, orderable_key, stream_covers
-from snapshot.chunks import plan_chunks
-from snapshot.copier import CopyDone, CopyJob, CopyPool
+from snapshot.chunk_sql import orderable_key
+from snapshot.chunked import ChunkedSnapshot, ChunkedTable
+from snapshot.exported import copy_exported, create_slot
+from snapshot.plan import SnapshotResult, connections, plan_tables, record_new_base
 from snapshot.progress import RowProgress
 from snapshot.reconcile import choose_mode
-from snapshot.slots import slot_with_snapshot
-
-
-@dataclass
-class TablePlan:
-    table: TableName
-    columns: tuple[tuple[str, int, int], ...]  # name, type oid, typmod
-    extras: dict[str, tuple[int, str | None]]  # array dims and fast default by column
-    key: tuple[str, ...]
-    relpages: int
-    reltuples: int
-    relkind: str
-    attnums: dict[str, int] = field(default_factory=dict)  # column identity (survives renames)
-    filenodes: str | None = None  # relfilenodes of the table's leaves at the snapshot (cdc/rebase.py)
-
-
-@dataclass
-class SnapshotResult:
-    consistent_point: int = 0
-    created_slot: bool = False
-    rows: dict[TableName, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    skipped: bool = False
-
-    @property
-    def total_rows(self) -> int:
-        return sum(self.rows.values())
+from snapshot.watermarks import stream_covers
 
 
 def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
@@ -87,60 +61,6 @@ def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
                 f"the log at {log.path} was written for {key.replace('_', ' ')} {known!r}, not {value!r}",
                 "point the pipeline at the right source, or `cdc teardown` it and snapshot again",
             )
-
-
-def _plan_tables(
-    dsn: str,
-    snapshot_name: str | None,
-    tables: list[TableName],
-    keys: dict[TableName, tuple[str, ...]],
-    filters: dict[TableName, CaptureFilter] | None = None,
-) -> list[TablePlan]:
-    """Columns and sizes as of the exported snapshot (so they match what COPY will see); only the
-    captured columns of a table with a column list (`filters`, as the publication sends them)."""
-    filters = filters or {}
-    conn = connect(dsn, autocommit=False, application_name="cdc snapshot plan")
-    try:
-        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        plans = []
-        with conn.cursor() as cur:
-            if snapshot_name is not None:  # None: a chunked snapshot's plan (no exported snapshot)
-                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-            for table in tables:
-                cur.execute(
-                    "SELECT c.oid, c.relpages, c.reltuples::bigint, c.relkind FROM pg_class c"
-                    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-                    (table.schema, table.name),
-                )
-                oid, relpages, reltuples, relkind = cur.fetchone()
-                cur.execute(
-                    "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
-                    " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-                    (oid,),
-                )
-                captured = filters.get(table) or CaptureFilter(table)
-                columns = tuple(c for c in cur.fetchall() if captured.keeps(c[0]))
-                cur.execute(ATTRIBUTES_SQL, (oid,))
-                attnums = {name: num for num, name, dropped in cur.fetchall() if not dropped}
-                catalog = relation_catalog(cur, oid)  # fast defaults of every leaf partition too
-                extras = catalog.extras
-                plans.append(
-                    TablePlan(
-                        table,
-                        columns,
-                        extras,
-                        keys[table],
-                        relpages,
-                        max(reltuples, 0),
-                        relkind,
-                        attnums,
-                        encode_filenodes(catalog),
-                    )
-                )
-        conn.rollback()
-        return plans
-    finally:
-        conn.close()
 
 
 def run_snapshot(
@@ -216,7 +136,7 @@ def run_snapshot(
                 if any(log.table_id(t) == table_id for t in exported):
                     log.abandon_snapshot(snapshot_id)  # its exported snapshot died with its process
             if exported:
-                result = _copy_tables(
+                result = copy_exported(
                     pipeline,
                     log,
                     conn,
@@ -230,7 +150,7 @@ def run_snapshot(
                     report.filters,
                 )
             elif not slot_exists:  # chunked tables only: the slot must exist before their first watermark
-                result = _create_slot(pipeline, server.version, say)
+                result = create_slot(pipeline, server.version, say)
             if chunked:
                 _copy_chunked(
                     pipeline,
@@ -288,101 +208,6 @@ def _targets(
     return [t for t in wanted if states.get(t) != "live"]
 
 
-def _copy_tables(
-    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say, filters=None
-) -> SnapshotResult:
-    dsn = pipeline.source.postgres.dsn
-    slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
-    workers = connections(parallel)
-    types = TypeCache()
-    say(
-        f"creating {'temporary ' if slot_exists else ''}replication slot {slot} with an exported snapshot "
-        "(waits for transactions open right now to finish)"
-    )
-    with slot_with_snapshot(
-        dsn,
-        slot,
-        temporary=slot_exists,
-        server_version=server_version,
-        failover=pipeline.source.postgres.failover,
-    ) as snap:
-        filters = filters or {}
-        plans = _plan_tables(
-            dsn, snap.snapshot_name, targets, {t: info[t].key_columns for t in targets}, filters
-        )
-        jobs_by_table: dict[TableName, list[CopyJob]] = {}
-        snapshot_ids: dict[TableName, int] = {}
-        for plan in plans:
-            table_id = log.ensure_table(plan.table)
-            schema = with_attnums(
-                build_schema(conn, plan.columns, plan.key, types, plan.extras), plan.attnums
-            )
-            version = log.schema_version(table_id, schema, snap.consistent_point)
-            snapshot_id = snapshot_ids[plan.table] = log.begin_snapshot(
-                table_id, snap.consistent_point, version
-            )
-            columns = tuple(c[0] for c in plan.columns)
-            jobs_by_table[plan.table] = [
-                CopyJob(
-                    plan.table,
-                    columns,
-                    snapshot_id,
-                    chunk,
-                    log.segment_path(table_id, snapshot_id, chunk.number),
-                    (filters.get(plan.table) or CaptureFilter(plan.table)).where,
-                )
-                for chunk in plan_chunks(plan.relpages, plan.relkind)
-            ]
-        n_jobs = sum(len(j) for j in jobs_by_table.values())
-        for plan in plans:  # progress per table (README "Monitoring"), by finished chunk
-            metrics.SNAP_ESTIMATED.labels(pipeline.name, str(plan.table)).set(max(plan.reltuples, 0))
-            metrics.SNAP_DONE.labels(pipeline.name, str(plan.table)).set(0)
-        estimate = sum(p.reltuples for p in plans)
-        bar = RowProgress(f"snapshot {pipeline.name}", estimate or None, enabled=progress)
-        pool = CopyPool(dsn, snap.snapshot_name, min(workers, n_jobs), bar.advance)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            pool.wait_imported()  # if a worker failed to import, its error is waiting on pool.results
-    # The exported snapshot is now held by the workers' transactions; a temporary slot is gone.
-    result = SnapshotResult(consistent_point=snap.consistent_point, created_slot=not slot_exists)
-    say(
-        f"consistent point {format_lsn(snap.consistent_point)}: copying {len(plans)} table(s) in {n_jobs} chunk(s) with {pool.ready.parties - 1} worker(s)"
-    )
-    # Biggest tables first so workers finish together.
-    order = sorted(plans, key=lambda p: -p.relpages)
-    for plan in order:
-        for job in jobs_by_table[plan.table]:
-            pool.submit(job)
-    pool.close()
-    remaining = {t: len(j) for t, j in jobs_by_table.items()}
-    rows = {t: 0 for t in jobs_by_table}
-    try:
-        while any(remaining.values()):
-            item = pool.results.get()
-            if isinstance(item, BaseException):
-                raise _copy_error(item)
-            assert isinstance(item, CopyDone)
-            log.add_segment(
-                item.job.snapshot_id, item.job.chunk.number, item.job.path, item.rows, item.nbytes
-            )
-            rows[item.job.table] += item.rows
-            metrics.SNAP_ROWS.labels(pipeline.name, str(item.job.table)).inc(item.rows)
-            remaining[item.job.table] -= 1
-            if remaining[item.job.table] == 0:
-                log.finish_snapshot(
-                    snapshot_ids[item.job.table], info[item.job.table].oid
-                )  # OID: followed across renames
-                metrics.SNAP_DONE.labels(pipeline.name, str(item.job.table)).set(1)
-                _rebased(pipeline, log, plans, item.job.table, snap.consistent_point, rows[item.job.table])
-    except BaseException:
-        pool.cancel()
-        raise
-    finally:
-        bar.close()
-        pool.join()
-    result.rows = rows
-    return result
-
-
 def _no_unread_publication(conn, pipeline: Pipeline, tables: list) -> None:
     """A keyless table's first snapshot creates the insert-only publication; a `cdc stream` already
     running does not read it (its publication_names are fixed when it starts) and would acknowledge
@@ -405,7 +230,7 @@ def _no_unread_publication(conn, pipeline: Pipeline, tables: list) -> None:
 def _chunked_tables(
     conn, pipeline: Pipeline, targets: list[TableName], info, forced: str | None, say
 ) -> list[TableName]:
-    """The targets a chunked snapshot copies (snapshot.mode, per table; README "Snapshots of big tables")."""
+    """The targets a chunked snapshot copies (snapshot.mode, per table; docs/snapshot-big-tables.md)."""
     chunked = []
     for table in targets:
         mode = forced or pipeline.snapshot.mode_for(table)
@@ -425,21 +250,6 @@ def _chunked_tables(
                 f"{table}: no orderable key (a primary key or a unique btree index on its key): exported snapshot instead of chunks"
             )
     return chunked
-
-
-def _create_slot(pipeline: Pipeline, server_version: int, say) -> SnapshotResult:
-    pg = pipeline.source.postgres
-    with slot_with_snapshot(
-        pg.dsn, pipeline.slot, temporary=False, server_version=server_version, failover=pg.failover
-    ) as snap:
-        say(f"created replication slot {pipeline.slot} at {format_lsn(snap.consistent_point)}")
-    return SnapshotResult(consistent_point=snap.consistent_point, created_slot=True)
-
-
-def connections(parallel: int | None) -> int:
-    """Reader connections of a snapshot (`cdc snapshot --parallel`): the exported snapshot's copy
-    workers and a chunked snapshot's chunk readers alike; default min(4, CPUs)."""
-    return max(1, parallel or min(4, os.cpu_count() or 2))
 
 
 def _copy_chunked(
@@ -462,7 +272,7 @@ def _copy_chunked(
     readers = connections(parallel)
     dsn = pipeline.source.postgres.dsn
     filters = filters or {}
-    plans = _plan_tables(dsn, None, tables, {t: info[t].key_columns for t in tables}, filters)
+    plans = plan_tables(dsn, None, tables, {t: info[t].key_columns for t in tables}, filters)
     types = TypeCache()
     for plan in plans:
         table_id = log.ensure_table(plan.table)
@@ -489,7 +299,7 @@ def _copy_chunked(
             readers=readers,
         ).run()
         result.rows[plan.table] = done.rows
-        _rebased(pipeline, log, plans, plan.table, done.first_low, done.rows)
+        record_new_base(pipeline, log, plans, plan.table, done.first_low, done.rows)
         say(
             f"{plan.table}: {done.rows:,} rows in {done.chunks} chunk(s) in {time.monotonic() - started:.1f}s"
             f" ({done.readers} reader(s); {done.dropped:,} chunk rows superseded by changes inside their window"
@@ -518,18 +328,6 @@ def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
             # a `cdc stream` took the slot meanwhile: it gets there
 
 
-def _rebased(pipeline, log, plans: list[TablePlan], table: TableName, lsn: int, rows: int) -> None:
-    """The table's storage as of this snapshot is the baseline the stream compares with to notice
-    rewrites; a re-base the stream asked for (or started) is done."""
-    plan = next(p for p in plans if p.table == table)
-    if plan.filenodes is not None:
-        log.set_meta(filenodes_key(log.table_id(table)), plan.filenodes)
-    if str(table) in load_states(pipeline.state_path):
-        save_state(
-            pipeline.state_path, table, state="done", lsn=format_lsn(lsn), rows=rows, error=None, fix=None
-        )
-
-
 def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None:
     """With `log: kafka`: publish the snapshot to the topics now, unless a running stream's
     publisher holds the pipeline (it publishes the snapshot as part of its next cut)."""
@@ -548,19 +346,3 @@ def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None
         finally:
             bar.close()
             publisher.close()
-
-
-def _copy_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, CdcError):
-        return exc
-    if isinstance(exc, psycopg2.Error):
-        message = (exc.pgerror or str(exc)).strip()
-        if "permission denied" in message:
-            return SourceError(
-                f"snapshot copy failed: {message}", "GRANT SELECT on the table to the pipeline's role"
-            )
-        return SourceError(f"snapshot copy failed: {message}")
-    return exc
-
-
-__all__ = ["SnapshotResult", "bind_log_to_source", "run_snapshot", "sql"]

@@ -70,7 +70,7 @@ def spark():
 
 # delta-rs, DataFusion and pyarrow keep native thread pools whose C++ teardown can abort the
 # interpreter after the last test (SIGABRT, "terminate called without an active exception"),
-# turning a green session red. Once pytest has reported, leave as `cdc` does (pipelines/cli.py
+# turning a green session red. Once pytest has reported, leave as `cdc` does (pipelines/cli
 # main): the atexit hooks, then os._exit with pytest's own status.
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_STATUS] = int(exitstatus)

@@ -1,222 +1,38 @@
-"""The pipeline file (README "Pipeline file reference"): YAML -> validated, defaulted model.
+"""The pipeline file's model (docs/reference/pipeline-file.md): the top-level `Pipeline` with its
+`sinks:` and `views:` sections, the values resolved from it (state_dir, slot, the tables a
+sink follows...), and pipeline_model(), which gives `sinks:` entries their follower kinds.
 
-Strict on purpose: unknown keys, wrong types and missing required keys are errors naming
-the file, the key path and what was expected. `${VAR}` and `${VAR:-default}` in string
-values are taken from the environment (`$$` is a literal `$`), or from the file `$VAR_FILE` names
-(a mounted secret, trailing newline stripped). Relative paths are relative
-to the directory holding the pipeline file.
+Strict on purpose: unknown keys, wrong types and missing required keys are errors naming the file,
+the key path and what was expected. Relative paths are relative to the directory holding the
+pipeline file.
 
-Here: the pipeline-level model (source, log, views, runtime knobs, a `sinks:` entry's common
-keys) and loading. Each follower kind's settings live beside the kind (sinks/<kind>/settings.py)
-and are registered in sinks/registry.py, whose load_pipeline/parse_pipeline read files with them.
+The other sections live beside it: `source:` in source_config.py, `log:` in log_config.py,
+`spark:`, `stream:`, `snapshot:` and `metrics:` in runtime_config.py; reading a file (YAML,
+`${VAR}`, error wording) in pipeline_file.py. Each follower kind's settings live beside the kind
+(sinks/<kind>/settings.py) and are registered in sinks/registry.py, whose
+load_pipeline/parse_pipeline read files with them.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, ClassVar, Literal, Union, cast, get_args, get_origin
+from typing import Any, ClassVar, Literal, cast
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import Field, create_model, field_validator, model_validator
 
 from cdc.ground.errors import PipelineFileError, UsageError
-from cdc.ground.settings import NAME_RE, SinkSettings, Strict, TableList, check_tables, options_of
+
+# KafkaLog: pipelines/teardown_data.py and pipelines/apply/readers/envelopes.py still import it from here
+from cdc.ground.log_config import KafkaLog as KafkaLog
+from cdc.ground.log_config import LocalLog, LogConfig
+from cdc.ground.runtime_config import MetricsConfig, SnapshotConfig, SparkConfig, StreamConfig
+from cdc.ground.settings import NAME_RE, SinkSettings, Strict
+from cdc.ground.source_config import Source
 from cdc.ground.tables import TableName, TableSelector
-
-_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-# --- source ---------------------------------------------------------------------------------------
-class SourceTableOptions(Strict):
-    """What of one table leaves PostgreSQL (README "Choosing what is captured"): pushed down as the
-    publication's column list and row filter (PostgreSQL 15 or later) and used by the snapshot's COPY."""
-
-    columns: list[str] | None = Field(default=None, min_length=1, description="capture only these columns")
-    exclude_columns: list[str] | None = Field(
-        default=None, min_length=1, description="capture every column but these"
-    )
-    where: str | None = Field(
-        default=None,
-        min_length=1,
-        description="SQL predicate over replica identity columns: only rows that match are captured",
-    )
-
-    @model_validator(mode="after")
-    def _one_list(self) -> SourceTableOptions:
-        if self.columns is not None and self.exclude_columns is not None:
-            raise ValueError("give `columns` or `exclude_columns`, not both")
-        for name in (self.columns or []) + (self.exclude_columns or []):
-            if not name:
-                raise ValueError("empty column name")
-        return self
-
-
-class PostgresSource(Strict):
-    dsn: str = Field(description="libpq connection string or postgresql:// URI")
-    tables: TableList = Field(description='schema-qualified tables; "schema.*" for every table of a schema')
-    slot: str | None = Field(
-        default=None, pattern=NAME_RE, description="replication slot (default cdc_<name>)"
-    )
-    publication: str | None = Field(
-        default=None, pattern=NAME_RE, description="publication (default cdc_<name>)"
-    )
-    failover: bool = Field(
-        default=False,
-        description="create the slot as a failover slot (PostgreSQL 17 or later): a standby with sync_replication_slots "
-        "keeps a copy, so after a failover the pipeline goes on against the promoted standby (docs/recovery-and-rewind.md, Failover)",
-    )
-    min_sslmode: Literal["require", "verify-ca", "verify-full"] = Field(
-        default="verify-full",
-        description="`cdc validate` warns when the DSN names a host that is not loopback with a weaker sslmode "
-        "(require: encryption without checking the server's certificate is enough)",
-    )
-
-    table_options: dict[str, SourceTableOptions] = Field(
-        default_factory=dict,
-        description="per table of `tables` (schema-qualified name): columns or exclude_columns, and where",
-    )
-
-    _tables = field_validator("tables")(check_tables)
-
-    @model_validator(mode="after")
-    def _options_name_tables(self) -> PostgresSource:
-        selectors = [TableSelector.parse(t) for t in self.tables]
-        for key in self.table_options:
-            name = TableName.parse(key)  # raises ValueError with a readable message
-            if not any(s.matches(name) for s in selectors):
-                close = difflib.get_close_matches(key, self.tables, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(f"table_options: {key} is not among `tables`{hint}")
-        return self
-
-    def options_for(self, table: TableName) -> SourceTableOptions | None:
-        return options_of(self.table_options, table)
-
-
-class Source(Strict):
-    postgres: PostgresSource = Field(description="the PostgreSQL database captured")
-
-
-# --- log ------------------------------------------------------------------------------------------
-class LocalLog(Strict):
-    path: str | None = Field(
-        default=None, description="directory of the SQLite log (default <state_dir>/log)"
-    )
-    synchronous: Literal["full", "normal"] = Field(
-        default="full",
-        description="SQLite fsync policy: full survives power loss, normal survives process crashes",
-    )
-    # Cut retention (cdc/log/local.py): the newest keep_cuts always, older ones while a follower's
-    # position (checkpoint, view state) still needs them, up to the bound; past it they go, loudly.
-    keep_cuts: int = Field(
-        default=200, ge=10, description="newest cuts always kept (rewind targets of `cdc reset --to-cut`)"
-    )
-    held_cuts_max: int = Field(
-        default=1_000_000,
-        ge=10,
-        description="most cuts a lagging follower may hold back (then the oldest go, with an alarm)",
-    )
-    held_cuts_max_age_s: float = Field(
-        default=86_400,
-        gt=0,
-        description="oldest cut a lagging follower may hold back, in seconds (then older ones go, with an alarm)",
-    )
-
-
-class KafkaLog(Strict):
-    bootstrap_servers: str | list[str] = Field(description='"host:port" (comma-separated) or a list of them')
-    topic_prefix: str | None = Field(default=None, description="topic prefix (default: the pipeline name)")
-    format: Literal["cdc", "debezium"] = Field(
-        default="cdc",
-        description="cdc: topics written by `cdc stream`; debezium: consume existing Debezium topics",
-    )
-    replication_factor: int = Field(
-        default=1, ge=1, description="replication factor of topics we create (3 in production)"
-    )
-    topic_config: dict[str, str] = Field(
-        default_factory=dict,
-        description="extra/overriding configs of the table topics (e.g. delete.retention.ms)",
-    )
-    fix_cleanup_policy: bool = Field(
-        default=False,
-        description="change existing topics with cleanup.policy=delete to compact instead of refusing",
-    )
-    publisher_workers: int | None = Field(
-        default=None,
-        ge=0,
-        le=64,
-        description="processes rendering large backlogs and snapshots for Kafka (default: none with the C speedup, else one per core, up to 4)",
-    )
-    transaction_topic: str | None = Field(
-        default=None,
-        description="debezium: the connector's transaction metadata topic (default <prefix>.transaction)",
-    )
-    dead_letter: str | None = Field(
-        default=None,
-        description="debezium: Delta table path where malformed records are parked (default: stop)",
-    )
-    # Security (README Security): one place, passed to every Kafka client of the tool
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        default="PLAINTEXT", description="how clients talk to the brokers (SASL_SSL for managed Kafka)"
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        default=None, description="SASL_*: the mechanism the brokers enable"
-    )
-    sasl_username: str | None = Field(default=None, description="SASL_*: the user (e.g. ${KAFKA_USER})")
-    sasl_password: str | None = Field(
-        default=None, repr=False, description="SASL_*: its password, from ${ENV}"
-    )
-    ssl_cafile: str | None = Field(
-        default=None, description="SSL/SASL_SSL: PEM CA file (default: the system's CAs)"
-    )
-    ssl_certfile: str | None = Field(
-        default=None, description="SSL/SASL_SSL: client certificate (PEM), for mTLS"
-    )
-    ssl_keyfile: str | None = Field(
-        default=None, description="SSL/SASL_SSL: the client certificate's key (PEM, unencrypted PKCS#8)"
-    )
-    ssl_check_hostname: bool = Field(
-        default=True, description="check that the broker's certificate names the host"
-    )
-
-    @model_validator(mode="after")
-    def _security(self) -> KafkaLog:
-        sasl = self.security_protocol.startswith("SASL_")
-        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
-            raise ValueError(
-                f"security_protocol {self.security_protocol} needs sasl_mechanism, sasl_username and sasl_password"
-            )
-        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
-            raise ValueError("sasl_* settings need security_protocol SASL_SSL (or SASL_PLAINTEXT)")
-        ssl_files = [k for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, k)]
-        if ssl_files and not self.security_protocol.endswith("SSL"):
-            verb = "needs" if len(ssl_files) == 1 else "need"
-            raise ValueError(f"{', '.join(ssl_files)} {verb} security_protocol SSL or SASL_SSL")
-        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
-            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
-        return self
-
-
-class LogConfig(Strict):
-    local: LocalLog | None = Field(
-        default=None, description="the embedded SQLite log (the default when `log` is left out)"
-    )
-    kafka: KafkaLog | None = Field(
-        default=None, description="Kafka topics (give exactly one of local and kafka)"
-    )
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> LogConfig:
-        if (self.local is None) == (self.kafka is None):
-            raise ValueError("give exactly one of `local` or `kafka`")
-        return self
 
 
 # --- sinks ----------------------------------------------------------------------------------------
@@ -271,126 +87,12 @@ class SinkConfig(_SinkName):
         return settings
 
 
-# --- runtime knobs --------------------------------------------------------------------------------
-class SparkConfig(Strict):
-    master: str = Field(default="local[2]", description="Spark master URL")
-    conf: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra Spark confs")
-    trigger_interval_s: float = Field(
-        default=5.0, gt=0, description="continuous apply: seconds between batches"
-    )
-    follower_check_interval_s: float = Field(
-        default=60.0,
-        ge=0,
-        description="continuous apply: seconds between self-checks of a follower with no new cut (its tables and "
-        "markers still in the engine); a new cut and `cdc apply --once` always check; 0 = every round",
-    )
-    stall_timeout_s: float = Field(
-        default=900.0,
-        ge=0,
-        description="end an apply (exit 4, for its supervisor to start it again) when nothing moves for this long "
-        "while a cut is applied: no Spark task finished, no job or step began or ended; 0 = never",
-    )
-    apply_parallelism: int | None = Field(
-        default=None,
-        ge=1,
-        description="tables of a cut applied at the same time per sink (driver threads); "
-        "default twice Spark's default parallelism, at least 2; 1 = one after another",
-    )
-    # Security on a cluster (README "Running on a cluster"): the secret reaches the driver's JVM over
-    # py4j, never its command line, and is masked in messages.
-    secret: str | None = Field(
-        default=None,
-        repr=False,
-        description="spark.authenticate secret shared with the cluster, from ${ENV} (turns authentication on)",
-    )
-    encrypt: bool = Field(
-        default=True,
-        description="with `secret`: encrypt RPC (spark.network.crypto) and local shuffle/spill files",
-    )
-    # README "Secrets on the executors": the sinks' passwords reach executors by environment, not in tasks
-    executor_secrets: Literal["conf", "workers"] = Field(
-        default="conf",
-        description="how executors on a cluster get the sinks' passwords (variables CDC_SECRET_<SINK>_<FIELD>): "
-        "conf: the driver sets spark.executorEnv.<VAR> (values redacted in Spark's UI); workers: the workers' "
-        "own environment (conf/spark-env.sh) has them, the driver sends nothing. Local masters: from the driver",
-    )
-
-
-class StreamConfig(Strict):
-    batch_max_events: int = Field(
-        default=20000, gt=0, description="commit to the log after this many events..."
-    )
-    batch_max_seconds: float = Field(
-        default=0.5, gt=0, description="...or this many seconds, at a transaction boundary"
-    )
-    status_interval_s: float = Field(default=10.0, gt=0, description="seconds between standby status updates")
-    reconnect_timeout_s: float = Field(
-        default=300.0,
-        ge=0,
-        description="after losing the source connection, keep reconnecting (with backoff) this long before "
-        "giving up with exit 3; 0 gives up at once",
-    )
-
-
-SnapshotMode = Literal["auto", "exported", "chunked"]
-
-
-class SnapshotConfig(Strict):
-    """How `cdc snapshot` copies tables (README "Snapshots of big tables")."""
-
-    mode: SnapshotMode = Field(
-        default="auto",
-        description="exported: every table inside the slot's exported snapshot (one long transaction); chunked: "
-        "key-ordered chunks in short transactions between WAL watermarks, resumable per chunk; auto: chunked for "
-        "tables with an orderable key and at least auto_min_rows rows, exported otherwise",
-    )
-    tables: dict[str, SnapshotMode] = Field(
-        default_factory=dict, description="per table (schema-qualified name): its mode, overriding `mode`"
-    )
-    chunk_rows: int = Field(default=100_000, gt=0, description="rows per chunk (one short transaction each)")
-    max_rows_per_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="chunked: copy at most this many rows per second (default: unthrottled)",
-    )
-    auto_min_rows: int = Field(
-        default=1_000_000,
-        ge=0,
-        description="auto: tables estimated (pg_class.reltuples) at this many rows or more are chunked",
-    )
-
-    @field_validator("tables")
-    @classmethod
-    def _table_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            TableName.parse(key)  # raises ValueError with a readable message
-        return value
-
-    def mode_for(self, table: TableName) -> str:
-        for key, mode in self.tables.items():
-            if TableName.parse(key) == table:
-                return mode
-        return self.mode
-
-
-class MetricsConfig(Strict):
-    port: int | None = Field(
-        default=None,
-        ge=1,
-        le=65535,
-        description="serve Prometheus metrics on this port (stream, apply, run, snapshot); default: off",
-    )
-    host: str = Field(
-        default="127.0.0.1", description="address the metrics endpoint binds (0.0.0.0: every interface)"
-    )
-
-
 # --- derived views -------------------------------------------------------------------------------
 VIEW_SCHEMA = "views"  # a view is followed as the table views.<name>
 
 
 class ViewConfig(Strict):
-    """A derived view (README "Derived views"): Spark SQL over the captured tables, kept up to date
+    """A derived view (docs/derived-views.md): Spark SQL over the captured tables, kept up to date
     cut by cut (pipelines/views) and followed by sinks that name it in their `views`."""
 
     name: str = Field(pattern=NAME_RE, description="followed as the table views.<name>")
@@ -690,157 +392,3 @@ def sink_tables(sink: SinkConfig, all_tables: list[TableName]) -> list[TableName
 def sink_views(sink: SinkConfig) -> list[str]:
     """The names of the derived views a sink follows (as tables views.<name>), in file order."""
     return list(sink.settings.views)
-
-
-# --- loading --------------------------------------------------------------------------------------
-def interpolate(value: Any, where: str = "") -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string of a parsed YAML tree."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, f"{where}.{i}") for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def sub(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        var, default = match.group(1), match.group(2)
-        from_file = secret_file(var, where)
-        if from_file is not None:
-            return from_file
-        if var in os.environ:
-            return os.environ[var]
-        if default is not None:
-            return default
-        raise PipelineFileError(
-            f"{where}: environment variable {var} is not set",
-            f"export {var}=..., or {var}_FILE=<a file holding the value>, or write ${{{var}:-default}} in the pipeline file",
-        )
-
-    return _VAR.sub(sub, value)
-
-
-def secret_file(var: str, where: str) -> str | None:
-    """${VAR} from the file $VAR_FILE names (a secret as container orchestrators mount it), its
-    trailing newline stripped; None when VAR_FILE is not set. Setting both is ambiguous: an error."""
-    path = os.environ.get(f"{var}_FILE")
-    if path is None:
-        return None
-    if var in os.environ:
-        raise PipelineFileError(
-            f"{where}: both {var} and {var}_FILE are set (the value would be ambiguous)",
-            f"unset one of them: {var} holds the value itself, {var}_FILE the path of a file holding it",
-        )
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise PipelineFileError(
-            f"{where}: ${{{var}}} is read from {var}_FILE={path}, which cannot be read ({why})",
-            f"put the secret in that file, readable by this user (mode 0600 or 0400), or point {var}_FILE at the file holding it",
-        ) from None
-    return text.rstrip("\r\n")  # `echo pw > file` and editors add a newline the secret does not have
-
-
-def _models_in(tp: Any) -> list[Any]:
-    """The types a (possibly Optional / Union / Annotated) annotation can hold."""
-    if get_origin(tp) is Annotated:
-        return _models_in(get_args(tp)[0])
-    if get_origin(tp) in (Union, UnionType):
-        return [m for arg in get_args(tp) for m in _models_in(arg)]
-    return [tp]
-
-
-def keys_at(model: type[Pipeline], loc: tuple[Any, ...]) -> list[str]:
-    """The keys the pipeline file allows in the mapping at `loc` (a pydantic error location);
-    union tags pydantic puts into locations are stepped over."""
-    current: list[Any] = [model]
-    for part in loc:
-        following: list[Any] = []
-        for tp in (m for c in current for m in _models_in(c)):
-            origin, args = get_origin(tp), get_args(tp)
-            if isinstance(part, int) and origin is list and args:
-                following.append(args[0])
-            elif isinstance(part, str) and isinstance(tp, type) and issubclass(tp, BaseModel):
-                field = tp.model_fields.get(part)
-                if field is not None:
-                    following.append(field.annotation)
-            elif isinstance(part, str) and origin is dict and len(args) == 2:
-                following.append(args[1])
-        if following:
-            current = following  # else: a union tag in the location, not a key
-    keys: list[str] = []
-    for tp in (m for c in current for m in _models_in(c)):
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            keys += [f.alias or name for name, f in tp.model_fields.items()]
-    return keys
-
-
-_SECRET_KEYS = frozenset({"mask_key", "sasl_password", "password"})
-
-
-def _describe(error: ErrorDetails, model: type[Pipeline]) -> str:
-    loc = ".".join(str(p) for p in error["loc"]) or "(top level)"
-    kind, msg = error["type"], error["msg"]
-    if kind == "extra_forbidden":
-        parent, key = loc.rpartition(".")[0], error["loc"][-1]
-        # a typo (stat_dir, mdoe) gets the key it most likely meant
-        close = difflib.get_close_matches(str(key), keys_at(model, tuple(error["loc"][:-1])), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"{parent or '(top level)'}: unknown key {key!r}{hint}"
-    if kind == "missing":
-        return f"{loc}: required key is missing"
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    got = error.get("input")
-    secret = bool(error["loc"]) and error["loc"][-1] in _SECRET_KEYS  # a wrong secret is still a secret
-    shown = "" if isinstance(got, dict | list) or got is None or secret else f" (got {got!r})"
-    return f"{loc}: {msg}{shown}"
-
-
-def parse_pipeline(
-    data: Any, source: str = "<pipeline>", base_dir: Path | None = None, *, model: type[Pipeline]
-) -> Pipeline:
-    """The pipeline file's parsed YAML as `model` (pipeline_model(): sinks/registry.py's
-    parse_pipeline and load_pipeline give the follower kinds)."""
-    if not isinstance(data, dict):
-        raise PipelineFileError(f"{source}: the pipeline file must be a YAML mapping (name:, source:, ...)")
-    try:
-        data = interpolate(data)
-    except PipelineFileError as exc:
-        raise PipelineFileError(f"{source}: {exc.problem}", exc.fix) from None
-    try:
-        # base_dir first: validators resolve relative paths (certificate files) against it
-        pipeline = model.model_validate(data | {"base_dir": base_dir or Path(".")})
-    except ValidationError as exc:
-        lines = [_describe(e, model) for e in exc.errors()]
-        raise PipelineFileError(
-            f"{source}: invalid pipeline file:\n  " + "\n  ".join(lines),
-            "see docs/reference/pipeline-file.md",
-        ) from None
-    return pipeline.model_copy(update={"base_dir": base_dir or Path(".")})
-
-
-def load_pipeline(path: str | os.PathLike[str], *, model: type[Pipeline]) -> Pipeline:
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PipelineFileError(
-            f"pipeline file {file} does not exist", "check the path (relative to the current directory)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineFileError(f"cannot read pipeline file {file}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise PipelineFileError(
-            f"{file}: not valid YAML{at}: {problem}",
-            "fix the YAML syntax there (indentation, a missing ':', an unclosed bracket or quote)",
-        ) from None
-    pipeline = parse_pipeline(data, str(file), file.resolve().parent, model=model)
-    return pipeline.model_copy(update={"file": str(path)})

@@ -1,4 +1,4 @@
-"""Expected failures and their exit codes (README "Exit codes").
+"""Expected failures and their exit codes (docs/concepts.md, exit codes).
 
 Every expected failure is a CdcError carrying what is wrong and what to do about it;
 the CLI prints both and exits with the class's code, never with a traceback.

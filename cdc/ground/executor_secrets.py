@@ -1,4 +1,4 @@
-"""Secrets the Spark executors need, kept out of the tasks (README "Running on a cluster",
+"""Secrets the Spark executors need, kept out of the tasks (docs/cluster.md,
 "Secrets on the executors").
 
 The Redis sink's password (in its `url`) and the OpenSearch sink's `password` (or a password

@@ -1,4 +1,4 @@
-"""The release version and the version of every format cdc keeps on disk (README "Upgrading").
+"""The release version and the version of every format cdc keeps on disk (docs/upgrades.md).
 
 One place for both: setup.cfg reads VERSION from here, `cdc --version` prints it with FORMATS,
 and each writer stamps its format's number next to what it writes. A reader that finds a number
@@ -38,7 +38,7 @@ DELTA_CUTS = Format(
 )
 FORMATS = (STATE, LOCAL_LOG, KAFKA, MARKER, DELTA_CUTS)
 
-# The formats each release wrote (README "Upgrading" shows the same table).
+# The formats each release wrote (docs/upgrades.md shows the same table).
 # 0.1.0 stamped only the local log; its other formats are 0, the same layouts without the stamp.
 RELEASES = {
     "0.1.0": {"state": 0, "local_log": 1, "kafka": 0, "marker": 0, "delta_cuts": 0},

@@ -50,7 +50,7 @@ MIN_MASK_KEY = 16
 
 
 class SinkTableOptions(Strict):
-    """What one sink gets of one table (README "Choosing what is captured"); applied by sinks/shaping.py."""
+    """What one sink gets of one table (docs/choosing-what-is-captured.md); applied by sinks/shaping.py."""
 
     columns: list[str] | None = Field(
         default=None, min_length=1, description="only these columns (key columns always)"
@@ -141,8 +141,8 @@ class SinkSettings(Strict):
         return options_of(self.table_options, table)
 
     def drops_columns(self) -> bool:
-        """Whether the entry's `dropped_columns: null | drop` apply to this follower (README Schema
-        changes); kinds that can set a dropped column NULL or drop it say so."""
+        """Whether the entry's `dropped_columns: null | drop` apply to this follower
+        (docs/schema-changes.md); kinds that can set a dropped column NULL or drop it say so."""
         return False
 
     def executor_secrets(self, sink: str) -> dict[str, str]:
@@ -162,7 +162,7 @@ def view_names(values: list[str]) -> list[str]:
 
 
 def view_list() -> Any:
-    """The `views` field of a kind that may follow derived views (README "Derived views"): named
+    """The `views` field of a kind that may follow derived views (docs/derived-views.md): named
     there, declared under the top-level `views:`."""
     return Field(
         default_factory=list,

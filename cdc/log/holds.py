@@ -1,5 +1,5 @@
 """Which cuts the pipeline's followers still hold (the local log's cut retention,
-README "Operations: cut retention": it keeps every cut a follower may still ask for).
+docs/run-continuously.md, cut retention: it keeps every cut a follower may still ask for).
 
 A follower's position is the cut id in its state file: a sink's checkpoint
 (`<state_dir>/checkpoints/<sink>.json`, pipelines/checkpoints.py) and a derived view's state

@@ -18,8 +18,8 @@ from cdc.filters import (
     resolve_filter,
     select_query,
 )
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.remedy import Command, placeholder
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName, TableSelector, quote_ident
 from cdc.source.catalog import missing_table, resolve_tables, server_info, table_info
 from cdc.source.publications import check_publications
@@ -41,7 +41,7 @@ def check_source(
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
-    (the stream still has to pass their last changes, README "Schema changes")."""
+    (the stream still has to pass their last changes, docs/schema-changes.md)."""
     report = CheckReport()
     info = report.server = server_info(conn)
     who = quote_ident(info.user)

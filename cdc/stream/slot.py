@@ -1,7 +1,7 @@
 """The replication slot and the connection to it: the checks before streaming from the slot, the
 replication connection, telling a lost connection from an error, and reconnecting with backoff.
 
-Slot problems are exit 3 (README "Exit codes"): they raise `SourceError` with the fix.
+Slot problems are exit 3 (docs/concepts.md, exit codes): they raise `SourceError` with the fix.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The continuous apply's part of /healthz and /readyz (cdc/health.py; README "Monitoring", "Health").
+"""The continuous apply's part of /healthz and /readyz (cdc/health.py; docs/monitoring.md, health).
 
 * live: between rounds the loop beats every fraction of a second; inside a round (one cut, which
   may take long) it is live while the stall guard (pipelines/apply/stall.py) sees it move, and the

@@ -1,4 +1,4 @@
-"""Ends an apply that no longer moves (`spark.stall_timeout_s`; README Operations, "A stalled apply").
+"""Ends an apply that no longer moves (`spark.stall_timeout_s`; docs/run-continuously.md, "A stalled apply").
 
 A Spark driver can break without failing: the crash campaign saw Spark's scheduler threads die on
 "Out of space in CodeCache", after which every job waited forever. The followers fell behind and
@@ -6,7 +6,7 @@ A Spark driver can break without failing: the crash campaign saw Spark's schedul
 something moves: a Spark task finished, a job or stage started or ended, or a step of the apply
 began or ended (pipelines/stages.py), or a wait asked for went on (`--lock-wait`). When nothing has for the timeout it says so and ends the
 process with exit 4, so that a supervisor (systemd, Kubernetes, an Airflow retry) starts it
-again; the cut is still pending and is re-applied exactly (README Guarantees).
+again; the cut is still pending and is re-applied exactly (docs/guarantees.md).
 """
 
 from __future__ import annotations

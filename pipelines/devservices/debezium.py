@@ -11,7 +11,7 @@ in its own directory. The worker keeps its source offsets in `<base_dir>/offsets
 stopped connector resumes where it was), converts keys and values with Kafka's JsonConverter
 (`schemas.enable` as asked), and serves its REST API on a free port on 127.0.0.1 only. The
 connector reads the source over pgoutput with the settings our envelope mirrors
-(README "Type mapping"): decimal.handling.mode=string, time.precision.mode=adaptive_time_microseconds,
+(docs/reference/types.md): decimal.handling.mode=string, time.precision.mode=adaptive_time_microseconds,
 binary.handling.mode=base64, interval.handling.mode=string; plus transaction metadata
 (`<prefix>.transaction`), tombstones after deletes and an initial snapshot.
 

@@ -84,7 +84,7 @@ class SecureKafka(LocalKafka):
             ) from None
 
     def env(self) -> dict[str, str]:
-        """Shell exports for a pipeline file (README "Dev services"); the password as a file, so no
+        """Shell exports for a pipeline file (docs/security.md, dev services); the password as a file, so no
         secret is printed: `sasl_password: ${KAFKA_PASSWORD}` reads $KAFKA_PASSWORD_FILE."""
         return {
             "KAFKA_BOOTSTRAP": self.bootstrap,

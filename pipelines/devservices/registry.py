@@ -93,7 +93,7 @@ FACTORIES = {
     "spark": _spark,
 }
 # Started only when named (`cdc dev up postgres kafka debezium`, `cdc dev up spark`): debezium needs
-# the others running; spark's three JVMs are for trying the cluster path (README "Running on a cluster").
+# the others running; spark's three JVMs are for trying the cluster path (docs/cluster.md).
 OPTIONAL = {"debezium", "spark"}
 
 

@@ -10,7 +10,7 @@ is the JVM), and only a pid whose command line names this cluster's conf dir is 
 Ports are free ones, remembered in `<base_dir>/ports`; `start()` returns once both workers are
 ALIVE in the master's JSON (`http://127.0.0.1:<webui>/json/`).
 
-`secret` (README "Running on a cluster"): the daemons run with `spark.authenticate` and RPC
+`secret` (docs/cluster.md): the daemons run with `spark.authenticate` and RPC
 encryption, the secret written to `<base_dir>/conf/spark-defaults.conf` (0600), which Spark's
 daemons read by themselves, never on a command line.
 """

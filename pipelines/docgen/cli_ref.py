@@ -1,4 +1,4 @@
-"""docs/reference/cli.md from the click command tree of pipelines/cli.py."""
+"""docs/reference/cli.md from the click command tree of pipelines/cli/."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def cli_page() -> str:
     from pipelines.cli import cli
 
     out = [
-        header("the click commands of pipelines/cli.py").rstrip("\n"),
+        header("the click commands of pipelines/cli/").rstrip("\n"),
         "",
         "# Command line reference",
         "",

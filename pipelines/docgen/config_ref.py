@@ -1,6 +1,7 @@
-"""docs/reference/pipeline-file.md from the pydantic models of the pipeline file (cdc/ground/config.py,
-each follower kind's sinks/<kind>/settings.py, put together by sinks/registry.py): every key with
-its type, default, allowed values, constraints and description."""
+"""docs/reference/pipeline-file.md from the pydantic models of the pipeline file (cdc/ground/config.py
+and its sections' cdc/ground/*_config.py, each follower kind's sinks/<kind>/settings.py, put
+together by sinks/registry.py): every key with its type, default, allowed values, constraints and
+description."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def pipeline_file_page() -> str:
     from sinks.registry import PipelineModel
 
     out = [
-        header("the pydantic models of cdc/ground/config.py and sinks/*/settings.py").rstrip("\n"),
+        header("the pydantic models of cdc/ground/*config.py and sinks/*/settings.py").rstrip("\n"),
         "",
         INTRO,
     ]

@@ -1,6 +1,6 @@
 #!/bin/sh
 # docker-compose.yml's PostgreSQL, first start only (/docker-entrypoint-initdb.d, after shop.sql):
-# the pipeline's own role, least privilege as in README "Security" ("Least-privilege role, per
+# the pipeline's own role, least privilege as in docs/security.md ("Least-privilege role, per
 # verb"): LOGIN REPLICATION and SELECT on the captured tables; the publication is made here by
 # the tables' owner. Its password comes from the compose secret, never from this file.
 set -eu

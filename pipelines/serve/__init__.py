@@ -1,4 +1,4 @@
-"""`cdc serve`: a change feed for applications over HTTP (README "Change feed").
+"""`cdc serve`: a change feed for applications over HTTP (docs/change-feed.md).
 
 Layers of this package, each with one job:
   tokens.py  bearer tokens (hashed) and the tables each may read

@@ -1,6 +1,6 @@
 """Whether a Delta table's commits changed rows, read straight from its `_delta_log` JSON commits
 without a Spark job: the view stage asks it of every base table every cut, and each Spark job
-costs a fixed ~0.1-0.5 s whatever the size of the cut (README "Derived views", Cost of a cut).
+costs a fixed ~0.1-0.5 s whatever the size of the cut (docs/derived-views.md, cost of a cut).
 
 None means "cannot tell from the JSON commits" (a commit file cleaned up by log retention): the
 caller then assumes rows changed.

@@ -1,4 +1,4 @@
-"""The `redis:` settings of a `sinks:` entry (README "Pipeline file reference"): the Redis cache
+"""The `redis:` settings of a `sinks:` entry (docs/reference/pipeline-file.md): the Redis cache
 follower's database, keys and lifetime. Registered in sinks/registry.py."""
 
 from __future__ import annotations

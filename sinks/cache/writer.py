@@ -39,7 +39,7 @@ def add_counts(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def connect(url: str, password: SecretRef | None = None) -> Any:
-    """A client for `url`; `password` (by reference, README "Secrets on the executors") goes back
+    """A client for `url`; `password` (by reference, docs/cluster.md, secrets on the executors) goes back
     into a URL the sink stripped of it."""
     import redis
     from redis.backoff import ExponentialBackoff

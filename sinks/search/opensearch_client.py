@@ -1,4 +1,4 @@
-"""The OpenSearch clients of a search sink (README Security): one picklable ClientSettings built
+"""The OpenSearch clients of a search sink (docs/security.md): one picklable ClientSettings built
 on the driver from the sink's settings, turned into an opensearch-py client wherever it is needed
 (the driver's index management, `cdc verify`/`status`/`reset`, and the Spark executors' bulk
 writes and scroll reads), so every client signs in and checks TLS the same way.
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    hosts: tuple[str, ...]  # without passwords (README "Secrets on the executors")
+    hosts: tuple[str, ...]  # without passwords (docs/cluster.md, secrets on the executors)
     timeout: float
     username: str | None = None
     # By reference: pickled into executor tasks as the variable's name only (cdc/ground/executor_secrets.py)
@@ -117,7 +117,10 @@ def make_client(cs: ClientSettings) -> OpenSearch:
         "verify_certs": cs.verify_certs,
     }
     if not cs.verify_certs:
-        kwargs |= {"ssl_assert_hostname": False, "ssl_show_warn": False}  # README: test clusters only
+        kwargs |= {
+            "ssl_assert_hostname": False,
+            "ssl_show_warn": False,
+        }  # docs/security.md: test clusters only
     if cs.ca_file:
         kwargs["ca_certs"] = cs.ca_file
     if cs.client_cert:

@@ -2,7 +2,7 @@
 mappings, and its generations. The name is an alias of the concrete index `<name>-g<generation>`:
 a field whose type must change, a renamed column or a new one with a constant DEFAULT makes the
 next generation (created, the documents copied in with `_reindex` keeping their versions, then
-the alias moved and the old one deleted). When and why: README, "OpenSearch followers".
+the alias moved and the old one deleted). When and why: docs/follower-search.md.
 """
 
 from __future__ import annotations

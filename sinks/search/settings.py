@@ -1,4 +1,4 @@
-"""The `search:` settings of a `sinks:` entry (README "Pipeline file reference"): the engine
+"""The `search:` settings of a `sinks:` entry (docs/reference/pipeline-file.md): the engine
 (tantivy on disk or an OpenSearch cluster), field types, and the cluster's index and security
 settings. Registered in sinks/registry.py."""
 
@@ -72,7 +72,7 @@ class SearchSettings(SinkSettings):
         default=1000, ge=1, le=100_000, description="opensearch: documents per bulk request"
     )
     timeout_s: float = Field(default=60.0, gt=0, description="opensearch: seconds a request may take")
-    # Security (README Security): passed to every OpenSearch client of the tool (driver and executors)
+    # Security (docs/security.md): passed to every OpenSearch client of the tool (driver and executors)
     username: str | None = Field(
         default=None, description="opensearch: HTTP basic auth user (e.g. ${OPENSEARCH_USER})"
     )

@@ -61,7 +61,7 @@ def test_a_driver_out_of_heap_ends_cdc_run_naming_the_heap(pg_db: str, tmp_path:
 
 def test_a_driver_out_of_heap_in_verify_names_the_heap(pg_db: str, tmp_path: Path, spark) -> None:
     """Any verb on Spark, not only the apply: `cdc verify`'s driver out of heap while it compares
-    gives the same error and fix (pipelines/cli.py handle_errors), not the dead JVM's py4j error."""
+    gives the same error and fix (pipelines/cli/failures.py handle_errors), not the dead JVM's py4j error."""
     sql(
         pg_db,
         "CREATE TABLE t (id int PRIMARY KEY, v text)",

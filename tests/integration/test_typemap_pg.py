@@ -12,8 +12,10 @@ import psycopg2
 import pytest
 
 from cdc.copytext import copy_text_unescape, split_copy_line
+from cdc.pgdatetime import INT64_MAX, INT64_MIN, days_from_civil
+from cdc.pgtypes import PgType, resolve_types
 from cdc.session import libpq_options
-from cdc.typemap import INT64_MAX, INT64_MIN, PgType, converter, days_from_civil, resolve_types
+from cdc.typemap import converter
 
 pytestmark = pytest.mark.integration
 

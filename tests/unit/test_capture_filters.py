@@ -13,8 +13,8 @@ from cdc.filters import (
     resolve_filter,
     select_query,
 )
-from cdc.ground.config import SourceTableOptions
 from cdc.ground.errors import PipelineFileError
+from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName
 from sinks.registry import parse_pipeline
 

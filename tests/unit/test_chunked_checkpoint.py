@@ -1,4 +1,4 @@
-"""Chunked snapshots' local pieces (snapshot/chunked.py): the checkpoint file."""
+"""Chunked snapshots' local pieces (snapshot/chunk_checkpoint.py): the checkpoint file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from snapshot.chunked import Checkpoint, ChunkMark, checkpoint_path
+from snapshot.chunk_checkpoint import Checkpoint, ChunkMark, checkpoint_path
 
 pytestmark = pytest.mark.unit
 

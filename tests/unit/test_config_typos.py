@@ -1,4 +1,4 @@
-"""Unknown keys in the pipeline file get the key they most likely meant (cdc/ground/config.py
+"""Unknown keys in the pipeline file get the key they most likely meant (cdc/ground/pipeline_file.py
 keys_at + difflib), through the real `cdc validate` (exit 2, `error:` and `fix:`, no traceback)."""
 
 from __future__ import annotations

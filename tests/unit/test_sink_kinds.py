@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import Field
 
-from cdc.ground import config
+from cdc.ground.config import pipeline_model
 from cdc.ground.errors import PipelineFileError
+from cdc.ground.pipeline_file import parse_pipeline
 from cdc.ground.settings import SinkSettings
 from sinks.registry import SINK_KINDS, PipelineModel, SinkConfigModel, SinkKind
 
@@ -33,16 +34,16 @@ class QueueSettings(SinkSettings):
 
 def test_a_kind_added_to_the_registry_is_a_key_of_the_pipeline_file() -> None:
     kinds = {**SINK_KINDS, "queue": SinkKind(QueueSettings, "tests.unit.test_sink_kinds:nothing", "a queue")}
-    model = config.pipeline_model({k: (s.settings, s.description) for k, s in kinds.items()}, __name__)
+    model = pipeline_model({k: (s.settings, s.description) for k, s in kinds.items()}, __name__)
     source = {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}}
 
-    pipeline = config.parse_pipeline(
+    pipeline = parse_pipeline(
         {"name": "p", "source": source, "sinks": [{"name": "q", "queue": {"topic": "t"}}]}, model=model
     )
     assert pipeline.sinks[0].kind == "queue" and pipeline.sinks[0].settings == QueueSettings(topic="t")
 
     with pytest.raises(PipelineFileError) as bad:
-        config.parse_pipeline(
+        parse_pipeline(
             {"name": "p", "source": source, "sinks": [{"name": "q", "queue": {"topik": "t"}}, {"name": "r"}]},
             model=model,
         )

@@ -10,16 +10,9 @@ import random
 import orjson
 import pytest
 
-from cdc.typemap import (
-    INT64_MAX,
-    INT64_MIN,
-    PgType,
-    civil_from_days,
-    converter,
-    days_from_civil,
-    numeric_precision_scale,
-    to_json_value,
-)
+from cdc.pgdatetime import INT64_MAX, INT64_MIN, civil_from_days, days_from_civil
+from cdc.pgtypes import PgType, numeric_precision_scale
+from cdc.typemap import converter, to_json_value
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from cdc.ground.errors import LogError, UsageError
 from cdc.log.kafka.batch_producer import BatchProducer
 
 if TYPE_CHECKING:
-    from cdc.ground.config import KafkaLog
+    from cdc.ground.log_config import KafkaLog
 
 TIMEOUT_MS = 15_000
 
@@ -29,7 +29,7 @@ def _bootstrap(target: KafkaLog | str | list[str]) -> str | list[str]:
 
 
 def security(target: KafkaLog | str | list[str]) -> dict[str, Any]:
-    """kafka-python settings of `log: kafka`'s security keys (README Security), for every client."""
+    """kafka-python settings of `log: kafka`'s security keys (docs/security.md), for every client."""
     if isinstance(target, (str, list)) or target.security_protocol == "PLAINTEXT":
         return {}
     out: dict[str, Any] = {"security_protocol": target.security_protocol}

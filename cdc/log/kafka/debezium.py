@@ -43,19 +43,8 @@ Positions (commit LSN, index), as followers compare them:
 * snapshot row: (source.lsn, 0) — the snapshot's consistent point, before any streamed
   event (those commit after it).
 
-The cut (`latest_cut`):
-
-* With the transaction metadata topic: the per-table offsets up to which every transaction is
-  complete — its END record seen and, for every followed table the END lists, that many events
-  of its xid in the table's topic (one partition each, in commit order, so the offset of the
-  last one bounds everything before it). Transactions are confirmed in END order; the first
-  incomplete one stops the cut. The snapshot is included only once its row marked `last` is
-  visible (and no topic's latest snapshot row says more rows follow). The scan is incremental:
-  its state is cached in `<state_dir>/debezium/<prefix>.json` (a cache: deleting it only costs
-  a re-scan). Cut id = offset of the last confirmed END + 2 (1 for a snapshot alone).
-* Without it: every table topic's high watermark. Weaker: a transaction touching two tables may
-  be visible in one topic and not yet in the other, and a running snapshot is visible in part;
-  each table on its own still follows commit order, and later batches catch up.
+The cut (`latest_cut`) is confirmed transaction by transaction from the transaction topic, or
+taken at the topics' high watermarks without it: cdc/log/kafka/debezium_cut.py says how.
 
 Tombstones are skipped: Debezium writes a delete event before each of them, which carries the
 position. Malformed records (value not JSON, no `op`, no position, a key that is not a JSON
@@ -64,7 +53,7 @@ and offset, or, with `dead_letter: <path>`, parks them in a Delta table there an
 
 Column types come from the source database's catalog (the JSON carries no PostgreSQL types
 when schemas are disabled, and Connect types when enabled). Debezium's values are those of our
-envelope (README "Type mapping") with the connector settings of pipelines/devservices/debezium.py,
+envelope (docs/reference/types.md) with the connector settings of pipelines/devservices/debezium.py,
 except `timestamp(0..3)`, which Debezium's adaptive mode writes in milliseconds: converted by the
 reader.
 """
@@ -77,7 +66,6 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,15 +78,10 @@ from cdc.ground.private import private_dir
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange, TableSchema, TableState
 from cdc.log.kafka import client as kc
+from cdc.log.kafka.debezium_cut import ScanState, TopicScan, parse_envelope, parse_txn_id, unwrap
 
 POLL_MS = 10_000
 CHUNK = 200_000  # records read per topic per scan round (bounds the scan's memory)
-SNAPSHOT_MARKERS = {"true", "first", "first_in_data_collection", "last_in_data_collection", "last"}
-MORE_SNAPSHOT_ROWS = {
-    "true",
-    "first_in_data_collection",
-}  # a topic whose newest snapshot row says this has more coming
-STATE_VERSION = 1
 
 _TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -111,78 +94,6 @@ if TYPE_CHECKING:
 def debezium_topic(prefix: str, table: TableName) -> str:
     """Debezium's default topic name (characters Kafka does not allow become `_`)."""
     return f"{prefix}.{_TOPIC_UNSAFE.sub('_', table.schema)}.{_TOPIC_UNSAFE.sub('_', table.name)}"
-
-
-def parse_txn_id(value: str) -> tuple[int, int | None]:
-    """`"<xid>:<lsn>"` (Debezium 2+) or `"<xid>"` -> (xid, lsn or None)."""
-    xid, _, lsn = str(value).partition(":")
-    return int(xid), (int(lsn) if lsn else None)
-
-
-def unwrap(doc: Any) -> Any:
-    """The payload of a JSON-converter record written with schemas enabled."""
-    if isinstance(doc, dict) and "payload" in doc and "schema" in doc and len(doc) == 2:
-        return doc["payload"]
-    return doc
-
-
-# ---- the incremental scan behind the cut ---------------------------------------------------------
-@dataclass
-class TopicScan:
-    topic: str
-    next: int = 0  # next offset to read
-    end: int = -1  # last offset in the confirmed cut
-    pending: dict[str, list[int]] = field(
-        default_factory=dict
-    )  # xid -> [events, last offset, malformed nearby]
-    owner: str | None = None  # xid of the last stream record read ("" = snapshot), for tombstones
-    loose_bad: int = 0  # malformed records not yet attached to a transaction
-    snap_end: int = -1
-    snap_marker: str | None = None
-    snap_lsn: int | None = None
-
-
-@dataclass
-class ScanState:
-    mode: str = "txn"  # "txn" (transaction topic) | "hwm" (high watermarks)
-    txn_next: int = 0
-    ends: list[list[Any]] = field(
-        default_factory=list
-    )  # unconfirmed ENDs: [xid, lsn, offset, {table: events}]
-    topics: dict[str, TopicScan] = field(default_factory=dict)
-    snapshot_last: bool = False
-    snapshot_lsn: int | None = None
-    cut_txn_off: int = -2  # offset of the last confirmed END (-1: snapshot only, -2: no cut)
-    cut_lsn: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "mode": self.mode,
-            "txn_next": self.txn_next,
-            "ends": self.ends,
-            "topics": {k: v.__dict__ for k, v in self.topics.items()},
-            "snapshot_last": self.snapshot_last,
-            "snapshot_lsn": self.snapshot_lsn,
-            "cut_txn_off": self.cut_txn_off,
-            "cut_lsn": self.cut_lsn,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ScanState:
-        if data.get("version") != STATE_VERSION:
-            return cls()
-        topics = {k: TopicScan(**v) for k, v in data["topics"].items()}
-        return cls(
-            data["mode"],
-            data["txn_next"],
-            data["ends"],
-            topics,
-            data["snapshot_last"],
-            data["snapshot_lsn"],
-            data["cut_txn_off"],
-            data["cut_lsn"],
-        )
 
 
 class DebeziumLogView:
@@ -362,7 +273,7 @@ class DebeziumLogView:
                 state = ScanState(mode=mode, topics={n: TopicScan(tp) for n, tp in topics.items()})
             self._scan(state, topics, hwm)
             self._save_state(state)
-            cut = self._txn_cut(state, topics)
+            cut = state.cut(topics)
         self._state, self._cut = state, cut
         return cut
 
@@ -373,27 +284,11 @@ class DebeziumLogView:
         for tp in topics.values():
             end = hwm.get(tp, 0)
             for record in self._read(tp, max(end - 1, 0), end) if end else ():
-                doc = self._parse(record.value)
+                doc = parse_envelope(record.value)
                 if doc is not None:
                     lsns.append(doc["source"]["lsn"])
         ranges = {TableName.parse(n): TableRange(0, hwm.get(tp, 0) - 1) for n, tp in topics.items()}
         return Cut(1 + sum(hwm.get(tp, 0) for tp in topics.values()), min(lsns) if lsns else 0, 0, ranges)
-
-    @staticmethod
-    def _parse(value: bytes | None) -> dict[str, Any] | None:
-        """The envelope of a record, or None when it is not one (tombstones excluded by the caller)."""
-        if value is None:
-            return None
-        try:
-            doc = unwrap(orjson.loads(value))
-        except (orjson.JSONDecodeError, TypeError):
-            return None
-        if not isinstance(doc, dict) or doc.get("op") not in ("c", "u", "d", "r", "t"):
-            return None
-        source = doc.get("source")
-        if not isinstance(source, dict) or not isinstance(source.get("lsn"), int):
-            return None
-        return doc
 
     def _scan(self, state: ScanState, topics: dict[str, str], hwm: dict[str, int]) -> None:
         names_by_collection = {name: name for name in topics}
@@ -427,96 +322,14 @@ class DebeziumLogView:
                 stop = min(hwm.get(tp, 0), scan.next + CHUNK)
                 for record in self._read(tp, scan.next, stop):
                     progressed = True
-                    self._scan_record(state, scan, record)
+                    state.take_record(scan, record)
                 scan.next = max(scan.next, stop)
-            self._confirm(state)
+            state.confirm()
             caught_up = state.txn_next >= hwm[self.txn_topic] and all(
                 state.topics[n].next >= hwm.get(tp, 0) for n, tp in topics.items()
             )
             if caught_up or not progressed:
                 return
-
-    def _scan_record(self, state: ScanState, scan: TopicScan, record: ConsumerRecord) -> None:
-        off = record.offset
-        if record.value is None:  # tombstone: belongs with the delete before it
-            self._attach(scan, off, bad=0)
-            return
-        doc = self._parse(record.value)
-        if doc is None:  # malformed: counted with its neighbours so the cut does not stall on it
-            self._attach(scan, off, bad=1)
-            scan.loose_bad += 1
-            return
-        source = doc["source"]
-        marker = str(source.get("snapshot")).lower() if source.get("snapshot") is not None else "false"
-        if doc["op"] == "r" and marker in SNAPSHOT_MARKERS:
-            scan.snap_end, scan.snap_marker, scan.snap_lsn = off, marker, source["lsn"]
-            scan.owner = ""
-            if marker == "last":
-                state.snapshot_last = True
-            state.snapshot_lsn = source["lsn"]
-            return
-        txn = doc.get("transaction")
-        xid = source.get("txId")
-        if not isinstance(txn, dict) or xid is None:
-            self._attach(scan, off, bad=0)  # no transaction to count it in: it rides with its neighbours
-            return
-        key = str(xid)
-        entry = scan.pending.get(key)
-        if entry is None:
-            entry = scan.pending[key] = [0, off, scan.loose_bad]
-        entry[0] += 1
-        entry[1] = off
-        scan.owner = key
-        scan.loose_bad = 0
-
-    @staticmethod
-    def _attach(scan: TopicScan, off: int, bad: int) -> None:
-        if scan.owner == "":
-            scan.snap_end = max(scan.snap_end, off)
-        elif scan.owner is not None and scan.owner in scan.pending:
-            entry = scan.pending[scan.owner]
-            entry[1] = max(entry[1], off)
-            entry[2] += bad
-
-    def _snapshot_complete(self, state: ScanState) -> bool:
-        seen = [s for s in state.topics.values() if s.snap_marker is not None]
-        if not seen:
-            return True  # no snapshot (snapshot.mode no_data / never), or every table empty
-        return state.snapshot_last and not any(s.snap_marker in MORE_SNAPSHOT_ROWS for s in seen)
-
-    def _confirm(self, state: ScanState) -> None:
-        if not self._snapshot_complete(state):
-            return
-        if state.cut_txn_off == -2:
-            state.cut_txn_off = -1
-            state.cut_lsn = state.snapshot_lsn
-        for scan in state.topics.values():
-            scan.end = max(scan.end, scan.snap_end)
-        while state.ends:
-            xid, lsn, offset, counts = state.ends[0]
-            entries = {}
-            for name, count in counts.items():
-                entry = state.topics[name].pending.get(xid)
-                if entry is None or entry[0] + entry[2] < count:
-                    return  # not all its events are visible yet
-                entries[name] = entry
-            for name, entry in entries.items():
-                scan = state.topics[name]
-                scan.end = max(scan.end, entry[1])
-                del scan.pending[xid]
-            state.ends.pop(0)
-            state.cut_txn_off = offset
-            if lsn is not None:
-                state.cut_lsn = lsn - 1
-        for scan in state.topics.values():  # transactions whose END expired before we saw it
-            for xid in [x for x, e in scan.pending.items() if e[1] <= scan.end]:
-                del scan.pending[xid]
-
-    def _txn_cut(self, state: ScanState, topics: dict[str, str]) -> Cut | None:
-        if state.cut_txn_off == -2:
-            return None
-        ranges = {TableName.parse(n): TableRange(0, state.topics[n].end) for n in topics}
-        return Cut(state.cut_txn_off + 2, state.cut_lsn or 0, 0, ranges)
 
     def _current_cut(self) -> Cut | None:
         return self._cut if self._cut is not None else self.latest_cut()

@@ -5,7 +5,7 @@ A snapshot becomes part of a table's history through marker rows (op 'S', one pe
 file) appended when the snapshot finishes; the first marker is the table's new `base`.
 Events the stream appended for the table while it was snapshotting and that are newer than
 the snapshot are copied forward behind the markers in the same transaction, so offsets stay
-in position order (see DESIGN notes in README "Guarantees").
+in position order (see docs/guarantees.md).
 """
 
 from __future__ import annotations
