@@ -1,9 +1,13 @@
-"""What a keyless (insert-only) table can be followed by (README "Tables without a primary key").
+"""What a keyless table can be followed by (docs/keyless-tables.md).
 
-Its rows are keyed in the log by their position (commit LSN, sequence), which only a follower that
-appends can use: a Delta table, a search index (the position is the document id). The cache keeps
-one entry per key of the row's own, looked up by it; the Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does
-not have, so a compacted topic would keep one row of it. Those are refused before anything starts.
+Two kinds: insert-only (default replica identity) and multiset (REPLICA IDENTITY FULL: updates and
+deletes carry the whole old row, so a row is identified by its content). Both are keyed in the log by
+each change's position (commit LSN, sequence), which only some followers can use: a Delta table in
+mode scd1 holds either (for a multiset table it deletes one row of the deleted content), a search
+index appends inserted rows (the position is the document id) but has no way to remove one of two
+identical documents, and the cache keeps one entry per key of the row's own, looked up by it. The
+Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does not have,
+so a compacted topic would keep one row of it. Those are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from cdc.source import CheckReport, Problem
 
 
 def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
-    keyless = [t.table for t in report.tables if t.insert_only]
+    insert_only = [t.table for t in report.tables if t.insert_only]
+    multiset = [t.table for t in report.tables if t.multiset]
+    keyless = insert_only + multiset
     if not keyless:
         return []
     problems = []
@@ -31,32 +37,45 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
     for sink in pipeline.sinks:
         if sink.kind == "delta" and sink.settings.mode == "scd2":
             for table in sink_tables(sink, keyless):
+                how = "insert-only" if table in insert_only else "as a multiset of rows identified by content"
                 problems.append(
                     Problem(
                         f"sink {sink.name} (delta, mode scd2) cannot follow {table}: it has no primary key, so it is "
-                        "followed insert-only, and SCD2 keeps versions of keyed rows",
-                        f"follow {table} with a delta sink in mode scd1 (each inserted row is kept as it came: "
-                        "its history already), or give it a primary key",
+                        f"followed {how}, and SCD2 keeps versions of keyed rows",
+                        f"follow {table} with a delta sink in mode scd1, or give it a primary key",
                     )
                 )
             continue
-        if sink.kind in ("delta", "search"):  # search: the position is the document id
+        if sink.kind == "delta":
+            continue
+        if sink.kind == "search":  # the position is the document id: inserts only
+            for table in sink_tables(sink, multiset):
+                problems.append(
+                    Problem(
+                        f"sink {sink.name} (search) cannot follow {table}: it has no primary key and REPLICA IDENTITY "
+                        "FULL, so its updates and deletes name a row by content, and an index of documents keyed by "
+                        "position cannot remove one of two identical rows",
+                        f"follow {table} with a delta sink, leave it out of the sink's tables, or give it a primary key: "
+                        f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
+                    )
+                )
             continue
         if sink.kind == "iceberg":
             for table in sink_tables(sink, keyless):
                 problems.append(
                     Problem(
                         f"sink {sink.name} (iceberg) cannot follow {table} yet: it has no primary key, and the "
-                        "Iceberg follower of keyless (insert-only) tables is not built and tested yet",
+                        "Iceberg follower of keyless tables is not built and tested yet",
                         f"follow {table} with a delta sink, or leave it out of the sink's tables",
                     )
                 )
             continue
         for table in sink_tables(sink, keyless):
+            how = "insert-only" if table in insert_only else "as a multiset of rows identified by content"
             problems.append(
                 Problem(
                     f"sink {sink.name} ({sink.kind}) cannot follow {table}: it has no primary key, so it is followed "
-                    f"insert-only and its rows have no key a {sink.kind} entry could be kept under",
+                    f"{how} and its rows have no key a {sink.kind} entry could be kept under",
                     f"leave {table} out of the sink's tables (a delta sink follows it), or give it a primary key: "
                     f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
                 )

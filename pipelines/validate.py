@@ -110,7 +110,13 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
                 f"no key: followed insert-only (inserts and truncates, through publication "
                 f"{insert_publication(pipeline.publication)}), each row identified by its log position (_cdc_lsn, _cdc_seq)"
             )
-        mark = OK if (t.key_columns or t.insert_only) and t.can_select else BAD
+        if t.multiset:
+            key = (
+                "no key, REPLICA IDENTITY FULL: followed as a multiset (inserts, updates, deletes and truncates, "
+                f"through publication {pipeline.publication}), each row identified by its content (two identical rows "
+                "are two rows; an update or delete changes one of them)"
+            )
+        mark = OK if (t.key_columns or t.insert_only or t.multiset) and t.can_select else BAD
         say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
         captured = report.filters.get(t.table)
         if captured is not None and captured.active:

@@ -135,7 +135,7 @@ class TableBatch:
     @cached_property
     def _summary(self) -> dict:
         """One pass over the batch for everything the plan needs: the last truncate's position,
-        whether unchanged-TOAST markers occur, the row count, and per column the first key whose
+        whether unchanged-TOAST markers occur, the row and delete counts, and per column the first key whose
         value cannot be stored in the follower's type (checked on every event, so no value is
         ever turned into a silent NULL)."""
         names = [c.name for c in self.schema.columns]
@@ -148,6 +148,7 @@ class TableBatch:
             F.max(F.when(F.col("op") == "t", F.struct("lsn", "seq"))).alias("truncate"),
             F.max(F.size("unch")).alias("unchanged"),
             F.count(F.lit(1)).alias("rows"),
+            F.count(F.when(F.col("op") == "d", 1)).alias("deletes"),
             *checks,
         ).first()
         bad = [(name, row[f"f{i}"]) for i, name in enumerate(names) if row[f"f{i}"] is not None]
@@ -157,6 +158,7 @@ class TableBatch:
             "truncate": None if row["truncate"] is None else (row["truncate"]["lsn"], row["truncate"]["seq"]),
             "unchanged": (row["unchanged"] or 0) > 0,
             "rows": row["rows"],
+            "deletes": row["deletes"],
         }
 
     def check(self) -> None:
@@ -170,6 +172,11 @@ class TableBatch:
     @property
     def rows(self) -> int:
         return self._summary["rows"]
+
+    @property
+    def deletes(self) -> int:
+        """Delete events in the batch (a keyless table's deletes remove a row by content: sinks/delta/multiset.py)."""
+        return self._summary["deletes"]
 
     def release(self) -> None:
         if "events" in self.__dict__:

@@ -9,7 +9,9 @@ Per live table:
   * deletes older than the tombstone retention go as well; the table remembers the highest
     offset purged (`purged_below`), and a follower whose position is below it must bootstrap
     again instead of silently missing a delete;
-  * snapshot segment files are rewritten without rows whose key has a newer event.
+  * snapshot segment files are rewritten without rows whose key has a newer event;
+  * keyless tables (records keyed by position: docs/keyless-tables.md) keep every record after
+    the base and the newest truncate: a delete there removes one row of its content, not a key.
 
 Order matters for crash safety: segments are rewritten first (dropping only superseded rows,
 while the superseding events still exist), then the event deletions commit in one SQLite
@@ -120,6 +122,12 @@ def _plan_table(log: LocalLog, state: TableState, retention_s: float, stats: Tab
         ]
         start = last_truncate
     plan.start = start
+    latest = log._load_latest_version(tid)
+    if latest is not None and not latest[1].key:
+        # a keyless table's records are keyed by position, so none replaces another; a delete (of a
+        # REPLICA IDENTITY FULL table) removes one row of its content, which may be any earlier
+        # record: it must stay as long as they do. Only what the base and truncates end goes.
+        return plan
     rows = db.execute(
         f"SELECT off, key, op, payload, sv, ts FROM ev_{tid} WHERE key IS NOT NULL AND off >= ? ORDER BY key, off",
         (start,),

@@ -127,22 +127,17 @@ def check_source(
                     f"role {info.user} cannot SELECT from {name}", f"run GRANT SELECT ON {name} TO {who};"
                 )
             )
-        if not ti.key_columns and ti.replica_identity in ("d", "n"):
-            # followed insert-only, keyed by log position, through the insert-only publication
+        if not ti.key_columns and ti.replica_identity in ("d", "n", "f"):
+            # followed insert-only (default identity, through the insert-only publication), or as a
+            # multiset of rows identified by content (FULL): each change keyed by its log position
             continue
         if not ti.key_columns:
             report.problems.append(
                 Problem(
-                    f"table {name} has no primary key"
-                    + (
-                        " (REPLICA IDENTITY FULL but no unique index on NOT NULL columns)"
-                        if ti.replica_identity == "f"
-                        else ""
-                    ),
-                    f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or give it a unique index on NOT NULL columns "
-                    f"and run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <index>; or, to follow its inserts only, "
-                    f"run ALTER TABLE {name} REPLICA IDENTITY DEFAULT; (updates and deletes of keyless REPLICA IDENTITY "
-                    "FULL tables are not followed yet: docs/keyless-tables.md)",
+                    f"table {name} has no primary key (REPLICA IDENTITY USING INDEX without a usable key)",
+                    f"add one: ALTER TABLE {name} ADD PRIMARY KEY (...); or run ALTER TABLE {name} REPLICA IDENTITY FULL; "
+                    f"(rows identified by content) or ALTER TABLE {name} REPLICA IDENTITY DEFAULT; (inserts only): "
+                    "docs/keyless-tables.md",
                 )
             )
     _check_filters(conn, report, info, options or {})

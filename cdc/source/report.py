@@ -38,6 +38,13 @@ class TableInfo:
         only, keyed by log position, through the pipeline's insert-only publication."""
         return not self.key_columns and self.replica_identity in ("d", "n")
 
+    @property
+    def multiset(self) -> bool:
+        """No key and REPLICA IDENTITY FULL: its updates and deletes carry the whole old row, so a row
+        is identified by its content (two identical rows are two rows); each change is keyed by its
+        log position, and followers keep the multiset (docs/keyless-tables.md)."""
+        return not self.key_columns and self.replica_identity == "f"
+
 
 @dataclass
 class ServerInfo:

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import psycopg2
 
 from cdc.ground.errors import SourceError
-from cdc.keys import key_from_values
+from cdc.keys import key_from_values, position_key
 from cdc.log.base import ChangeRow
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED, tuple_prefix
@@ -49,7 +49,9 @@ class ChangeRows:
         """Append the log rows of an Update (`new` given; two rows when its key changed) or a Delete
         (`new` None), from its TupleData bytes (cdc/pgoutput.py `raw_update`, `raw_delete`); returns
         the new seq."""
-        if rel.positional:  # its publication publishes inserts only: someone widened it
+        if rel.positional and old_kind == "O":  # keyless, REPLICA IDENTITY FULL: rows are their content
+            return self._multiset_rows(rel, old, new, rows, commit_lsn, seq, xid, ts, elsn)
+        if rel.positional:  # insert-only: its publication publishes inserts only, someone widened it
             raise SourceError(
                 f"an update or delete of keyless table {rel.table} arrived, which is followed insert-only",
                 f"run ALTER PUBLICATION {insert_publication(self.pipeline.publication)} SET (publish = 'insert, truncate');"
@@ -88,6 +90,62 @@ class ChangeRows:
             return seq
         seq += 1
         rows.append((commit_lsn, seq, "u", new_key, new, old, old_kind, rel.schema_version, xid, ts, elsn))
+        return seq
+
+    def _multiset_rows(
+        self,
+        rel: Rel,
+        old: bytes | None,
+        new: bytes | None,
+        rows: list[ChangeRow],
+        commit_lsn: int,
+        seq: int,
+        xid: int,
+        ts: int,
+        elsn: int,
+    ) -> int:
+        """A keyless REPLICA IDENTITY FULL table: a row is its content. A delete is a 'd' carrying the
+        whole old row (followers remove one row equal to it); an update is that delete and an insert of
+        the new row (its identity, the content, changed), each keyed by its own position, so no log
+        record ever replaces another. The new row's unchanged TOAST values come from the old row, which
+        PostgreSQL sends whole (detoasted) under REPLICA IDENTITY FULL."""
+        seq += 1
+        rows.append(
+            (
+                commit_lsn,
+                seq,
+                "d",
+                position_key(commit_lsn, seq),
+                None,
+                old,
+                "O",
+                rel.schema_version,
+                xid,
+                ts,
+                elsn,
+            )
+        )
+        if new is None:
+            return seq
+        if has_unchanged(new):
+            schema = self.log.schema_by_version(rel.table_id, rel.schema_version)
+            new = fill_unchanged(self._conn, rel.table, schema, (), new, old, read_back=False)
+        seq += 1
+        rows.append(
+            (
+                commit_lsn,
+                seq,
+                "c",
+                position_key(commit_lsn, seq),
+                new,
+                None,
+                None,
+                rel.schema_version,
+                xid,
+                ts,
+                elsn,
+            )
+        )
         return seq
 
     def _short_old_row(self, rel: Rel) -> NoReturn:

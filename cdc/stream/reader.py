@@ -93,7 +93,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         self._types = TypeCache()
         self._rels: dict[int, Rel | None] = {}
         self._keys: dict[TableName, tuple[str, ...]] = {}
-        self._insert_only: set[TableName] = set()
+        self._keyless: set[TableName] = set()
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         # captured tables renamed or dropped in the source; remedies name the pipeline file as given
@@ -148,7 +148,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
             )
         for t in report.tables:
             self._keys[t.table] = t.key_columns
-        self._insert_only = {t.table for t in report.tables if t.insert_only}
+        self._keyless = {t.table for t in report.tables if t.insert_only or t.multiset}
         self._check_ddl(conn, start=True)
         try:  # table_options changed since the publication got them: re-based once streaming (run)
             self._filter_drift = publication_drift(conn, self.pipeline.publication, report.filters)

@@ -37,7 +37,7 @@ class Rel:
     schema_version: int
     key_idx: tuple[int, ...]
     key_len: int  # columns to decode to reach every key column
-    positional: bool = False  # keyless, insert-only: each row keyed by its position "<commit lsn>\t<seq>"
+    positional: bool = False  # keyless: each change keyed by its position "<commit lsn>\t<seq>"
 
 
 def snapshot_command(pipeline, table: TableName) -> str:
@@ -60,7 +60,7 @@ class RelationTracking:
     selectors: list[TableSelector]
     _rels: dict[int, Rel | None]
     _keys: dict[TableName, tuple[str, ...]]
-    _insert_only: set[TableName]
+    _keyless: set[TableName]
     _types: TypeCache
     _watch: TableWatch
     _rewrites: RewriteWatch
@@ -86,8 +86,9 @@ class RelationTracking:
                 conn, table
             )  # new table or key changed (or gone since)
         missing = [k for k in key if k not in names]
-        # a keyless table followed insert-only from the start (a table that loses its key still stops here)
-        positional = not key and (table in self._insert_only or self._new_insert_only(conn, table))
+        # a keyless table followed (insert-only or as a multiset) from the start (a table that loses its
+        # key still stops here)
+        positional = not key and (table in self._keyless or self._new_keyless(conn, table))
         if (not key and not positional) or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
@@ -113,13 +114,16 @@ class RelationTracking:
         idx = schema.key_indexes
         self._rels[msg.relation_id] = Rel(table, table_id, version, idx, max(idx, default=-1) + 1, positional)
 
-    def _new_insert_only(self, conn, table: TableName) -> bool:
-        """A keyless table that joined while streaming (`cdc snapshot --tables`): insert-only when the
-        log never had it with a key (rows keyed by content before cannot continue by position)."""
+    def _new_keyless(self, conn, table: TableName) -> bool:
+        """A keyless table that joined while streaming (`cdc snapshot --tables`): followed by position
+        when the log never had it with a key (rows keyed by their key before cannot continue by position)."""
         previous = self._previous_schema(table)
-        if (previous is not None and previous.key) or not table_info(conn, table).insert_only:
+        if previous is not None and previous.key:
             return False
-        self._insert_only.add(table)
+        info = table_info(conn, table)
+        if not (info.insert_only or info.multiset):
+            return False
+        self._keyless.add(table)
         return True
 
     # DDL capture (cdc/ddl.py)

@@ -13,6 +13,7 @@ from typing import cast
 
 from psycopg2 import sql
 
+from cdc.ground.errors import SourceError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from cdc.pgoutput import UNCHANGED, decode_tuple
@@ -25,10 +26,17 @@ def has_unchanged(tuple_bytes: bytes) -> bool:
 
 
 def fill_unchanged(
-    conn, table: TableName, schema: TableSchema, key_idx: tuple[int, ...], new: bytes, old_full: bytes | None
+    conn,
+    table: TableName,
+    schema: TableSchema,
+    key_idx: tuple[int, ...],
+    new: bytes,
+    old_full: bytes | None,
+    read_back: bool = True,
 ) -> bytes:
     """The TupleData `new` with its unchanged values filled from `old_full` (the whole old row, or
-    None) and the rest read back from the source over `conn` (kept unchanged if the row is gone)."""
+    None) and the rest read back from the source over `conn` (kept unchanged if the row is gone).
+    Without `read_back` (a keyless row: nothing to look it up by), a value still missing stops."""
     values = list(decode_tuple(new, 0)[0])
     missing = [i for i, v in enumerate(values) if v is UNCHANGED]
     if old_full is not None:
@@ -37,6 +45,12 @@ def fill_unchanged(
             if old_values[i] is not UNCHANGED:
                 values[i] = old_values[i]
                 missing.remove(i)
+    if missing and not read_back:
+        raise SourceError(
+            f"an update of keyless table {table} arrived with unchanged TOAST values its old row does not hold "
+            f"({', '.join(schema.columns[i].name for i in missing)})",
+            f"check that {table} has REPLICA IDENTITY FULL, then copy it again with `cdc snapshot --tables {table}`",
+        )
     if missing:
         names = [schema.columns[i].name for i in missing]
         keys = [schema.columns[i].name for i in key_idx]

@@ -46,7 +46,7 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
-from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, POSITION_KEY, NetChanges, TableBatch
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import forget_table, record_cut, table_version
@@ -61,6 +61,7 @@ from sinks.delta.features import (
 )
 from sinks.delta.idempotent import follower_write
 from sinks.delta.logfiles import is_delta_table, table_properties
+from sinks.delta.multiset import multiset_source
 from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
@@ -389,7 +390,11 @@ class DeltaSink(Sink):
             )
             stats.inserted = scd2["inserted"]
             return stats
+        multiset = not source.schema.key and source.deletes > 0  # sinks/delta/multiset.py
         if fresh:
+            if multiset:  # the cut's deletes remove rows the cut inserted (the table has none yet)
+                content = [f.name for f in batch.spark_schema.fields]
+                changes = NetChanges(multiset_source(changes.df, content, None), changes.unchanged)
             # A table made for this cut holds no row, so the MERGE's whole effect is inserting the
             # netted rows that are not deletes: an append does that without the join. A replay
             # (a crash before the checkpoint) finds the table made and MERGEs, which changes nothing.
@@ -403,7 +408,8 @@ class DeltaSink(Sink):
             older = self._older_than(*batch.truncate_position)
             retry_conflicts(lambda: target.delete(older))
         # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
-        metrics = retry_conflicts(lambda: self._merge(target, batch, changes, cut_id))
+        merge = self._merge_multiset if multiset else self._merge
+        metrics = retry_conflicts(lambda: merge(target, batch, changes, cut_id))
         self._retire(path, batch)
         if metrics is not None:
             stats.inserted = int(metrics["num_inserted_rows"])
@@ -461,6 +467,25 @@ class DeltaSink(Sink):
                 .merge(changes.df.alias("s"), on)
                 .whenMatchedDelete(condition=f"s._cdc_op = 'd' AND {newer}")
                 .whenMatchedUpdate(condition=f"s._cdc_op != 'd' AND {newer}", set=update)
+                .whenNotMatchedInsert(condition="s._cdc_op != 'd'", values=insert)
+                .execute()
+                .first()
+            )
+
+    def _merge_multiset(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
+        """A keyless table's cut with deletes: each removes one row of its content (sinks/delta/multiset.py).
+        The table is read inside the retried step, so a retry after a conflict chooses from a fresh read."""
+        content = [f.name for f in batch.spark_schema.fields]
+        restart = batch.bootstrap and batch.snapshot_lsn is not None  # a new base: history replayed whole
+        held = self.spark.read.format("delta").load(self.path_of(batch.table))  # the table as of now
+        source = multiset_source(changes.df, content, held, restart)
+        on = " AND ".join(f"t.{k} = s.{k}" for k in POSITION_KEY)
+        insert = {q(c): F.col(f"s.{q(c)}") for c in [*content, *META_COLUMNS]}
+        with follower_write(self.spark, self.app_id, cut_id):
+            return (
+                target.alias("t")
+                .merge(source.alias("s"), on)
+                .whenMatchedDelete(condition="s._cdc_op = 'd'")
                 .whenNotMatchedInsert(condition="s._cdc_op != 'd'", values=insert)
                 .execute()
                 .first()

@@ -309,6 +309,9 @@ def test_table_without_primary_key_in_a_cache_sink(pg: LocalPostgres, pg_db: str
 
 
 def test_replica_identity_full_without_unique_index(pg: LocalPostgres, pg_db: str, tmp_path: Path) -> None:
+    """No usable key (a unique index on a nullable column is none) and REPLICA IDENTITY FULL: followed
+    as a multiset (docs/keyless-tables.md); a search follower, which cannot remove one of two identical
+    rows, is refused with the reason and the ways out, before anything is created."""
     sql(
         pg_db,
         "CREATE TABLE full_only(a int NOT NULL, b text)",
@@ -316,7 +319,13 @@ def test_replica_identity_full_without_unique_index(pg: LocalPostgres, pg_db: st
         "ALTER TABLE full_only REPLICA IDENTITY FULL",
     )
     path = write_pipeline(tmp_path, pg_db, ["public.full_only"])
-    needles = ["public.full_only has no primary key", "REPLICA IDENTITY FULL but no unique index"]
+    check_output(cdc("validate", path), 0, "table public.full_only: 2 columns, no key, REPLICA IDENTITY FULL")
+    docs = {"name": "docs", "search": {"engine": "tantivy", "path": "docs", "tables": ["public.*"]}}
+    path = write_pipeline(tmp_path, pg_db, ["public.full_only"], sinks=[docs])
+    needles = [
+        "sink docs (search) cannot follow public.full_only: it has no primary key and REPLICA IDENTITY FULL",
+        "follow public.full_only with a delta sink",
+    ]
     check_output(cdc("validate", path), SOURCE, *needles)
     check_error(cdc("snapshot", path), SOURCE, *needles, secrets=[pg.password])
     assert_nothing_created(pg_db)

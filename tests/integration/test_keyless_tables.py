@@ -1,9 +1,11 @@
-"""Tables without a primary key (issue 38): an insert-only audit table beside a keyed table.
+"""Tables without a primary key: an insert-only audit table and a REPLICA IDENTITY FULL table beside
+a keyed table.
 
-The keyless table goes into the pipeline's insert-only publication, so the application's own UPDATE
-and DELETE on it keep working; each inserted row (snapshot and stream, a TOASTed value among them)
-is its own log record keyed by its position and lands in Delta as its own row, read back by delta-rs
-as the source's multiset; verify compares it as a multiset and names what differs.
+The insert-only table goes into the pipeline's insert-only publication, so the application's own
+UPDATE and DELETE on it keep working; each inserted row (snapshot and stream, a TOASTed value among
+them) is its own log record keyed by its position and lands in Delta as its own row, read back by
+delta-rs as the source's multiset; verify compares it as a multiset and names what differs. The FULL
+table's updates and deletes of one of identical rows change one of them in Delta too.
 """
 
 from __future__ import annotations
@@ -34,20 +36,39 @@ def _lake(path: Path) -> Counter:
     return Counter((r["who"], r["what"], r["n"]) for r in rows.values())
 
 
+def _tally(dsn: str) -> Counter:
+    return Counter(sql(dsn, "SELECT k, v, doc FROM tally"))
+
+
+def _lake_tally(path: Path) -> Counter:
+    rows = delta_rows(None, path, POSITION)  # delta-rs; asserts the positions are unique
+    return Counter((r["k"], r["v"], r["doc"]) for r in rows.values())
+
+
+def _one(k: str) -> str:
+    """A WHERE that picks one of the rows with k = `k` (identical ones among them), by ctid."""
+    return f"ctid = (SELECT ctid FROM tally WHERE k = '{k}' LIMIT 1)"
+
+
 def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path: Path, spark) -> None:
+    """Beside it, a keyless REPLICA IDENTITY FULL table (tally) followed as a multiset: an update or
+    a delete of one of two identical rows changes one of them, in the source and in Delta."""
     dsn = pg_any_db
     sql(
         dsn,
         "CREATE TABLE audit(who text, what text, n int)",  # no key, default replica identity
         "CREATE TABLE acct(id int PRIMARY KEY, bal int)",
+        "CREATE TABLE tally(k text, v int, doc text)",
+        "ALTER TABLE tally REPLICA IDENTITY FULL",
         # duplicates on purpose: two identical rows are two rows
         "INSERT INTO audit SELECT 'u' || (g % 3), 'login', g % 4 FROM generate_series(1, 30) g",
         "INSERT INTO acct SELECT g, 100 FROM generate_series(1, 10) g",
+        "INSERT INTO tally SELECT k, v, NULL FROM (VALUES ('a', 1), ('a', 1), ('a', 1), ('b', 2), ('b', 2), ('c', 3)) t(k, v)",
     )
     pipe = make_pipe(
         tmp_path,
         dsn,
-        ["public.audit", "public.acct"],
+        ["public.audit", "public.acct", "public.tally"],
         sinks=[
             {"name": "lake", "delta": {"path": "lake"}},
             {"name": "cache", "redis": {"url": "redis://127.0.0.1:1/0", "tables": ["public.audit"]}},
@@ -62,7 +83,7 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     pipe = make_pipe(
         tmp_path,
         dsn,
-        ["public.audit", "public.acct"],
+        ["public.audit", "public.acct", "public.tally"],
         sinks=[{"name": "lake", "delta": {"path": "lake"}}, docs],
     )
     run = cdc_here("validate", pipe.file)
@@ -72,6 +93,10 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
         in run.out
     ), run.out
     assert "table public.acct: 2 columns, key (id) from primary key" in run.out, run.out
+    assert (
+        "table public.tally: 3 columns, no key, REPLICA IDENTITY FULL: followed as a multiset (inserts, updates, "
+        "deletes and truncates, through publication cdc_test), each row identified by its content" in run.out
+    ), run.out
 
     snapshot(pipe)
     apply_ok(pipe, spark)
@@ -83,6 +108,7 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     )
     assert pubs == [
         ("cdc_test", "acct", True, True, True),
+        ("cdc_test", "tally", True, True, True),
         ("cdc_test_inserts", "audit", True, False, False),
     ], pubs
 
@@ -93,9 +119,31 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
         "INSERT INTO audit SELECT 'u1', 'login', 1 FROM generate_series(1, 5)",
         f"INSERT INTO audit VALUES ('u9', ({big}), 7)",
         "UPDATE acct SET bal = bal + 1 WHERE id <= 3",
+        # the application's UPDATE and DELETE of one of identical rows (they work: FULL is a replica identity)
+        f"UPDATE tally SET v = 10 WHERE {_one('a')}",
+        f"DELETE FROM tally WHERE {_one('b')}",
+        # two identical TOASTed rows; an update of one leaves its TOAST value alone (sent unchanged)
+        f"INSERT INTO tally SELECT 't', 5, ({big}) FROM generate_series(1, 2)",
+        f"UPDATE tally SET v = 6 WHERE {_one('t')}",
+        # inserted and one of them deleted in the same cut
+        "INSERT INTO tally VALUES ('d', 4, 'x'), ('d', 4, 'x')",
+        f"DELETE FROM tally WHERE {_one('d')}",
     )
     stream(pipe)
     apply_ok(pipe, spark)
+    tally = delta_dir(pipe, "public.tally")
+    assert _lake_tally(tally) == _tally(dsn)
+    assert sorted((k, v) for k, v, _ in _lake_tally(tally).elements()) == [
+        ("a", 1),
+        ("a", 1),
+        ("a", 10),
+        ("b", 2),
+        ("c", 3),
+        ("d", 4),
+        ("t", 5),
+        ("t", 6),
+    ]
+    assert {len(d) for k, _, d in _lake_tally(tally) if k == "t"} == {96_000}  # the TOASTed value whole
     path = delta_dir(pipe, "public.audit")
     assert _lake(path) == _source(dsn)
     assert sum(_lake(path).values()) == 36
@@ -110,6 +158,7 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     ckpt_file(pipe).write_bytes(before)
     apply_ok(pipe, spark)
     assert _lake(path) == _source(dsn) and ckpt_file(pipe).read_bytes() != before
+    assert _lake_tally(tally) == _tally(dsn)  # the cut's deletes removed no second copy
 
     # the application's own UPDATE and DELETE on the keyless table still work (no replica identity
     # needed: it is in no publication that publishes them) ...
@@ -165,12 +214,15 @@ def test_pgbench_tpcb_with_history(pg_any: LocalPostgres, pg_any_db: str, tmp_pa
 def test_validate_refuses_what_would_break_the_application(pg_db: str, tmp_path: Path) -> None:
     """A keyless table already in a publication that publishes updates (PostgreSQL then refuses the
     application's UPDATE): refused with the statement that fixes it, which works as printed; a keyless
-    REPLICA IDENTITY FULL table: refused (not followed yet), with the ways out."""
+    REPLICA IDENTITY FULL table passes (followed as a multiset, through the main publication), and the
+    application's UPDATE and DELETE on both work once the pipeline is set up."""
     sql(
         pg_db,
         "CREATE TABLE ev(at int, what text)",
         "CREATE TABLE full_ev(at int, what text)",
         "ALTER TABLE full_ev REPLICA IDENTITY FULL",
+        "INSERT INTO ev VALUES (1, 'a')",
+        "INSERT INTO full_ev VALUES (1, 'a'), (1, 'a')",
         "CREATE PUBLICATION cdc_test FOR TABLE ev",
     )
     with pytest.raises(Exception, match="does not have a replica identity"):
@@ -183,14 +235,48 @@ def test_validate_refuses_what_would_break_the_application(pg_db: str, tmp_path:
         in run.out
     ), run.out
     assert "fix: run ALTER PUBLICATION cdc_test DROP TABLE public.ev;" in run.out, run.out
-    assert "table public.full_ev has no primary key (REPLICA IDENTITY FULL" in run.out, run.out
-    assert "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;" in run.out, run.out
-    sql(
-        pg_db,
-        "ALTER PUBLICATION cdc_test DROP TABLE public.ev;",
-        "ALTER TABLE public.full_ev REPLICA IDENTITY DEFAULT;",
-    )
+    assert "table public.full_ev: 2 columns, no key, REPLICA IDENTITY FULL: followed as a multiset" in run.out
+    sql(pg_db, "ALTER PUBLICATION cdc_test DROP TABLE public.ev;")
     run = cdc_here("validate", pipe.file)
     assert run.code == 0, run.out + run.err
     snapshot(pipe)
-    sql(pg_db, "UPDATE ev SET what = 'x'", "DELETE FROM full_ev")  # the application's writes work
+    # the application's writes work
+    sql(
+        pg_db,
+        "UPDATE ev SET what = 'x'",
+        "UPDATE full_ev SET what = 'y'",
+        "DELETE FROM full_ev",
+        "DELETE FROM ev",
+    )
+
+
+def test_multiset_choice_of_rows_to_remove(spark) -> None:
+    """The MERGE source of a multiset cut (sinks/delta/multiset.py), on DataFrames alone (two small
+    Spark jobs, no Delta): per content the oldest rows go, as many as the cut deletes, among the rows
+    held and the rows the cut inserts; here a first cut (nothing held) and a new base (every held row
+    goes but those inserted again at their position)."""
+    from sinks.delta.multiset import multiset_source
+
+    cols = "k string, _cdc_lsn long, _cdc_seq long, _cdc_op string, _cdc_commit_ts timestamp"
+    cut = spark.createDataFrame(
+        [
+            ("a", 20, 1, "d", None),  # a row held before
+            ("n", 30, 1, "c", None),
+            ("n", 30, 2, "c", None),
+            ("n", 31, 1, "d", None),  # one of the two inserted 'n' rows: the oldest, (30, 1)
+            (None, 32, 1, "c", None),
+            (None, 33, 1, "d", None),  # NULLs equal: the row inserted just before
+        ],
+        cols,
+    )
+
+    def rows(df) -> set[tuple]:
+        return {(r["k"], r["_cdc_lsn"], r["_cdc_seq"], r["_cdc_op"]) for r in df.collect()}
+
+    # (with rows held, as applied to Delta: test_insert_only_table_snapshot_stream_apply_verify)
+    assert rows(multiset_source(cut, ["k"], None)) == {("n", 30, 2, "c")}  # 'a': nothing to remove
+    again = spark.createDataFrame([("n", 30, 2, "c", None), ("a", 10, 2, "r", None)], cols)
+    assert rows(multiset_source(cut, ["k"], again, restart=True)) == {
+        ("n", 30, 2, "c"),  # inserted again at its position: kept (the MERGE matches it and changes nothing)
+        ("a", 10, 2, "d"),
+    }

@@ -26,8 +26,13 @@ def _table(name: str, key: tuple[str, ...], ident: str = "d") -> TableInfo:
 
 def test_insert_only_is_no_key_and_default_or_no_identity() -> None:
     assert _table("public.a", ()).insert_only and _table("public.a", (), "n").insert_only
-    assert not _table("public.a", (), "f").insert_only  # FULL without a key: refused, not insert-only
+    assert not _table("public.a", (), "f").insert_only  # FULL without a key: a multiset, not insert-only
     assert not _table("public.a", ("id",)).insert_only
+
+
+def test_multiset_is_no_key_and_full_identity() -> None:
+    assert _table("public.a", (), "f").multiset
+    assert not _table("public.a", ()).multiset and not _table("public.a", ("id",), "f").multiset
 
 
 def test_position_keys_are_unique_and_snapshot_ones_never_a_streamed_seq() -> None:
@@ -87,3 +92,67 @@ def test_keyless_tables_refused_where_they_cannot_be_held(tmp_path: Path) -> Non
     assert len(problems) == 1 and problems[0].startswith(
         "sink ice (iceberg) cannot follow public.audit yet"
     ), problems
+
+
+def test_multiset_tables_refused_where_one_of_two_identical_rows_cannot_be_removed(tmp_path: Path) -> None:
+    doc = {
+        "name": "t",
+        "source": {"postgres": {"dsn": "postgresql://x@127.0.0.1/db", "tables": ["public.full"]}},
+        "sinks": [
+            {"name": "lake", "delta": {"path": "lake"}},
+            {"name": "docs", "search": {"engine": "tantivy", "path": "idx", "tables": ["public.*"]}},
+        ],
+    }
+    file = tmp_path / "t.yml"
+    file.write_text(yaml.safe_dump(doc))
+    report = CheckReport(tables=[_table("public.full", (), "f")])
+    problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
+    assert len(problems) == 1 and problems[0].startswith(
+        "sink docs (search) cannot follow public.full: it has no primary key and REPLICA IDENTITY FULL"
+    ), problems
+    doc["sinks"] = [{"name": "lake", "delta": {"path": "lake", "mode": "scd2"}}]
+    file.write_text(yaml.safe_dump(doc))
+    problems = [p.what for p in keyless_problems(load_pipeline(file), report)]
+    assert len(problems) == 1 and "followed as a multiset of rows identified by content" in problems[0], (
+        problems
+    )
+
+
+def test_compaction_keeps_every_record_of_a_keyless_table(tmp_path: Path) -> None:
+    """A multiset table's delete removes one row of its content, which may be any earlier record:
+    `cdc log compact` purges no delete of a keyless table (even past the tombstone retention); only
+    what the newest truncate ends goes."""
+    from cdc.log.base import Column, TableSchema
+    from cdc.log.compact import compact_table
+    from cdc.log.local import LocalLog
+    from cdc.pgoutput_encode import encode_tuple
+
+    table = TableName("public", "tally")
+    types = {25: {"oid": 25, "name": "text", "kind": "base"}}
+    log = LocalLog(tmp_path / "log")
+    tid = log.ensure_table(table)
+    sv = log.schema_version(tid, TableSchema((Column("k", 25, -1),), (), types), 100)
+    ops = ["c", "c", "d", "c", "d"]  # two 'a' rows, one deleted; then 'a' again, deleted
+    for i, op in enumerate(ops, 1):
+        lsn = 100 + i
+        payload = encode_tuple([b"a"])
+        row = (
+            lsn,
+            1,
+            op,
+            position_key(lsn, 1),
+            None if op == "d" else payload,
+            payload if op == "d" else None,
+        )
+        log.append(tid, [(*row, "O" if op == "d" else None, sv, 1, 1, lsn)])  # ts 1 µs: far past retention
+        log.commit(lsn)
+    state = log.table_state(table)
+    assert state is not None
+    stats = compact_table(log, state, retention_s=0)
+    assert (stats.events_before, stats.events_after, stats.purged_deletes) == (5, 5, 0)
+    log.append(tid, [(110, 1, "t", None, None, None, None, sv, 1, 1, 110)])
+    log.commit(110)
+    state = log.table_state(table)
+    assert state is not None
+    assert compact_table(log, state, retention_s=0).events_after == 1  # the truncate ends them
+    log.close()
