@@ -57,6 +57,12 @@ def pg_any_db(pg_any: LocalPostgres) -> Iterator[str]:
         yield dsn
 
 
+# Tests run many small queries of ever new shapes: whole-stage code generation compiles (Janino,
+# then the JIT) more than these queries cost to interpret. test_apply.py took 275-323 s without it,
+# 390 s with it, on the same loaded machine. Production keeps Spark's default.
+TEST_SQL_CONF = {"spark.sql.codegen.wholeStage": "false"}
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One SparkSession (local[2], Delta) for the whole test session: JVM start-up is paid once."""
@@ -64,6 +70,8 @@ def spark():
 
     session = spark_session(master="local[2]")
     session.conf.set("spark.sql.shuffle.partitions", "2")
+    for key, value in TEST_SQL_CONF.items():
+        session.conf.set(key, value)
     yield session
     session.stop()
 
