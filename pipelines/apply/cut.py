@@ -345,7 +345,7 @@ class SinkCut:
             ):
                 changes = batch.versions() if sink.wants_versions else batch.net()
                 try:
-                    return sink.in_session(slot.spark).apply(batch, changes, self.cut_id)
+                    return sink.in_session(slot.session).apply(batch, changes, self.cut_id)
                 finally:
                     changes.release()
         finally:
@@ -363,7 +363,7 @@ class SinkCut:
             else (self.cut_tables[str(b.table)].base, b.last_offset)
             for b in batches
         }
-        ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
+        ends |= {by_name[n]: (ckpt.tables[n][0], ckpt.tables[n][1]) for n in redo if by_name[n] not in ends}
         name = self.sink_cfg.name
         markers = [
             (table, Marker(self.pipeline.name, name, sink.log_id, base, end, self.cut_id).to_json())
@@ -372,7 +372,7 @@ class SinkCut:
         with stage(f"sink {name}: cut {self.cut_id}: writing {len(markers)} marker(s)"):
             run_tasks(
                 markers,
-                lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
+                lambda slot: sink.in_session(slot.session).write_marker(*slot.item),
                 self.job.parallelism(sink),
                 self.spark,
                 name,
