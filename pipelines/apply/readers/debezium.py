@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 from cdc.ground.errors import LogError
 from pipelines.apply.readers.base import SCHEMA
 from pipelines.apply.readers.envelopes import EnvelopeReader, kafka_frame, normalize_envelopes
+from sinks.sparktypes import nested_array
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -225,9 +226,7 @@ def _millis_to_micros(df: DataFrame, schema: TableSchema) -> DataFrame:
             fixes[i] = lambda v: (v.cast("bigint") * 1000).cast("string")
         else:
             depth = max(col.ndims, 1)
-            as_long = T.ArrayType(T.LongType())
-            for _ in range(depth - 1):
-                as_long = T.ArrayType(as_long)
+            as_long = nested_array(T.LongType(), depth)
 
             def scale(x: Column, d: int) -> Column:
                 return x * 1000 if d == 0 else F.transform(x, lambda y: scale(y, d - 1))
