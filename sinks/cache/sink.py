@@ -75,7 +75,7 @@ LSNs are lower than the cached positions needs the cache (and its `__cdc:*` keys
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
@@ -99,6 +99,11 @@ from sinks.changes import META_COLUMNS, NetChanges, TableBatch
 from sinks.executor_env import missing_error, provide
 from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from cdc.ground.config import Pipeline, SinkConfig
 
 TOMBSTONE_TTL_S = 7 * 24 * 3600
 SCAN_COUNT = 1000
@@ -144,7 +149,7 @@ def spark_schema(schema: TableSchema) -> T.StructType:
 class RedisSink(Sink):
     kind = "redis"
 
-    def __init__(self, config, pipeline, spark):
+    def __init__(self, config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> None:
         super().__init__(config, pipeline, spark)
         self.url: str = self.settings.url
         # executors get the URL without its password and the password by reference (README
@@ -244,13 +249,7 @@ class RedisSink(Sink):
             return
         keys = self._keys[batch.table]
         names = sorted({n for new, olds in batch.renames.items() for n in (new, *olds)})
-        # Quoted exactly as to_json writes member names.
-        row = (
-            self.spark.range(1)
-            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
-            .first()
-        )
-        quoted = {n: row[f"q{i}"][1 : -len(":0}")] for i, n in enumerate(names)}
+        quoted = dict(zip(names, self._json_names(names), strict=True))
         script = client.register_script(scripts.RENAME)
         for new, olds in batch.renames.items():
             args = [quoted[new], *(quoted[o] for o in olds)]
@@ -262,12 +261,7 @@ class RedisSink(Sink):
         or removed from, every cached row of the table (idempotent: a replayed cut changes nothing more)."""
         how = self.config.dropped_columns
         names = sorted(batch.retired)
-        row = (
-            self.spark.range(1)
-            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
-            .first()
-        )
-        quoted = [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]  # as to_json writes the names
+        quoted = self._json_names(names)
         script = client.register_script(scripts.RETIRE)
         changed = 0
         for chunk in self._scan(client, keys):
@@ -276,6 +270,15 @@ class RedisSink(Sink):
         self.say(
             f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)"
         )
+
+    def _json_names(self, names: list[str]) -> list[str]:
+        """Each name quoted exactly as to_json writes a member name (one small Spark job)."""
+        [row] = (
+            self.spark.range(1)
+            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
+            .collect()
+        )
+        return [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]
 
     def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
         names = [c.name for c in batch.schema.columns]
@@ -292,8 +295,9 @@ class RedisSink(Sink):
         for name in todo:
             dtype = batch.spark_schema[name].dataType
             typed = json_ready(batch.default_value(name).cast(dtype), dtype)
-            member = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).first()[0][1:-1]
-            quoted = one.select(F.to_json(F.struct(F.lit(0).alias(name)))).first()[0][1 : -len(":0}")]
+            [member_row] = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).collect()
+            member = member_row[0][1:-1]
+            [quoted] = self._json_names([name])
             for chunk in self._scan(client, keys):
                 self._redis("writing to", script, keys=chunk, args=[member, quoted])
             self._redis("writing to", client.sadd, keys.defaults_key, name)

@@ -487,7 +487,7 @@ def default_values(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
     fields = [f for f in batch.spark_schema.fields if f.name in batch.defaults]
     if not fields:
         return {}
-    row = (
+    [row] = (
         spark.range(1)
         .select(
             *(
@@ -495,7 +495,7 @@ def default_values(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
                 for i, f in enumerate(fields)
             )
         )
-        .first()
+        .collect()
     )
     values = {}
     for i, f in enumerate(fields):
@@ -514,6 +514,14 @@ class Row:
     """One net change, decoded on an executor (`encoders(layout)` gives `codecs`)."""
 
     __slots__ = ("id", "key", "lsn", "op", "seq", "unchanged", "values", "version")
+    id: str
+    key: list[Any]
+    lsn: int
+    op: str
+    seq: int
+    unchanged: tuple[str, ...]  # columns whose unchanged TOAST value the document keeps
+    values: dict[str, Any] | None  # None: a delete
+    version: int
 
     def __init__(self, layout: RowLayout, codecs: list[Callable[[Any], Any] | None], raw: tuple) -> None:
         self.lsn = raw[layout.lsn]
