@@ -75,6 +75,7 @@ LSNs are lower than the cached positions needs the cache (and its `__cdc:*` keys
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column as SparkColumn
@@ -95,7 +96,7 @@ from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
-from sinks.changes import META_COLUMNS, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, Batch, NetChanges
 from sinks.executor_env import missing_error, provide
 from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
@@ -235,14 +236,14 @@ class RedisSink(Sink):
                 return
 
     # ---- Sink ------------------------------------------------------------------------------------
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         self._keys = {k.table: k for k in self.template.check_distinct([b.table for b in batches])}
         client = self._client()
         for batch in batches:
             self._rename_columns(client, batch)
             self._backfill_defaults(client, batch)
 
-    def _rename_columns(self, client: Any, batch: TableBatch) -> None:
+    def _rename_columns(self, client: Any, batch: Batch) -> None:
         """A renamed source column: every cached row of the table holding it under an older name
         gets the member renamed (idempotent, so a cut applied again changes nothing more)."""
         if not batch.renames:
@@ -256,7 +257,7 @@ class RedisSink(Sink):
             for chunk in self._scan(client, keys):
                 self._redis("writing to", script, keys=chunk, args=args)
 
-    def _retire_columns(self, client: Any, keys: TableKeys, batch: TableBatch) -> None:
+    def _retire_columns(self, client: Any, keys: TableKeys, batch: Batch) -> None:
         """`dropped_columns: null | drop`: the columns the source dropped in this cut set to null in,
         or removed from, every cached row of the table (idempotent: a replayed cut changes nothing more)."""
         how = self.config.dropped_columns
@@ -280,7 +281,7 @@ class RedisSink(Sink):
         )
         return [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]
 
-    def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
+    def _backfill_defaults(self, client: Any, batch: Batch) -> None:
         names = [c.name for c in batch.schema.columns]
         wanted = [n for n in batch.defaults if n in names]
         if not wanted:
@@ -302,7 +303,7 @@ class RedisSink(Sink):
                 self._redis("writing to", script, keys=chunk, args=[member, quoted])
             self._redis("writing to", client.sadd, keys.defaults_key, name)
 
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         stats = ApplyStats(str(batch.table))
         keys = self._keys.get(batch.table) or self.template.for_table(batch.table)
         client = self._client()
@@ -331,7 +332,7 @@ class RedisSink(Sink):
             gone += int(self._redis("writing to", purge, keys=[keys.truncate_key, *chunk]))
         return gone
 
-    def _write(self, batch: TableBatch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
+    def _write(self, batch: Batch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
         names = [f.name for f in batch.spark_schema.fields]
         key = keys.key_column(batch.spark_schema, batch.key_columns)
         # 'o': a column the source dropped (retired) is optional in the cached row (scripts.UPSERT)
@@ -381,7 +382,7 @@ class RedisSink(Sink):
         finally:
             log.close()
 
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         schema = batch_schema.spark_schema if batch_schema is not None else self._schema_of(table)
         client = self._client()
         keys = self.template.for_table(table)

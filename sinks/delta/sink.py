@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
-from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, Batch, NetChanges
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import forget_table, record_cut, table_version
@@ -190,7 +191,7 @@ class DeltaSink(Sink):
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
         return ColumnNames.of_table(mode not in (None, "none"), schema)
 
-    def _plan(self, source: TableBatch) -> _Evolution:
+    def _plan(self, source: Batch) -> _Evolution:
         path = self.path_of(source.table)
         exists = self._exists(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema if exists else None
@@ -258,7 +259,7 @@ class DeltaSink(Sink):
             )
         return plan
 
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
         self._created: set[str] = set()
         self._replaced: dict[str, _Evolution] = {p.path: p for p in plans if p.replace}
@@ -366,7 +367,7 @@ class DeltaSink(Sink):
     def wants_versions(self) -> bool:
         return self.scd2
 
-    def apply(self, source: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, source: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         path = self.path_of(source.table)
         stats = ApplyStats(str(source.table))
         # the batch with the columns named as the table stores them (sinks/delta/batch.py)
@@ -472,7 +473,7 @@ class DeltaSink(Sink):
         return "(s._cdc_lsn < t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq <= t._cdc_seq))"
 
     # ---- reads ---------------------------------------------------------------------------------
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         path = self.path_of(table)
         if not self._exists(path):
             return None

@@ -6,7 +6,7 @@ executors (opensearch_bulk.py); the driver manages the indexes and their generat
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.ground.errors import EngineSettingError, SinkError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from sinks.changes import TableBatch
+from sinks.changes import Batch
 from sinks.executor_env import missing_error, provide
 from sinks.search.documents import FieldSpec, pending_renames
 from sinks.search.opensearch_bulk import (
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 class _Create:
     """The table's first index generation."""
 
-    batch: TableBatch
+    batch: Batch
     alias: str
 
 
@@ -57,7 +57,7 @@ class _Create:
 class _Rebuild:
     """A new generation, the documents copied over (a column renamed, retyped or added with a default)."""
 
-    batch: TableBatch
+    batch: Batch
     alias: str
     concrete: str  # the generation the alias names now
     meta: dict[str, Any]
@@ -69,7 +69,7 @@ class _Rebuild:
 class _Update:
     """New columns mapped in place, and the generation's settings brought up to date."""
 
-    batch: TableBatch
+    batch: Batch
     alias: str
     concrete: str
     meta: dict[str, Any]
@@ -208,13 +208,13 @@ class OpenSearchSink(SearchSink):
                 )
 
     # ---- prepare ---------------------------------------------------------------------------------
-    def _fills(self, batch: TableBatch, new_columns: list[str]) -> dict[str, Any]:
+    def _fills(self, batch: Batch, new_columns: list[str]) -> dict[str, Any]:
         """The constant DEFAULTs of columns the index does not map yet, as documents hold them."""
         if not any(c in batch.defaults for c in new_columns):
             return {}  # no Spark job
         return {c: v for c, v in self._defaults(batch).items() if c in new_columns}
 
-    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+    def _prepare(self, batches: Sequence[Batch], specs: dict[TableName, list[FieldSpec]]) -> None:
         client = self.client()
         actions: list[_Create | _Rebuild | _Update] = []  # decided for every table before any changes
         with self.calls("the index check"):

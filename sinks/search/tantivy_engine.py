@@ -42,7 +42,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,7 +54,7 @@ from pyspark.sql import types as T
 from cdc.ground.errors import SinkError, UsageError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from sinks.changes import TableBatch
+from sinks.changes import Batch
 from sinks.delta.paths import table_path
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
@@ -374,7 +374,7 @@ class IndexPlan:
     fields: tuple[Field, ...]
     layout: RowLayout
     truncate: int | None
-    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
+    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Batch.renames
     base: int | None = None  # version of a new base: older documents are not carried into a rebuild
     rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
     defaults: dict[str, Any] = field(default_factory=dict)  # WriteJob.defaults, given to rows in a rebuild
@@ -557,7 +557,7 @@ class TantivySink(SearchSink):
     def describe(self) -> str:
         return f"{self.name} (search, tantivy at {self.base})"
 
-    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+    def _prepare(self, batches: Sequence[Batch], specs: dict[TableName, list[FieldSpec]]) -> None:
         for batch in batches:
             if not batch.bootstrap and open_index(self.table_dir(batch.table)) is None:
                 raise SinkError(
