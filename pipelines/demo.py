@@ -65,7 +65,8 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
     directory.mkdir(parents=True)
     server_dir = Path(tempfile.mkdtemp(prefix="cdc-demo-pg-"))
     server = LocalPostgres(server_dir, durable=False)
-    redis = LocalRedis(server_dir / "redis", appendonly=False)
+    local_redis = LocalRedis(server_dir / "redis", appendonly=False)
+    redis: LocalRedis | None = local_redis  # None once it could not start
     try:
         step("starting a throwaway PostgreSQL (wal_level=logical) and Redis on 127.0.0.1")
         server.start()
@@ -74,8 +75,8 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         dsn = server.dsn("shop")
         say(f"      PostgreSQL listening on port {server.port}; data in {server_dir}")
         try:
-            redis.start()
-            say(f"      Redis listening on port {redis.port}")
+            local_redis.start()
+            say(f"      Redis listening on port {local_redis.port}")
         except ServiceError as exc:
             redis = None
             say(f"      no Redis, so the demo skips the cache follower: {exc}")
@@ -210,7 +211,7 @@ def _show_followers(pipeline, redis_url: str | None, say: Callable[[str], None])
         say(f"      {_shorten(value)}")
 
 
-def _shorten(value: bytes | None) -> str:
+def _shorten(value: bytes | str | None) -> str:
     """The cached JSON with long strings cut, so a 6 kB bio fits on a line."""
     if value is None:
         return "(missing)"

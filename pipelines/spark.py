@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -197,7 +198,7 @@ def warehouse_conf(pipeline: Pipeline | None) -> dict[str, str]:
 JOINED_CONF = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 
-def with_user_conf(conf: dict[str, str], user: dict[str, object]) -> dict[str, str]:
+def with_user_conf(conf: dict[str, str], user: Mapping[str, object]) -> dict[str, str]:
     """`conf` with the pipeline's `spark.conf` over it; JOINED_CONF values are joined, so that a
     user's `-XX:` flag does not drop cdc's own `-Dderby.system.home`."""
     merged = dict(conf)
@@ -384,6 +385,8 @@ def _probe_master(master: str, conf: dict[str, str]) -> None:
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm
+    if jvm is None:  # _launch_jvm (or spark-submit's gateway, _submitted_conf) started it just before
+        raise RuntimeError("Spark's JVM gateway is not up")
     host, _, port = master.removeprefix("spark://").split(",")[0].rpartition(":")
     if not port_answers(host, int(port)):
         raise EngineSettingError(

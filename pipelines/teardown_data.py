@@ -19,6 +19,9 @@ from kafka.errors import KafkaError
 
 from cdc.ground.config import KafkaLog, Pipeline
 from cdc.ground.errors import CdcError, LogError, UsageError
+from sinks.delta.settings import DeltaSettings
+from sinks.iceberg.settings import IcebergSettings
+from sinks.search.settings import SearchSettings
 
 
 def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
@@ -26,15 +29,16 @@ def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for sink in pipeline.sinks:
         settings = sink.settings
-        if sink.kind == "delta":
+        if isinstance(settings, DeltaSettings):
             out[sink.name] = pipeline.path(settings.path).resolve()
-        elif sink.kind == "iceberg":  # its warehouse, or the SQLite catalog of a warehouse elsewhere
+        elif isinstance(settings, IcebergSettings):
+            # its warehouse, or the SQLite catalog of a warehouse elsewhere
             from sinks.iceberg.catalog import sqlite_file, warehouse
 
             local = "://" not in settings.warehouse
             if local or settings.catalog.type == "sqlite":
                 out[sink.name] = Path(warehouse(settings, pipeline)) if local else sqlite_file(sink, pipeline)
-        elif sink.kind == "search" and getattr(settings, "engine", "") == "tantivy":
+        elif isinstance(settings, SearchSettings) and settings.engine == "tantivy":
             out[sink.name] = (
                 pipeline.path(settings.path) if settings.path else pipeline.state_path / "search"
             ).resolve()

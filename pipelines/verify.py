@@ -476,8 +476,10 @@ def run_verify(
         for s in sinks:  # a sink's table_options naming a column the table lacks: exit 2 before reading
             for t in sink_tables(s, all_tables):
                 shape_of(s, t, schemas[t])
+        server = report.server
+        assert server is not None  # check_pipeline_source reads it before anything else
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
-            source = copy_source(pipeline, report.server.version, schemas, workdir, report.filters)
+            source = copy_source(pipeline, server.version, schemas, workdir, report.filters)
         say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         out_of_memory_point("verify:compare", spark)
         views = ViewCheck(pipeline, spark, reader, plans)
@@ -600,10 +602,11 @@ def _verify_sink(
                     )
                 )
             verdict.tables[-1].not_compared = source.generated.get(table, [])
-        for name in sink_views(sink_cfg) if views is not None else []:
-            _verify_view(views, sink, name, source, view_lsn or 0, verdict)
-            if verdict.behind:
-                return verdict
+        if views is not None:
+            for name in sink_views(sink_cfg):
+                _verify_view(views, sink, name, source, view_lsn or 0, verdict)
+                if verdict.behind:
+                    return verdict
     except CdcError as exc:
         verdict.error = str(exc)
     return verdict

@@ -143,7 +143,7 @@ class ViewCheck:
         self, sink: Sink, name: str, columns: list[tuple[str, T.DataType]], key: tuple[str, ...]
     ) -> DataFrame | None:
         like = ViewBatch(self.spark, name, "", -1, -1, False, columns, key, 0)
-        return sink.current(view_table(name), like)  # type: ignore[arg-type]
+        return sink.current(view_table(name), like)
 
 
 def view_columns(pipeline: Pipeline, name: str) -> tuple[list[tuple[str, T.DataType]], tuple[str, ...]]:

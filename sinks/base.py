@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from cdc.ground.config import Pipeline, SinkConfig
     from cdc.ground.tables import TableName
-    from sinks.changes import NetChanges, TableBatch
+    from sinks.changes import Batch, NetChanges
 
 
 @dataclass
@@ -118,17 +118,17 @@ class Sink(ABC):
 
     @property
     def wants_versions(self) -> bool:
-        """True if `apply` wants every version per key (TableBatch.versions) rather than the net change."""
+        """True if `apply` wants every version per key (Batch.versions) rather than the net change."""
         return False
 
     @abstractmethod
-    def prepare(self, batches: list[TableBatch]) -> None: ...
+    def prepare(self, batches: Sequence[Batch]) -> None: ...
 
     @abstractmethod
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats: ...
+    def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats: ...
 
     @abstractmethod
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         """The follower's rows for a table (None when it has none yet)."""
 
     def describe(self) -> str:

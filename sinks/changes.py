@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -58,7 +58,9 @@ def unchanged_flag(index: int) -> str:
     return f"__cdc_u_{index}"
 
 
-def typed_columns(schema: TableSchema, texts: list, kind: str = "pgtext") -> list[tuple[str, object, object]]:
+def typed_columns(
+    schema: TableSchema, texts: list[Column], kind: str = "pgtext"
+) -> list[tuple[str, Column, Column]]:
     """(name, typed value, cast-failed?) per column, from text expressions `texts` that hold
     PostgreSQL text output (kind "pgtext") or envelope JSON values (kind "envelope")."""
     types = schema_types(schema)
@@ -82,6 +84,46 @@ class NetChanges:
     def release(self) -> None:
         if self.cached is not None:
             self.cached.unpersist()
+
+
+class Batch(Protocol):
+    """What a sink reads of a table's batch: a TableBatch, or a derived view's (sinks/viewbatch.py)."""
+
+    @property
+    def table(self) -> TableName: ...
+    @property
+    def schema(self) -> TableSchema: ...
+    @property
+    def bootstrap(self) -> bool: ...  # the follower starts the table over
+    @property
+    def snapshot_lsn(self) -> int | None: ...
+    @property
+    def first_offset(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def value_kind(self) -> str: ...
+    @property
+    def defaults(self) -> dict[str, tuple[int, str]]: ...
+    @property
+    def retired(self) -> frozenset[str]: ...
+    @property
+    def renames(self) -> dict[str, tuple[str, ...]]: ...
+    @property
+    def key_columns(self) -> tuple[str, ...]: ...
+    @property
+    def spark_schema(self) -> T.StructType: ...
+    @property
+    def empty(self) -> bool: ...
+    @property
+    def truncate_position(self) -> tuple[int, int] | None: ...
+    @property
+    def truncates(self) -> list[tuple[int, int, int | None]]: ...
+    def default_value(self, column: str) -> Column: ...
+    def check(self) -> None: ...
+    def net(self) -> NetChanges: ...
+    def versions(self) -> NetChanges: ...
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -223,7 +265,7 @@ class TableBatch:
                 flag = unchanged_flag(i)
                 selects.append(F.col(resolved[i]).isNull().alias(flag))
                 unchanged[name] = flag
-        meta = [
+        meta: list[Column | str] = [
             F.col("lsn").alias("_cdc_lsn"),
             F.col("seq").alias("_cdc_seq"),
             F.col("op").alias("_cdc_op"),
@@ -260,20 +302,20 @@ class TableBatch:
         else:
             latest = Window.partitionBy(*partition).orderBy(F.col("lsn").desc(), F.col("seq").desc())
             df = df.withColumn("__cdc_rn", F.row_number().over(latest)).filter(F.col("__cdc_rn") == 1)
-        extra = []
+        extra: list[str] = []
         if partition != ["key"]:
             by_key = Window.partitionBy("key").orderBy("lsn")
-            extra = [
+            df = df.select(
+                "*",
                 F.lead("lsn").over(by_key).alias("_cdc_next_lsn"),
                 F.timestamp_micros(F.lead("ts").over(by_key)).alias("_cdc_next_ts"),
-            ]
-            df = df.select("*", *extra)
+            )
             extra = ["_cdc_next_lsn", "_cdc_next_ts"]
         self._summary  # noqa: B018 - every value is checked to fit before anything is written
         typed, unchanged = self._typed(df, resolved, extra)
         return NetChanges(typed, unchanged)
 
-    def _cast_error(self, bad: list[tuple[str, object]]) -> None:
+    def _cast_error(self, bad: list[tuple[str, bytes | bytearray]]) -> None:
         column, key = bad[0]
         shown = bytes(key).decode(errors="replace").replace("\t", ", ")
         col = next(c for c in self.schema.columns if c.name == column)

@@ -23,6 +23,7 @@ renamed column stays excluded or masked.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from pyspark.sql import Column as SparkColumn
@@ -135,8 +136,8 @@ def shape_of(
     aliases = {n: (n, *renames.get(n, ())) for n in names}  # current name -> every name it had
     known = {a for al in aliases.values() for a in al}
     where = f"sinks: {sink.name}: {sink.kind}: table_options: {table}"
-    for listed in (options.columns or [], options.exclude_columns or [], list(options.mask)):
-        for column in listed:
+    for given in (options.columns or [], options.exclude_columns or [], list(options.mask)):
+        for column in given:
             if column not in known:
                 raise _bad(
                     sink,
@@ -145,10 +146,10 @@ def shape_of(
                     f"correct the column name under {where} (a column dropped in the source leaves the file too)",
                 )
 
-    def rule(values, column: str):
+    def rule(values: Mapping[str, str], column: str) -> str | None:
         return next((values[a] for a in aliases[column] if a in values), None)
 
-    def listed(values, column: str) -> bool:
+    def listed(values: Collection[str], column: str) -> bool:
         return any(a in values for a in aliases[column])
 
     kept: list[int] = []
@@ -222,7 +223,9 @@ def shape_batch(batch: TableBatch, sink: SinkConfig) -> TableBatch:
         kind = shape.masks.get(column)
         if kind == "null":
             continue  # rows from before the column hold NULL like every other row
-        defaults[column] = (lsn, text if kind is None else mask_text(kind, shape.key, text))
+        masked = text if kind is None else mask_text(kind, shape.key, text)
+        assert masked is not None  # a text hashed or redacted is text ("null" went above)
+        defaults[column] = (lsn, masked)
     shaped = TableBatch(
         batch.table,
         shape.schema,

@@ -178,15 +178,20 @@ def scalar_from_envelope(text: SparkColumn, target: T.DataType, t: PgType) -> Sp
     return text.try_cast(target)
 
 
+def nested_array(element: T.DataType, depth: int) -> T.ArrayType:
+    """`element` in `depth` (at least 1) levels of array."""
+    out = T.ArrayType(element)
+    for _ in range(depth - 1):
+        out = T.ArrayType(out)
+    return out
+
+
 def from_envelope(text: SparkColumn, t: PgType, column: Column) -> SparkColumn:
     """Envelope JSON value text -> the Spark type of `spark_type(t, column)`."""
     target = spark_type(t, column)
     if t.kind == "array" and t.element is not None:
         depth = max(column.ndims, 1)
-        as_text: T.DataType = T.StringType()
-        for _ in range(depth):
-            as_text = T.ArrayType(as_text)
-        parsed = F.from_json(text, as_text)
+        parsed = F.from_json(text, nested_array(T.StringType(), depth))
         elem_type = scalar_type(t.element, column.typmod)
         if isinstance(elem_type, T.StringType):
             return parsed
@@ -212,10 +217,7 @@ def cast_failures(
         ):
             return text.isNotNull() & typed.isNull()
         if kind == "envelope":
-            as_text: T.DataType = T.StringType()
-            for _ in range(depth):
-                as_text = T.ArrayType(as_text)
-            parsed = F.from_json(text, as_text)
+            parsed = F.from_json(text, nested_array(T.StringType(), depth))
         else:
             parsed = _parse_pg_array(t.delimiter, depth)(text)
         return text.isNotNull() & (

@@ -37,7 +37,7 @@ from pipelines.faults import crash_point
 from pipelines.stages import stage
 from pipelines.views.state import ViewState
 from sinks.base import ApplyStats, Sink
-from sinks.changes import TableBatch
+from sinks.changes import Batch, TableBatch
 from sinks.marker import Marker
 from sinks.shaping import shape_batch, shape_of, shape_record
 from sinks.viewbatch import ViewBatch, view_table
@@ -120,7 +120,7 @@ class SinkCut:
         self._clear_for_rebuild(sink)
         self._rebuild_reshaped(sink)
         self._check_markers(sink)
-        batches = self._table_batches(self._plan_ranges(purged))
+        batches: list[Batch] = [*self._table_batches(self._plan_ranges(purged))]
         self.targets = view_targets(self.views, self.ckpt)
         # the followed views' changes in this cut, applied like tables
         batches += view_batches(self.spark, self.pipeline, sink, self.targets, self.ckpt)
@@ -305,7 +305,7 @@ class SinkCut:
             ckpt.pending["views"] = {n: t.record() for n, t in self.targets.items()}
         save_checkpoint(self.pipeline.state_path, ckpt)
 
-    def _apply_tables(self, sink: Sink, batches: list) -> None:
+    def _apply_tables(self, sink: Sink, batches: list[Batch]) -> None:
         """Every batch read and checked, the follower prepared (schemas checked and evolved), then
         each table applied, side by side where the sink allows (pipelines/apply/parallel.py)."""
         name, cut_id = self.sink_cfg.name, self.cut_id
@@ -331,7 +331,7 @@ class SinkCut:
             for batch in batches:  # those a failure kept from starting (the others released theirs)
                 batch.release()
 
-    def _apply_table(self, sink: Sink, slot: Slot[TableBatch]) -> ApplyStats:
+    def _apply_table(self, sink: Sink, slot: Slot[Batch]) -> ApplyStats:
         """One table of the cut, in the session of the thread it runs on."""
         batch = slot.item
         if slot.finished_before:  # another table of the cut is committed, this one not yet written
@@ -345,13 +345,13 @@ class SinkCut:
             ):
                 changes = batch.versions() if sink.wants_versions else batch.net()
                 try:
-                    return sink.in_session(slot.spark).apply(batch, changes, self.cut_id)
+                    return sink.in_session(slot.session).apply(batch, changes, self.cut_id)
                 finally:
                     changes.release()
         finally:
             batch.release()  # its cached events, as soon as the table is done
 
-    def _write_markers(self, sink: Sink, batches: list) -> None:
+    def _write_markers(self, sink: Sink, batches: list[Batch]) -> None:
         """Each applied table's marker (sinks/marker.py), after the rows: a marker never claims more
         than the engine holds."""
         ckpt, by_name = self.ckpt, self.by_name
@@ -363,7 +363,7 @@ class SinkCut:
             else (self.cut_tables[str(b.table)].base, b.last_offset)
             for b in batches
         }
-        ends |= {by_name[n]: tuple(ckpt.tables[n]) for n in redo if by_name[n] not in ends}
+        ends |= {by_name[n]: (ckpt.tables[n][0], ckpt.tables[n][1]) for n in redo if by_name[n] not in ends}
         name = self.sink_cfg.name
         markers = [
             (table, Marker(self.pipeline.name, name, sink.log_id, base, end, self.cut_id).to_json())
@@ -372,7 +372,7 @@ class SinkCut:
         with stage(f"sink {name}: cut {self.cut_id}: writing {len(markers)} marker(s)"):
             run_tasks(
                 markers,
-                lambda slot: sink.in_session(slot.spark).write_marker(*slot.item),
+                lambda slot: sink.in_session(slot.session).write_marker(*slot.item),
                 self.job.parallelism(sink),
                 self.spark,
                 name,

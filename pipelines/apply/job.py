@@ -62,7 +62,7 @@ class ApplyJob:
         self.checked: dict[str, float] = {}
 
     def guard_stalls(
-        self, report: Callable[[str, str, int], None], before_exit: Callable[[], None] = lambda: None
+        self, report: Callable[[str, str, int], None], before_exit: Callable[[], object] = lambda: None
     ) -> None:
         """End the process when a cut's apply stops moving (pipelines/apply/stall.py)."""
         timeout = self.pipeline.spark.stall_timeout_s
@@ -104,9 +104,9 @@ class ApplyJob:
         to restart), its cause said plainly, instead of each follower's py4j error."""
         code = driver_jvm_exit(self.spark)
         if code is not None:
-            memory = self.pipeline.spark.conf.get("spark.driver.memory")
+            memory = self.pipeline.spark.conf.get("spark.driver.memory")  # YAML may give a number
             kept = "every follower keeps its checkpoint, and its pending cut is applied again exactly"
-            raise driver_exit_error(code, memory, kept)
+            raise driver_exit_error(code, None if memory is None else str(memory), kept)
 
     def _run_once(self, sinks: list[SinkConfig]) -> list[SinkRun]:
         log = open_log_view(self.pipeline)
@@ -255,7 +255,7 @@ class ApplyJob:
             if sink.markers and ckpt.markers:
                 base, end = ckpt.tables[slot.item]
                 expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
-            return why_lost(sink.in_session(slot.spark), by_name[slot.item], expected)
+            return why_lost(sink.in_session(slot.session), by_name[slot.item], expected)
 
         # table by table a few small reads each: side by side like the tables' MERGEs
         reasons = run_tasks(applied, why, self.parallelism(sink), self.spark, sink_cfg.name)

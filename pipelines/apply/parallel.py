@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from sinks.jvm import driver_jvm
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -51,6 +53,13 @@ class Slot(Generic[T]):
     index: int  # its place in the given order
     spark: SparkSession | None  # the session to run Spark work in (its thread's own in parallel runs)
     finished_before: int  # how many tasks had finished when this one started
+
+    @property
+    def session(self) -> SparkSession:
+        """`spark`, for work that runs Spark jobs: run_tasks was given a session."""
+        if self.spark is None:
+            raise TypeError("this task runs Spark work, but run_tasks was given no session")
+        return self.spark
 
 
 class _Skipped:
@@ -97,7 +106,7 @@ class _Pool:
         if session is None and self.spark is not None:
             session = self._local.spark = clone_session(self.spark)
             # Thread-local in the JVM (pinned threads): code that asks for the active session gets this one.
-            session._jvm.SparkSession.setActiveSession(session._jsparkSession)
+            driver_jvm(session).SparkSession.setActiveSession(session._jsparkSession)
             self.spark.sparkContext.setLocalProperty(POOL_PROPERTY, self.pool)
         return session
 

@@ -33,7 +33,7 @@ class StallGuard:
         spark: Any,
         timeout_s: float,
         report: Callable[[str, str, int], None],
-        before_exit: Callable[[], None] = lambda: None,
+        before_exit: Callable[[], object] = lambda: None,
         every_s: float = 2.0,
     ):
         self.spark, self.timeout_s, self.report, self.before_exit = spark, timeout_s, report, before_exit

@@ -109,8 +109,10 @@ def view_batches(
     for name, target in targets.items():
         table = view_table(name)
         done = ckpt.tables.get(str(table))
-        bootstrap = done is None or done[0] != target.epoch
-        if not bootstrap and done[1] >= target.version:
+        # the out table's version the follower reached in this epoch (None: it starts the view over)
+        reached = None if done is None or done[0] != target.epoch else done[1]
+        bootstrap = reached is None
+        if reached is not None and reached >= target.version:
             continue  # nothing new in the view
         if bootstrap:
             if done is not None:
@@ -125,7 +127,7 @@ def view_batches(
                 spark,
                 name,
                 str(out_path(pipeline.state_path, name)),
-                -1 if bootstrap else done[1],
+                -1 if reached is None else reached,
                 target.version,
                 bootstrap,
                 columns,

@@ -219,13 +219,14 @@ class Feeds:
             flt = await self.filter(request, feed)
             limit = min(int(request.query_params.get("limit", "1000")), self.options.page_max)
             page = int(request.query_params.get("page", "0"))
-            cut_id = request.query_params.get("cut")
+            asked = request.query_params.get("cut")
         except (ValueError, UsageError) as exc:
             return _bad(exc)
-        if cut_id is None:
+        if asked is None:
             cut_id, lsn, position, rows = await self._state(feed)
         else:
-            cached = self.states.get((feed.name, int(cut_id)))
+            cut_id = int(asked)
+            cached = self.states.get((feed.name, cut_id))
             if cached is None:
                 return _json(
                     409,
@@ -272,7 +273,7 @@ class Feeds:
                 task = self.computing[key] = asyncio.ensure_future(
                     asyncio.to_thread(access.state_at, self.hub.renderer, feed.shape, rng.base, rng.end)
                 )
-                task.add_done_callback(lambda _t, k=key: self.computing.pop(k, None))
+                task.add_done_callback(lambda _t: self.computing.pop(key, None))
             rows = await asyncio.shield(task)
             self.states[key] = (cut.lsn, rng.end, rows)
         self.states.move_to_end(key)

@@ -119,7 +119,8 @@ class ViewAccess:
         if state is not None and state.epoch > 0 and state.version >= 0:
             from deltalake import DeltaTable
 
-            table_id = DeltaTable(str(self.path(view)), version=state.version).metadata().id
+            # str(): deltalake types the id int, it is the table's UUID text
+            table_id = str(DeltaTable(str(self.path(view)), version=state.version).metadata().id)
             at = ViewAt(
                 view, table_id.replace("-", ""), state.version, state.cut_id, state.lsn, tuple(state.key)
             )
@@ -195,7 +196,7 @@ class ViewAccess:
         from deltalake import DeltaTable
 
         table = DeltaTable(str(self.path(at.view)), version=end)
-        if table.metadata().id.replace("-", "") != at.table_id:
+        if str(table.metadata().id).replace("-", "") != at.table_id:
             raise RuntimeError("the out table was replaced while reading")
         rows = pa.table(table.load_cdf(starting_version=version + 1, ending_version=end)).to_pylist()
         by_version: dict[int, list[dict[str, Any]]] = {}

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.ground.clock import now_ms
@@ -303,6 +303,7 @@ class ViewMaintainer:
         run = ViewRun(name, base.cut_id, mode, reason, epoch, new_epoch)
         out = str(out_path(self.state, name))
         app_id = f"{self.app_prefix}:{name}"
+        metrics: dict[str, Any] | None
         if new_epoch:
             assert full_rows is not None
             metrics = self._replace(out, full_rows, app_id, base.cut_id)
@@ -435,7 +436,7 @@ class ViewMaintainer:
         columns = [c for c in source.columns if c != OP]
         on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in plan.key)
         differs = " OR ".join(f"NOT (t.{q(c)} <=> s.{q(c)})" for c in columns if c not in plan.key) or "false"
-        values = {q(c): F.col(f"s.{q(c)}") for c in columns}
+        values: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in columns}
         merge = (
             DeltaTable.forPath(self.spark, out)
             .alias("t")
@@ -467,7 +468,7 @@ class ViewMaintainer:
         builder.execute()
         with follower_write(self.spark, app_id, cut_id):
             rows.write.format("delta").mode("append").save(out)
-        history = DeltaTable.forPath(self.spark, out).history(1).first()
+        [history] = DeltaTable.forPath(self.spark, out).history(1).collect()  # the append just made
         return {"num_inserted_rows": int((history["operationMetrics"] or {}).get("numOutputRows", 0))}
 
     def _check_unique(self, out: str, plan: ViewPlan) -> None:

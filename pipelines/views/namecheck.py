@@ -38,8 +38,8 @@ def output_names(plan: ViewPlan, columns: Mapping[TableName, Sequence[str]]) -> 
         # an unnamed expression: Spark makes up its name (count(1)), sqlglot another (_col_0)
         if any(not isinstance(e, exp.Alias | exp.Column | exp.Star) for e in tree.selects):
             return None
-        qualified = qualify(
-            tree, schema=schema, dialect=DIALECT, validate_qualify_columns=True, quote_identifiers=False
+        qualified = qualify(  # dict(): sqlglot types its schema dict[str, object]
+            tree, schema=dict(schema), dialect=DIALECT, validate_qualify_columns=True, quote_identifiers=False
         )
         return [e.alias_or_name for e in qualified.selects]
     except (SqlglotError, KeyError, ValueError):  # not resolved (or not understood): Spark decides

@@ -55,7 +55,7 @@ class _Occ:
 
 @dataclass(frozen=True)
 class _Conjunct:
-    expr: exp.Expression  # columns qualified with occurrence aliases
+    expr: exp.Expr  # columns qualified with occurrence aliases
     occs: frozenset[int]
     edge: tuple[int, int] | None  # an equality between columns of two occurrences
 
@@ -73,11 +73,11 @@ class ViewPlan:
     anchor_columns: tuple[str, ...]  # per key column, the anchor table's column it is
     fingerprint: str  # sha256 of normalised SQL + key: changed -> the view is rebuilt
     # the parsed view and what keys_sql needs (incremental only)
-    _tree: exp.Expression = field(repr=False, compare=False)
+    _tree: exp.Expr = field(repr=False, compare=False)
     _occs: tuple[_Occ, ...] = field(default=(), repr=False, compare=False)
     _anchor_occ: int = field(default=-1, repr=False, compare=False)
     _conjuncts: tuple[_Conjunct, ...] = field(default=(), repr=False, compare=False)
-    _key_exprs: tuple[exp.Expression, ...] = field(default=(), repr=False, compare=False)
+    _key_exprs: tuple[exp.Expr, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def incremental(self) -> bool:
@@ -94,7 +94,7 @@ class ViewPlan:
         and column qualifiers keep working."""
         return self._rendered(sources).sql(dialect=DIALECT)
 
-    def _rendered(self, sources: Mapping[TableName, str]) -> exp.Expression:
+    def _rendered(self, sources: Mapping[TableName, str]) -> exp.Expr:
         tree = self._tree.copy()
         for node, table in _table_nodes(tree, self.tables):
             node.replace(_source(sources, table, node.alias or node.name))
@@ -215,7 +215,7 @@ def _fail(view: ViewConfig, problem: str, fix: str) -> UsageError:
     return UsageError(f"view {view.name}: {problem}", fix)
 
 
-def _parse(view: ViewConfig) -> exp.Expression:
+def _parse(view: ViewConfig) -> exp.Expr:
     try:
         statements = [s for s in sqlglot.parse(view.sql, read=DIALECT) if s is not None]
     except ParseError as exc:
@@ -235,14 +235,14 @@ def _parse(view: ViewConfig) -> exp.Expression:
     return tree
 
 
-def _fold(ident: exp.Expression | None) -> str:
+def _fold(ident: exp.Expr | None) -> str:
     """An identifier as PostgreSQL names it: unquoted ones fold to lower case."""
     if ident is None:
         return ""
     return ident.name if isinstance(ident, exp.Identifier) and ident.quoted else ident.name.lower()
 
 
-def _table_nodes(tree: exp.Expression, tables: Sequence[TableName]) -> list[tuple[exp.Table, TableName]]:
+def _table_nodes(tree: exp.Expr, tables: Sequence[TableName]) -> list[tuple[exp.Table, TableName]]:
     """The Table nodes naming captured tables (not CTE names), paired with the table, in order."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     by_lower = {(t.schema.lower(), t.name.lower()): t for t in tables}
@@ -259,7 +259,7 @@ def _table_nodes(tree: exp.Expression, tables: Sequence[TableName]) -> list[tupl
     return found
 
 
-def _drop_db_qualifiers(tree: exp.Expression) -> None:
+def _drop_db_qualifiers(tree: exp.Expr) -> None:
     """`public.orders.id` -> `orders.id`: the table is renamed, its alias (the table name) stays."""
     for col in tree.find_all(exp.Column):
         if col.args.get("db") is not None:
@@ -267,13 +267,13 @@ def _drop_db_qualifiers(tree: exp.Expression) -> None:
             col.set("catalog", None)
 
 
-def _conjuncts(condition: exp.Expression | None) -> list[exp.Expression]:
+def _conjuncts(condition: exp.Expr | None) -> list[exp.Expr]:
     if condition is None:
         return []
     return list(condition.flatten()) if isinstance(condition, exp.And) else [condition]
 
 
-def _output(e: exp.Expression) -> str | None:
+def _output(e: exp.Expr) -> str | None:
     if isinstance(e, exp.Alias):
         return e.alias
     if isinstance(e, exp.Column) and not isinstance(e.this, exp.Star):
@@ -281,7 +281,7 @@ def _output(e: exp.Expression) -> str | None:
     return None
 
 
-def _is_star(e: exp.Expression) -> bool:
+def _is_star(e: exp.Expr) -> bool:
     return isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
 
 
@@ -409,7 +409,7 @@ class _Analysis:
                 names.append(_output(e) or e.sql(dialect=DIALECT))
         return names
 
-    def star_columns(self, select: exp.Select, star: exp.Expression) -> list[str] | None:
+    def star_columns(self, select: exp.Select, star: exp.Expr) -> list[str] | None:
         if self.columns is None:
             return None
         tables = [n for n in [select.args.get("from_")] + (select.args.get("joins") or []) if n is not None]
@@ -453,7 +453,7 @@ class _Analysis:
             not agg.find_ancestor(exp.Window) for e in select.expressions for agg in e.find_all(exp.AggFunc)
         )
 
-    def projection_of(self, select: exp.Select, e: exp.Expression) -> exp.Expression | None:
+    def projection_of(self, select: exp.Select, e: exp.Expr) -> exp.Expr | None:
         """The SELECT item a GROUP BY expression is (by ordinal, alias or the same expression)."""
         items = select.expressions
         if isinstance(e, exp.Literal) and not e.is_string and e.name.isdigit():
@@ -614,7 +614,7 @@ class _Analysis:
         cols = (self.columns or {}).get(self.occs[i].table, ())
         return any(c.lower() == name.lower() for c in cols)
 
-    def conjunct(self, expr: exp.Expression) -> _Conjunct:
+    def conjunct(self, expr: exp.Expr) -> _Conjunct:
         qualified = _qualified(expr, self)
         occs = frozenset(self.resolve(c)[0] for c in expr.find_all(exp.Column))
         edge = None
@@ -683,7 +683,7 @@ class _Analysis:
             f"correct the column name (its columns: {', '.join(cols)})",
         )
 
-    def lineage(self, select: exp.Select) -> tuple[int, list[str], list[exp.Expression]] | str:
+    def lineage(self, select: exp.Select) -> tuple[int, list[str], list[exp.Expr]] | str:
         """(anchor occurrence, its column per key column, qualified key expressions), or why not."""
         traced: list[tuple[int, str]] = []
         for k in self.view.key:
@@ -711,7 +711,7 @@ class _Analysis:
         alias = self.occs[anchor].alias
         return anchor, [c for _, c in traced], [exp.column(c, table=alias, quoted=True) for _, c in traced]
 
-    def item_named(self, select: exp.Select, key: str) -> exp.Expression | tuple[int, str]:
+    def item_named(self, select: exp.Select, key: str) -> exp.Expr | tuple[int, str]:
         for e in select.expressions:
             if _is_star(e):
                 continue
@@ -727,7 +727,7 @@ class _Analysis:
         raise AssertionError(key)
 
 
-def _qualified(expr: exp.Expression, analysis: _Analysis) -> exp.Expression:
+def _qualified(expr: exp.Expr, analysis: _Analysis) -> exp.Expr:
     """A copy of `expr` with every column qualified by its occurrence's alias."""
     copy = expr.copy()
     for col in list(copy.find_all(exp.Column)):
@@ -738,7 +738,7 @@ def _qualified(expr: exp.Expression, analysis: _Analysis) -> exp.Expression:
     return copy
 
 
-def _bare(e: exp.Expression) -> str:
+def _bare(e: exp.Expr) -> str:
     """An expression's SQL without table qualifiers (GROUP BY o.x matches SELECT x)."""
     copy = e.copy()
     for col in copy.find_all(exp.Column):
@@ -747,7 +747,7 @@ def _bare(e: exp.Expression) -> str:
     return copy.sql(dialect=DIALECT, normalize=True)
 
 
-def fingerprint(tree: exp.Expression, key: Sequence[str]) -> str:
+def fingerprint(tree: exp.Expr, key: Sequence[str]) -> str:
     """sha256 of the normalised SQL (no comments, case-folded unquoted names, one spacing) and key."""
     text = tree.sql(dialect=DIALECT, normalize=True, comments=False)
     return hashlib.sha256(json.dumps([text, list(key)]).encode()).hexdigest()

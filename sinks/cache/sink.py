@@ -75,7 +75,8 @@ LSNs are lower than the cached positions needs the cache (and its `__cdc:*` keys
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
@@ -95,10 +96,15 @@ from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
 from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
-from sinks.changes import META_COLUMNS, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, Batch, NetChanges
 from sinks.executor_env import missing_error, provide
 from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from cdc.ground.config import Pipeline, SinkConfig
 
 TOMBSTONE_TTL_S = 7 * 24 * 3600
 SCAN_COUNT = 1000
@@ -144,7 +150,7 @@ def spark_schema(schema: TableSchema) -> T.StructType:
 class RedisSink(Sink):
     kind = "redis"
 
-    def __init__(self, config, pipeline, spark):
+    def __init__(self, config: SinkConfig, pipeline: Pipeline, spark: SparkSession) -> None:
         super().__init__(config, pipeline, spark)
         self.url: str = self.settings.url
         # executors get the URL without its password and the password by reference (README
@@ -230,44 +236,33 @@ class RedisSink(Sink):
                 return
 
     # ---- Sink ------------------------------------------------------------------------------------
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         self._keys = {k.table: k for k in self.template.check_distinct([b.table for b in batches])}
         client = self._client()
         for batch in batches:
             self._rename_columns(client, batch)
             self._backfill_defaults(client, batch)
 
-    def _rename_columns(self, client: Any, batch: TableBatch) -> None:
+    def _rename_columns(self, client: Any, batch: Batch) -> None:
         """A renamed source column: every cached row of the table holding it under an older name
         gets the member renamed (idempotent, so a cut applied again changes nothing more)."""
         if not batch.renames:
             return
         keys = self._keys[batch.table]
         names = sorted({n for new, olds in batch.renames.items() for n in (new, *olds)})
-        # Quoted exactly as to_json writes member names.
-        row = (
-            self.spark.range(1)
-            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
-            .first()
-        )
-        quoted = {n: row[f"q{i}"][1 : -len(":0}")] for i, n in enumerate(names)}
+        quoted = dict(zip(names, self._json_names(names), strict=True))
         script = client.register_script(scripts.RENAME)
         for new, olds in batch.renames.items():
             args = [quoted[new], *(quoted[o] for o in olds)]
             for chunk in self._scan(client, keys):
                 self._redis("writing to", script, keys=chunk, args=args)
 
-    def _retire_columns(self, client: Any, keys: TableKeys, batch: TableBatch) -> None:
+    def _retire_columns(self, client: Any, keys: TableKeys, batch: Batch) -> None:
         """`dropped_columns: null | drop`: the columns the source dropped in this cut set to null in,
         or removed from, every cached row of the table (idempotent: a replayed cut changes nothing more)."""
         how = self.config.dropped_columns
         names = sorted(batch.retired)
-        row = (
-            self.spark.range(1)
-            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
-            .first()
-        )
-        quoted = [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]  # as to_json writes the names
+        quoted = self._json_names(names)
         script = client.register_script(scripts.RETIRE)
         changed = 0
         for chunk in self._scan(client, keys):
@@ -277,7 +272,16 @@ class RedisSink(Sink):
             f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)"
         )
 
-    def _backfill_defaults(self, client: Any, batch: TableBatch) -> None:
+    def _json_names(self, names: list[str]) -> list[str]:
+        """Each name quoted exactly as to_json writes a member name (one small Spark job)."""
+        [row] = (
+            self.spark.range(1)
+            .select(*(F.to_json(F.struct(F.lit(0).alias(n))).alias(f"q{i}") for i, n in enumerate(names)))
+            .collect()
+        )
+        return [row[f"q{i}"][1 : -len(":0}")] for i in range(len(names))]
+
+    def _backfill_defaults(self, client: Any, batch: Batch) -> None:
         names = [c.name for c in batch.schema.columns]
         wanted = [n for n in batch.defaults if n in names]
         if not wanted:
@@ -292,13 +296,14 @@ class RedisSink(Sink):
         for name in todo:
             dtype = batch.spark_schema[name].dataType
             typed = json_ready(batch.default_value(name).cast(dtype), dtype)
-            member = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).first()[0][1:-1]
-            quoted = one.select(F.to_json(F.struct(F.lit(0).alias(name)))).first()[0][1 : -len(":0}")]
+            [member_row] = one.select(F.to_json(F.struct(typed.alias(name)), JSON_OPTIONS)).collect()
+            member = member_row[0][1:-1]
+            [quoted] = self._json_names([name])
             for chunk in self._scan(client, keys):
                 self._redis("writing to", script, keys=chunk, args=[member, quoted])
             self._redis("writing to", client.sadd, keys.defaults_key, name)
 
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         stats = ApplyStats(str(batch.table))
         keys = self._keys.get(batch.table) or self.template.for_table(batch.table)
         client = self._client()
@@ -327,7 +332,7 @@ class RedisSink(Sink):
             gone += int(self._redis("writing to", purge, keys=[keys.truncate_key, *chunk]))
         return gone
 
-    def _write(self, batch: TableBatch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
+    def _write(self, batch: Batch, changes: NetChanges, keys: TableKeys) -> dict[str, int]:
         names = [f.name for f in batch.spark_schema.fields]
         key = keys.key_column(batch.spark_schema, batch.key_columns)
         # 'o': a column the source dropped (retired) is optional in the cached row (scripts.UPSERT)
@@ -377,7 +382,7 @@ class RedisSink(Sink):
         finally:
             log.close()
 
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         schema = batch_schema.spark_schema if batch_schema is not None else self._schema_of(table)
         client = self._client()
         keys = self.template.for_table(table)

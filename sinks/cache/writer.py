@@ -34,8 +34,11 @@ def tagged_message(text: str) -> str | None:
     return found.group(1) if found else None
 
 
-def add_counts(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
+Counts = tuple[int, int, int, int]  # inserted, updated, deleted, ignored (write_partition's)
+
+
+def add_counts(a: Counts, b: Counts) -> Counts:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
 
 def connect(url: str, password: SecretRef | None = None) -> Any:

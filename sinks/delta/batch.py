@@ -8,13 +8,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.ground.tables import spark_ident as q
-from sinks.changes import NetChanges, TableBatch
+from sinks.changes import Batch, NetChanges
 from sinks.changes import cached_property as cached
 from sinks.delta.names import ColumnNames
 
 
 class DeltaBatch:
-    def __init__(self, batch: TableBatch, names: ColumnNames) -> None:
+    def __init__(self, batch: Batch, names: ColumnNames) -> None:
         self.source = batch
         self.names = names
         self.table = batch.table

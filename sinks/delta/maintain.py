@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import CUTS_DIR, cuts_path, list_cuts
+from sinks.jvm import driver_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -86,7 +87,8 @@ def files_of(spark: SparkSession, path: Path) -> Files:
         if f.endswith(".parquet")
     )
     log = [p.name for p in (path / "_delta_log").iterdir()]
-    live = DeltaTable.forPath(spark, str(path)).detail().first()["numFiles"]
+    [detail] = DeltaTable.forPath(spark, str(path)).detail().collect()  # one row
+    live = detail["numFiles"]
     return Files(
         data=data,
         live=int(live),
@@ -140,7 +142,7 @@ def vacuum(spark: SparkSession, path: Path, hours: float) -> None:
 
 def checkpoint(spark: SparkSession, path: Path) -> None:
     """A `_delta_log` checkpoint at the latest version (Delta's own, as every 10th commit makes)."""
-    jvm = spark.sparkContext._jvm
+    jvm = driver_jvm(spark)
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(path))
     none = jvm.scala.Option.empty()
     log.checkpoint(log.update(False, none, none), none)

@@ -83,7 +83,7 @@ def end_history(
     """SCD2: end the versions older than the base and retype the columns, in one commit."""
     base = batch.snapshot_lsn
     assert base is not None  # only planned for a batch from a new base
-    began = changes.df.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).first()[0]
+    [(began,)] = changes.df.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).collect()
     table = spark.read.format("delta").load(path)
     new_names = dict(rename)  # old name -> new name
     retyped = {name: new for name, _old, new in replace}

@@ -34,11 +34,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -46,7 +47,7 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
-from sinks.changes import META_COLUMNS, META_TYPES, POSITION_KEY, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, POSITION_KEY, Batch, NetChanges, TableBatch
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import forget_table, record_cut, table_version
@@ -67,6 +68,7 @@ from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 from sinks.delta.snapshot import reader_protocol, table_property, written_rows
+from sinks.jvm import driver_jvm
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -81,7 +83,7 @@ def comment_sql(metadata: dict) -> str:
 
 
 def _widenable(old: T.DataType, new: T.DataType) -> bool:
-    order = [T.ByteType, T.ShortType, T.IntegerType, T.LongType]
+    order: list[type[T.DataType]] = [T.ByteType, T.ShortType, T.IntegerType, T.LongType]
     kinds = [type(old), type(new)]
     if all(k in order for k in kinds):
         return order.index(kinds[0]) <= order.index(kinds[1])
@@ -137,7 +139,7 @@ class DeltaSink(Sink):
     def clear_table(self, table: TableName) -> None:
         # the directory goes, not only the rows: the new table keeps no txn version of an old cut,
         # which would make Delta skip the rebuild's writes as already applied
-        jvm = self.spark.sparkContext._jvm
+        jvm = driver_jvm(self.spark)
         path = jvm.org.apache.hadoop.fs.Path(self.path_of(table))
         path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
         forget_table(self.spark, self.base, table)  # its versions start over: older cuts cannot read it
@@ -177,7 +179,7 @@ class DeltaSink(Sink):
         return self.settings.mode == "scd2"
 
     def _meta(self) -> dict[str, T.DataType]:
-        meta = {m: META_TYPES[m] for m in META_COLUMNS}
+        meta: dict[str, T.DataType] = {m: META_TYPES[m] for m in META_COLUMNS}
         return meta | SCD2_COLUMNS if self.scd2 else meta
 
     def _names(self, path: str, schema: T.StructType | None = None) -> ColumnNames:
@@ -191,7 +193,7 @@ class DeltaSink(Sink):
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
         return ColumnNames.of_table(mode not in (None, "none"), schema)
 
-    def _plan(self, source: TableBatch) -> _Evolution:
+    def _plan(self, source: Batch) -> _Evolution:
         path = self.path_of(source.table)
         exists = self._exists(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema if exists else None
@@ -224,25 +226,25 @@ class DeltaSink(Sink):
                 have[f.name] = batch.source_name(f.name)
         names.check(str(batch.table), path, sources, have)
         for f in wanted.fields:
-            have = current.get(f.name)
-            if have is None:
+            stored = current.get(f.name)
+            if stored is None:
                 if f.name in batch.key_columns or f.name in meta:
                     raise SinkError(
                         f"Delta table {path} ({batch.table}) has no column {f.name!r}, which the follower needs",
                         "the table was changed by hand: restore the column, or move the table away so it is rebuilt",
                     )
                 plan.add.append(f)
-            elif have != f.dataType:
-                if f.name not in meta and _widenable(have, f.dataType):
+            elif stored != f.dataType:
+                if f.name not in meta and _widenable(stored, f.dataType):
                     plan.widen.append((f.name, f.dataType))
-                    plan.was[f.name] = have
+                    plan.was[f.name] = stored
                 elif f.name not in meta and batch.bootstrap and batch.snapshot_lsn is not None:
                     # A new base (a re-base after a table rewrite): the table is rebuilt from it, so the
                     # column may take the new type; the rewrite and the rebuild happen in apply.
-                    plan.replace.append((f.name, have, f.dataType))
-                elif not (isinstance(have, T.DecimalType | T.StringType) and have == f.dataType):
+                    plan.replace.append((f.name, stored, f.dataType))
+                elif not (isinstance(stored, T.DecimalType | T.StringType) and stored == f.dataType):
                     raise SinkError(
-                        f"Delta table {path} ({batch.table}): column {f.name!r} is {have.simpleString()} but the source "
+                        f"Delta table {path} ({batch.table}): column {f.name!r} is {stored.simpleString()} but the source "
                         f"now needs {f.dataType.simpleString()}, which Delta cannot widen to",
                         "move the Delta table away (it is rebuilt from the log on the next apply) or restore the column type",
                     )
@@ -259,7 +261,7 @@ class DeltaSink(Sink):
             )
         return plan
 
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
         self._created: set[str] = set()
         self._replaced: dict[str, _Evolution] = {p.path: p for p in plans if p.replace}
@@ -306,7 +308,8 @@ class DeltaSink(Sink):
         if not (plan.rename or plan.add or plan.widen):
             return
         target = f"delta.{q(plan.path)}"
-        properties = DeltaTable.forPath(self.spark, plan.path).detail().first()["properties"]
+        [detail] = DeltaTable.forPath(self.spark, plan.path).detail().collect()  # one row
+        properties = detail["properties"]
         mapped = has_column_mapping(properties)  # else names plain Delta cannot hold come encoded
         # widen in place on a table that has type widening already (made by an earlier version):
         # no reader loses anything more, and it costs no rewrite
@@ -332,10 +335,10 @@ class DeltaSink(Sink):
         if in_place:
             if not has_type_widening(properties):
                 self.spark.sql(set_properties_sql(target, TYPE_WIDENING))
-                what = ", ".join(
+                widened = ", ".join(
                     f"{n!r} {plan.was[n].simpleString()} -> {t.simpleString()}" for n, t in plan.widen
                 )
-                self._say_feature(batch, "typeWidening", f"on_type_change: widen, column(s) {what}")
+                self._say_feature(batch, "typeWidening", f"on_type_change: widen, column(s) {widened}")
             for name, dtype in plan.widen:
                 self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
 
@@ -367,7 +370,7 @@ class DeltaSink(Sink):
     def wants_versions(self) -> bool:
         return self.scd2
 
-    def apply(self, source: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, source: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         path = self.path_of(source.table)
         stats = ApplyStats(str(source.table))
         # the batch with the columns named as the table stores them (sinks/delta/batch.py)
@@ -390,7 +393,8 @@ class DeltaSink(Sink):
             )
             stats.inserted = scd2["inserted"]
             return stats
-        multiset = not source.schema.key and source.deletes > 0  # sinks/delta/multiset.py
+        # sinks/delta/multiset.py; a derived view always has a key
+        multiset = isinstance(source, TableBatch) and not source.schema.key and source.deletes > 0
         if fresh:
             if multiset:  # the cut's deletes remove rows the cut inserted (the table has none yet)
                 content = [f.name for f in batch.spark_schema.fields]
@@ -450,7 +454,7 @@ class DeltaSink(Sink):
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
         newer = f"NOT {self._older_than_cols()}"
         columns = [f.name for f in batch.spark_schema.fields]
-        update = {}
+        update: dict[str, str | Column] = {}
         for c in columns:
             flag = changes.unchanged.get(c)
             update[q(c)] = (
@@ -460,7 +464,7 @@ class DeltaSink(Sink):
             )
         for m in META_COLUMNS:
             update[q(m)] = F.col(f"s.{m}")
-        insert = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}
+        insert: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}
         with follower_write(self.spark, self.app_id, cut_id):
             return (
                 target.alias("t")
@@ -480,7 +484,7 @@ class DeltaSink(Sink):
         held = self.spark.read.format("delta").load(self.path_of(batch.table))  # the table as of now
         source = multiset_source(changes.df, content, held, restart)
         on = " AND ".join(f"t.{k} = s.{k}" for k in POSITION_KEY)
-        insert = {q(c): F.col(f"s.{q(c)}") for c in [*content, *META_COLUMNS]}
+        insert: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in [*content, *META_COLUMNS]}
         with follower_write(self.spark, self.app_id, cut_id):
             return (
                 target.alias("t")
@@ -497,7 +501,7 @@ class DeltaSink(Sink):
         return "(s._cdc_lsn < t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq <= t._cdc_seq))"
 
     # ---- reads ---------------------------------------------------------------------------------
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         path = self.path_of(table)
         if not self._exists(path):
             return None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sinks.jvm import driver_jvm
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 def latest_snapshot(spark: SparkSession, path: str) -> Any:
     """The JVM Snapshot of the table's latest version (DeltaLog.update: lists `_delta_log`, reuses
     the cached snapshot when nothing was committed since)."""
-    jvm = spark.sparkContext._jvm
+    jvm = driver_jvm(spark)
     none = jvm.scala.Option.empty()
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     return log.update(False, none, none)  # (stalenessAcceptable, checkIfUpdatedSinceTs, catalogTable)
@@ -60,7 +62,7 @@ def written_rows(spark: SparkSession, path: str, app_id: str, txn_version: int, 
     last `look_back` commits does."""
     import json
 
-    jvm = spark.sparkContext._jvm
+    jvm = driver_jvm(spark)
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     latest = table_version(spark, path)
     for version in range(latest, max(latest - look_back, -1), -1):
@@ -73,6 +75,6 @@ def written_rows(spark: SparkSession, path: str, app_id: str, txn_version: int, 
         actions = [json.loads(line) for line in text.splitlines() if line.strip()]
         txn = next((a["txn"] for a in actions if "txn" in a), None)
         if txn and txn.get("appId") == app_id and int(txn.get("version", -1)) == txn_version:
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             return int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
     return 0

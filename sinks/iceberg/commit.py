@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sinks.jvm import driver_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,8 +24,8 @@ APP_ID = "pgcdc.app-id"
 CUT = "pgcdc.cut"
 
 
-def _thread_local(spark: SparkSession):
-    jvm = spark.sparkContext._jvm
+def _thread_local(spark: SparkSession) -> Any:
+    jvm = driver_jvm(spark)
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()  # spark.jars' loader
     cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
     field = cls.getDeclaredField("COMMIT_PROPERTIES")
@@ -35,7 +37,7 @@ def _thread_local(spark: SparkSession):
 def snapshot_properties(spark: SparkSession, props: dict[str, str]) -> Iterator[None]:
     """Iceberg commits this thread makes inside the block carry `props` in their snapshot summary."""
     local = _thread_local(spark)
-    values = spark.sparkContext._jvm.java.util.HashMap()
+    values = driver_jvm(spark).java.util.HashMap()
     for key, value in props.items():
         values.put(key, value)
     local.set(values)

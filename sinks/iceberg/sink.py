@@ -20,6 +20,7 @@ guarantees the Iceberg way.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from pyspark.sql import types as T
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
-from sinks.changes import META_COLUMNS, META_TYPES, NetChanges, TableBatch
+from sinks.changes import META_COLUMNS, META_TYPES, Batch, NetChanges
 from sinks.iceberg import catalog
 from sinks.iceberg.commit import APP_ID, CUT, applied_cut, snapshot_properties
 from sinks.iceberg.schema import same_type, type_sql, widenable
@@ -50,7 +51,7 @@ def lit(text: str) -> str:
 @dataclass
 class _Plan:
     ident: str
-    batch: TableBatch
+    batch: Batch
     create: T.StructType | None = None
     recreate: bool = False  # a new base whose types Iceberg cannot widen to: drop and make again
     rename: list[tuple[str, str]] = field(default_factory=list)
@@ -115,7 +116,7 @@ class IcebergSink(Sink):
             )
 
     # ---- schema --------------------------------------------------------------------------------
-    def _plan(self, batch: TableBatch) -> _Plan:
+    def _plan(self, batch: Batch) -> _Plan:
         ident = self.ident(batch.table)
         wanted = T.StructType(
             list(batch.spark_schema.fields) + [T.StructField(m, META_TYPES[m]) for m in META_COLUMNS]
@@ -163,7 +164,7 @@ class IcebergSink(Sink):
             )
         return plan
 
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
         self._created: set[str] = set()
         for plan in plans:
@@ -233,7 +234,7 @@ class IcebergSink(Sink):
     def _older_than(lsn: int, seq: int) -> str:
         return f"(_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq}))"
 
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         ident = self.ident(batch.table)
         stats = ApplyStats(str(batch.table))
         fresh = ident in getattr(self, "_created", set())
@@ -254,7 +255,7 @@ class IcebergSink(Sink):
             stats.deleted = int(summary.get("spark.merge-into.num-target-rows-deleted", 0))
         return stats
 
-    def _merge(self, ident: str, batch: TableBatch, changes: NetChanges, cut_id: int) -> None:
+    def _merge(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
         newer = "(s._cdc_lsn > t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq > t._cdc_seq))"
         columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
@@ -283,7 +284,7 @@ class IcebergSink(Sink):
             self.spark.catalog.dropTempView(view)
 
     # ---- reads ---------------------------------------------------------------------------------
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         if not self._table_exists(table):
             return None
         return self.spark.table(self.ident(table))

@@ -72,7 +72,7 @@ from cdc.ground.errors import SinkError
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
 from cdc.typemap import PgType, civil_from_days, days_from_civil
-from sinks.changes import NetChanges, TableBatch
+from sinks.changes import Batch, NetChanges
 from sinks.sparktypes import from_text, spark_type
 
 FIELD_TYPES = (
@@ -98,7 +98,7 @@ def version(lsn: int, seq: int) -> int:
     return 2 * lsn + (1 if seq > 0 else 0)
 
 
-def truncate_version(batch: TableBatch) -> int | None:
+def truncate_version(batch: Batch) -> int | None:
     """Version below which the batch empties the table (new base or truncate), or None."""
     found = []
     if batch.bootstrap and batch.snapshot_lsn is not None:
@@ -448,7 +448,7 @@ class RowLayout:
         return len(self.names) + 2
 
 
-def write_frame(spark: SparkSession, batch: TableBatch, changes: NetChanges) -> tuple[DataFrame, RowLayout]:
+def write_frame(spark: SparkSession, batch: Batch, changes: NetChanges) -> tuple[DataFrame, RowLayout]:
     schema = batch.spark_schema
     names = [f.name for f in schema.fields]
     if any(isinstance(f.dataType, T.TimestampNTZType) or _ntz_array(f.dataType) for f in schema.fields):
@@ -480,14 +480,14 @@ def write_frame(spark: SparkSession, batch: TableBatch, changes: NetChanges) -> 
     return changes.df.select(*cols), layout
 
 
-def default_values(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
+def default_values(spark: SparkSession, batch: Batch) -> dict[str, Any]:
     """The batch's columns with a fast default (`ADD COLUMN ... DEFAULT <constant>`) -> that value
     as a document holds it (`write_frame`'s wire value, then `encoder`), for the documents written
     before the column existed (one Spark job for all of them; {} when there are none)."""
     fields = [f for f in batch.spark_schema.fields if f.name in batch.defaults]
     if not fields:
         return {}
-    row = (
+    [row] = (
         spark.range(1)
         .select(
             *(
@@ -495,7 +495,7 @@ def default_values(spark: SparkSession, batch: TableBatch) -> dict[str, Any]:
                 for i, f in enumerate(fields)
             )
         )
-        .first()
+        .collect()
     )
     values = {}
     for i, f in enumerate(fields):
@@ -514,6 +514,14 @@ class Row:
     """One net change, decoded on an executor (`encoders(layout)` gives `codecs`)."""
 
     __slots__ = ("id", "key", "lsn", "op", "seq", "unchanged", "values", "version")
+    id: str
+    key: list[Any]
+    lsn: int
+    op: str
+    seq: int
+    unchanged: tuple[str, ...]  # columns whose unchanged TOAST value the document keeps
+    values: dict[str, Any] | None  # None: a delete
+    version: int
 
     def __init__(self, layout: RowLayout, codecs: list[Callable[[Any], Any] | None], raw: tuple) -> None:
         self.lsn = raw[layout.lsn]

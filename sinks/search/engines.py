@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sinks.search.settings import SearchSettings
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -16,7 +18,10 @@ if TYPE_CHECKING:
 
 
 def search_sink(config: SinkConfig, pipeline: Pipeline, spark: SparkSession | None) -> SearchSink:
-    if config.settings.engine == "opensearch":
+    settings = config.settings
+    if not isinstance(settings, SearchSettings):  # the registry sends only `search:` entries here
+        raise TypeError(f"sink {config.name} is not a search sink")
+    if settings.engine == "opensearch":
         from sinks.search.opensearch_engine import OpenSearchSink
 
         return OpenSearchSink(config, pipeline, spark)

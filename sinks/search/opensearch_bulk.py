@@ -28,11 +28,6 @@ if TYPE_CHECKING:
     from opensearchpy import OpenSearch
 
 _RETRY_429 = 6
-_COUNTED = {
-    "created": 0,
-    "updated": 1,
-    "deleted": 2,
-}  # bulk item result -> counts index (inserted, updated, deleted)
 FIX_UNREACHABLE = (
     "start OpenSearch (`cdc dev up opensearch` for a local one) or correct `hosts` in the pipeline file; "
     "the follower keeps its checkpoint and the next `cdc apply` resumes from it"
@@ -73,6 +68,28 @@ def error_text(error: Any) -> str:
     return str(error)
 
 
+@dataclass
+class BulkCounts:
+    """A task's documents by outcome (the counts of its PartitionResult)."""
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    stale: int = 0  # not newer than the stored version, or older than the table's last truncate
+
+    def accepted(self, result: str | None) -> None:
+        """A document OpenSearch took, by its bulk item's `result` (a "noop" changed nothing)."""
+        if result == "created":
+            self.inserted += 1
+        elif result == "updated":
+            self.updated += 1
+        elif result == "deleted":
+            self.deleted += 1
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.inserted, self.updated, self.deleted, self.stale)
+
+
 @dataclass(frozen=True)
 class BulkPlan:
     client: ClientSettings  # hosts, timeout and the sign-in/TLS settings (opensearch_client.py)
@@ -87,7 +104,7 @@ def _body(plan: BulkPlan, rows: list[Row]) -> bytes:
     lines = []
     for row in rows:
         meta = {"_index": plan.index, "_id": row.id, "version": row.version, "version_type": "external"}
-        if row.op == "d":
+        if row.values is None:  # a delete
             lines.append(orjson.dumps({"delete": meta}))
         else:
             doc = dict(row.values)
@@ -106,16 +123,18 @@ def _keep_unchanged(client: OpenSearch, plan: BulkPlan, rows: list[Row]) -> None
     stored = {d["_id"]: d.get("_source", {}) for d in resp["docs"] if d.get("found")}
     for row in flagged:
         source = stored.get(row.id)
+        values = row.values
+        assert values is not None  # a delete has no unchanged columns
         for column in row.unchanged:
             if source is None:
-                row.values[column] = None  # nothing to keep: as a fresh insert would be
+                values[column] = None  # nothing to keep: as a fresh insert would be
             elif column in source:
-                row.values[column] = source[column]
+                values[column] = source[column]
             else:
-                del row.values[column]  # the document never had it: keep it absent
+                del values[column]  # the document never had it: keep it absent
 
 
-def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: list[int]) -> tuple[str, str] | None:
+def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: BulkCounts) -> tuple[str, str] | None:
     _keep_unchanged(client, plan, rows)
     pending = rows
     for attempt in range(_RETRY_429):
@@ -127,13 +146,11 @@ def _send(client: OpenSearch, plan: BulkPlan, rows: list[Row], counts: list[int]
             ((action, res),) = item.items()
             status = res.get("status", 0)
             if status in (200, 201):
-                slot = _COUNTED.get(res.get("result"))
-                if slot is not None:
-                    counts[slot] += 1
+                counts.accepted(res.get("result"))
             elif status == 404 and action == "delete":
                 pass  # deleting a key the index never had: the tombstone still records the version
             elif status == 409:
-                counts[3] += 1  # not newer than the stored version: a replay or a late write
+                counts.stale += 1  # not newer than the stored version: a replay or a late write
             elif status == 429:
                 retry.append(row)
             else:
@@ -156,7 +173,7 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
     """One executor task: its rows of the batch into OpenSearch, in bulk requests."""
     from opensearchpy.exceptions import ConnectionError as OsConnectionError
 
-    counts = [0, 0, 0, 0]  # inserted, updated, deleted, stale
+    counts = BulkCounts()
     try:
         client = make_client(plan.client)
         codecs = encoders(plan.layout)
@@ -164,27 +181,27 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
         for raw in rows:
             row = Row(plan.layout, codecs, raw)
             if row.version < plan.truncate:
-                counts[3] += 1
+                counts.stale += 1
                 continue
             chunk.append(row)
             if len(chunk) >= plan.bulk_actions:
                 problem = _send(client, plan, chunk, counts)
                 chunk = []
                 if problem:
-                    return iter([error_result(*problem, tuple(counts))])
+                    return iter([error_result(*problem, counts.as_tuple())])
         if chunk:
             problem = _send(client, plan, chunk, counts)
             if problem:
-                return iter([error_result(*problem, tuple(counts))])
+                return iter([error_result(*problem, counts.as_tuple())])
     except ExecutorSecretMissing as exc:  # the driver makes it exit 3 naming the variable
-        return iter([error_result(str(exc), None, tuple(counts))])
+        return iter([error_result(str(exc), None, counts.as_tuple())])
     except OsConnectionError as exc:
         return iter(
             [
                 error_result(
                     f"OpenSearch at {show_hosts(plan.client.hosts)} is unreachable ({failure_reason(exc)})",
                     FIX_UNREACHABLE,
-                    tuple(counts),
+                    counts.as_tuple(),
                 )
             ]
         )
@@ -195,11 +212,11 @@ def bulk_partition(plan: BulkPlan, rows: Iterable[tuple]) -> Iterator[PartitionR
                     f"{plan.layout.table}: writing to OpenSearch index {plan.index} failed: {type(exc).__name__}: "
                     + redact_with(str(exc), plan.client.secrets),
                     "the next `cdc apply` applies the batch again",
-                    tuple(counts),
+                    counts.as_tuple(),
                 )
             ]
         )
-    return iter([ok_result(*counts)])
+    return iter([ok_result(*counts.as_tuple())])
 
 
 def read_slice(cs: ClientSettings, index: str, slices: int, slice_id: int) -> Iterator[dict]:

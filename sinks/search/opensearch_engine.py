@@ -6,15 +6,16 @@ executors (opensearch_bulk.py); the driver manages the indexes and their generat
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import EngineSettingError, SinkError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from sinks.changes import TableBatch
+from sinks.changes import Batch
 from sinks.executor_env import missing_error, provide
 from sinks.search.documents import FieldSpec, pending_renames
 from sinks.search.opensearch_bulk import (
@@ -42,6 +43,37 @@ from sinks.shaping import follower_name
 if TYPE_CHECKING:
     from opensearchpy import OpenSearch
     from pyspark import RDD
+
+
+@dataclass(frozen=True)
+class _Create:
+    """The table's first index generation."""
+
+    batch: Batch
+    alias: str
+
+
+@dataclass(frozen=True)
+class _Rebuild:
+    """A new generation, the documents copied over (a column renamed, retyped or added with a default)."""
+
+    batch: Batch
+    alias: str
+    concrete: str  # the generation the alias names now
+    meta: dict[str, Any]
+    keep: dict[str, Any]  # members of columns the batch lacks, kept in the mapping
+    fills: dict[str, Any]  # column -> the default the copied documents get
+
+
+@dataclass(frozen=True)
+class _Update:
+    """New columns mapped in place, and the generation's settings brought up to date."""
+
+    batch: Batch
+    alias: str
+    concrete: str
+    meta: dict[str, Any]
+    added: dict[str, Any]
 
 
 class OpenSearchSink(SearchSink):
@@ -176,15 +208,15 @@ class OpenSearchSink(SearchSink):
                 )
 
     # ---- prepare ---------------------------------------------------------------------------------
-    def _fills(self, batch: TableBatch, new_columns: list[str]) -> dict[str, Any]:
+    def _fills(self, batch: Batch, new_columns: list[str]) -> dict[str, Any]:
         """The constant DEFAULTs of columns the index does not map yet, as documents hold them."""
         if not any(c in batch.defaults for c in new_columns):
             return {}  # no Spark job
         return {c: v for c, v in self._defaults(batch).items() if c in new_columns}
 
-    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+    def _prepare(self, batches: Sequence[Batch], specs: dict[TableName, list[FieldSpec]]) -> None:
         client = self.client()
-        actions = []
+        actions: list[_Create | _Rebuild | _Update] = []  # decided for every table before any changes
         with self.calls("the index check"):
             client.info()
             for batch in batches:
@@ -197,7 +229,7 @@ class OpenSearchSink(SearchSink):
                             f"{batch.table}: OpenSearch index {alias} does not exist, but this follower has applied the table before",
                             f"rebuild this follower from the log's base: `{self.pipeline.command('reset', '--sink', self.name, '--rebuild', '--yes')}`",
                         )
-                    actions.append(("create", batch, alias, None))
+                    actions.append(_Create(batch, alias))
                     continue
                 concrete, properties, meta = state
                 changed = any(
@@ -215,34 +247,34 @@ class OpenSearchSink(SearchSink):
                         for c, m in properties.items()
                         if c not in wanted and c not in META_FIELDS and c not in gone
                     }
-                    actions.append(("rebuild", batch, alias, (concrete, meta, keep, fills)))
+                    actions.append(_Rebuild(batch, alias, concrete, meta, keep, fills))
                     continue
                 added = {c: m for c, m in wanted.items() if mapped_type(properties, c) is None}
-                actions.append(("update", batch, alias, (concrete, meta, added)))
+                actions.append(_Update(batch, alias, concrete, meta, added))
         with self.calls("an index change"):
-            for action, batch, alias, extra in actions:
-                if action == "create":
+            for action in actions:
+                batch, alias = action.batch, action.alias
+                if isinstance(action, _Create):
                     create_generation(client, self.settings, alias, batch, specs[batch.table], {})
-                elif action == "rebuild":
-                    concrete, meta, keep, fills = extra
+                elif isinstance(action, _Rebuild):
                     new = create_generation(
-                        client, self.settings, alias, batch, specs[batch.table], meta, keep
+                        client, self.settings, alias, batch, specs[batch.table], action.meta, action.keep
                     )
                     switch_generation(
                         client,
                         self.settings.timeout_s,
                         alias,
-                        concrete,
+                        action.concrete,
                         new,
                         batch,
                         not batch.bootstrap,
-                        fills,
+                        action.fills,
                     )
                 else:
-                    concrete, meta, added = extra
-                    meta = meta | {"table": str(batch.table), "schema": batch.schema.to_json()}
+                    concrete = action.concrete
+                    meta = action.meta | {"table": str(batch.table), "schema": batch.schema.to_json()}
                     client.indices.put_mapping(
-                        index=alias, body={"_meta": {"cdc": meta}, "properties": added}
+                        index=alias, body={"_meta": {"cdc": meta}, "properties": action.added}
                     )
                     current = client.indices.get_settings(index=concrete, name="index.gc_deletes")
                     if (

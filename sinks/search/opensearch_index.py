@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
-from sinks.changes import TableBatch
+from sinks.changes import Batch
 from sinks.search.documents import FieldSpec
 from sinks.search.opensearch_bulk import error_text
 
@@ -98,7 +98,7 @@ def create_generation(
     client: OpenSearch,
     settings: SearchSettings,
     alias: str,
-    batch: TableBatch,
+    batch: Batch,
     specs: list[FieldSpec],
     meta: dict,
     keep: dict | None = None,
@@ -137,7 +137,7 @@ def switch_generation(
     alias: str,
     old: str,
     new: str,
-    batch: TableBatch,
+    batch: Batch,
     copy: bool,
     fills: dict[str, Any],
 ) -> None:

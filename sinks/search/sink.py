@@ -24,6 +24,7 @@ guard would then silently skip every batch of the new log; versions are LSNs, wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.base import ApplyStats, Sink
-from sinks.changes import NetChanges, TableBatch
+from sinks.changes import Batch, NetChanges
 from sinks.search.documents import (
     FieldSpec,
     RowLayout,
@@ -78,7 +79,7 @@ def error_result(
 class WriteJob:
     """One table's batch as an engine writes it."""
 
-    batch: TableBatch
+    batch: Batch
     frame: DataFrame
     layout: RowLayout
     truncate: int | None  # the batch's truncate version (sinks/search/documents.py), None: no truncate
@@ -124,11 +125,11 @@ class SearchSink(Sink):
         return field_specs(schema, self.configured_fields(table), str(table))
 
     # ---- the Sink interface ----------------------------------------------------------------------
-    def prepare(self, batches: list[TableBatch]) -> None:
+    def prepare(self, batches: Sequence[Batch]) -> None:
         specs = {b.table: self.specs(b.schema, b.table) for b in batches}  # every check before any change
         self._prepare(batches, specs)
 
-    def apply(self, batch: TableBatch, changes: NetChanges, cut_id: int) -> ApplyStats:
+    def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         frame, layout = write_frame(self.spark, batch, changes)
         specs = self.specs(batch.schema, batch.table)
         return self._write(
@@ -143,7 +144,7 @@ class SearchSink(Sink):
             )
         )
 
-    def _defaults(self, batch: TableBatch) -> dict[str, Any]:
+    def _defaults(self, batch: Batch) -> dict[str, Any]:
         """default_values, computed once per table and set of defaults (one Spark job each time)."""
         key = (
             str(batch.table),
@@ -159,14 +160,14 @@ class SearchSink(Sink):
             self._default_values[key] = default_values(self.spark, batch)
         return self._default_values[key]
 
-    def current(self, table: TableName, batch_schema: TableBatch | None = None) -> DataFrame | None:
+    def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         schema = self.stored_schema(table)
         if schema is None:
             return None
         return documents_frame(self.spark, self.documents(table), schema)
 
     # ---- engines ---------------------------------------------------------------------------------
-    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+    def _prepare(self, batches: Sequence[Batch], specs: dict[TableName, list[FieldSpec]]) -> None:
         raise NotImplementedError
 
     def _write(self, job: WriteJob) -> SearchStats:

@@ -42,7 +42,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,7 +54,7 @@ from pyspark.sql import types as T
 from cdc.ground.errors import SinkError, UsageError
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
-from sinks.changes import TableBatch
+from sinks.changes import Batch
 from sinks.delta.paths import table_path
 from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
@@ -75,7 +75,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 # (column, tantivy field name, field type, derived, plain): `plain` = the column's JSON values are
 # already what the field takes (derived text of a string column, integers, booleans): no conversion.
 Field = tuple[str, str, str, bool, bool]
-_PLAIN_TYPES = {"text": (T.StringType,), "boolean": (T.BooleanType,)}
+_PLAIN_TYPES: dict[str, tuple[type[T.DataType], ...]] = {"text": (T.StringType,), "boolean": (T.BooleanType,)}
 _PLAIN_TYPES |= dict.fromkeys(
     ("long", "integer", "short"), (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 )
@@ -175,10 +175,16 @@ def _date(v: Any) -> dt.datetime:
     raise ValueError(f"{v!r} is not a date")
 
 
-_CONVERT = {"text": _text, "keyword": _keyword, "long": _int, "integer": _int, "short": _int}
-_CONVERT |= {"double": _float, "float": _float, "boolean": _bool, "date": _date}
-
 Converter = Callable[[Any], Any]
+
+_CONVERT: dict[str, Converter] = {
+    "text": _text,
+    "keyword": _keyword,
+    "long": _int,
+    "integer": _int,
+    "short": _int,
+}
+_CONVERT |= {"double": _float, "float": _float, "boolean": _bool, "date": _date}
 
 
 def _converter(field: Field) -> Converter | None:
@@ -290,8 +296,8 @@ def _rebuild(
     if searcher.num_docs:
         for _score, addr in searcher.search(tantivy.Query.all_query(), searcher.num_docs, count=False).hits:
             stored = searcher.doc(addr)
-            doc_id, kind = stored.get_first("_cdc_id"), stored.get_first("_cdc_kind")
-            if below is not None and stored.get_first("_cdc_version") < below:
+            doc_id, version, kind = (_stored(stored, f) for f in ("_cdc_id", "_cdc_version", "_cdc_kind"))
+            if below is not None and version < below:
                 continue
             raw = stored.get_first("_cdc_row") if kind == ROW else None
             try:
@@ -301,7 +307,7 @@ def _rebuild(
                 if row is not None and fills and any(c not in row for c in fills):
                     row.update((c, v) for c, v in fills.items() if c not in row)
                     raw = None
-                writer.add_document(make(doc_id, stored.get_first("_cdc_version"), kind, row, raw))
+                writer.add_document(make(doc_id, version, kind, row, raw))
             except RowRejected as exc:
                 writer.rollback()
                 raise RowRejected(f"{exc} (document {doc_id!r}, while re-indexing for new fields)") from None
@@ -368,10 +374,18 @@ class IndexPlan:
     fields: tuple[Field, ...]
     layout: RowLayout
     truncate: int | None
-    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TableBatch.renames
+    renames: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Batch.renames
     base: int | None = None  # version of a new base: older documents are not carried into a rebuild
     rejected_fix: str = ""  # SearchSink.rejected_fix(), built on the driver (it has the pipeline file)
     defaults: dict[str, Any] = field(default_factory=dict)  # WriteJob.defaults, given to rows in a rebuild
+
+
+def _stored(doc: tantivy.Document, name: str) -> Any:
+    """A field every document cdc writes stores (tantivy types get_first optional)."""
+    value = doc.get_first(name)
+    if value is None:
+        raise ValueError(f"a document in the index lacks its {name} field: the index was not written by cdc")
+    return value
 
 
 def _lookup(searcher: tantivy.Searcher, schema: tantivy.Schema, doc_id: str):
@@ -424,16 +438,17 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
     recorded = marker[0] if marker else 0
     writer = index.writer(WRITER_HEAP)
     try:
-        truncating = plan.truncate is not None and plan.truncate >= recorded
-        if truncating:
+        truncate = plan.truncate if plan.truncate is not None and plan.truncate >= recorded else None
+        truncating = truncate is not None
+        if truncate is not None:
             below = tantivy.Query.range_query(
-                schema, "_cdc_version", tantivy.FieldType.Integer, None, plan.truncate, include_upper=False
+                schema, "_cdc_version", tantivy.FieldType.Integer, None, truncate, include_upper=False
             )
             writer.delete_documents_by_query(below)
-            if plan.truncate > recorded:
+            if truncate > recorded:
                 writer.delete_documents_by_term("_cdc_id", MARKER_ID)
-                writer.add_document(make(MARKER_ID, plan.truncate, MARKER))
-                recorded = plan.truncate
+                writer.add_document(make(MARKER_ID, truncate, MARKER))
+                recorded = truncate
         inserted = updated = deleted = stale = 0
         codecs = encoders(layout)
         for chunk in _chunks(rows, 1024):
@@ -456,12 +471,12 @@ def _apply(plan: IndexPlan, rows: Iterable[tuple]) -> PartitionResult:
                 live = found is not None and found[1] == ROW
                 if found is not None:
                     writer.delete_documents_by_term("_cdc_id", row.id)
-                if row.op == "d":
+                if row.values is None:  # a delete
                     writer.add_document(make(row.id, row.version, TOMBSTONE))
                     deleted += live
                     continue
                 if row.unchanged:
-                    stored = orjson.loads(searcher.doc(found[2]).get_first("_cdc_row")) if live else None
+                    stored = orjson.loads(_stored(searcher.doc(found[2]), "_cdc_row")) if live else None
                     for column in row.unchanged:
                         if stored is None:
                             row.values[column] = None
@@ -521,7 +536,7 @@ def read_documents(directory: str) -> Iterator[dict]:
         return
     rows = tantivy.Query.term_query(index.schema, "_cdc_kind", ROW)
     for _score, addr in searcher.search(rows, searcher.num_docs, count=False).hits:
-        yield orjson.loads(searcher.doc(addr).get_first("_cdc_row"))
+        yield orjson.loads(_stored(searcher.doc(addr), "_cdc_row"))
 
 
 # ---- the sink ------------------------------------------------------------------------------------
@@ -542,7 +557,7 @@ class TantivySink(SearchSink):
     def describe(self) -> str:
         return f"{self.name} (search, tantivy at {self.base})"
 
-    def _prepare(self, batches: list[TableBatch], specs: dict[TableName, list[FieldSpec]]) -> None:
+    def _prepare(self, batches: Sequence[Batch], specs: dict[TableName, list[FieldSpec]]) -> None:
         for batch in batches:
             if not batch.bootstrap and open_index(self.table_dir(batch.table)) is None:
                 raise SinkError(
@@ -624,7 +639,8 @@ class TantivySink(SearchSink):
         index, meta = opened
         searcher = index.searcher()
         live = tantivy.Query.term_query(index.schema, "_cdc_kind", ROW)
-        total = searcher.search(live, 1, count=True).count if searcher.num_docs else 0
+        # tantivy's stubs leave out SearchResult.count (there with count=True)
+        total = searcher.search(live, 1, count=True).count if searcher.num_docs else 0  # type: ignore[attr-defined]
         if total == 0:
             return 0, 0, []
         defaults = [name for _c, name, kind, *_ in meta["fields"] if kind in ("text", "keyword")]
@@ -642,6 +658,6 @@ class TantivySink(SearchSink):
         hits = found.hits
         return (
             total,
-            found.count,
-            [(score, orjson.loads(searcher.doc(addr).get_first("_cdc_row"))) for score, addr in hits],
+            found.count,  # type: ignore[attr-defined]  # as above
+            [(score, orjson.loads(_stored(searcher.doc(addr), "_cdc_row"))) for score, addr in hits],
         )

@@ -12,6 +12,7 @@ with `dead_letter: <path>`, are parked in a Delta table there.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Window
@@ -21,9 +22,10 @@ from pyspark.sql import types as T
 from cdc.ground.errors import LogError
 from pipelines.apply.readers.base import SCHEMA
 from pipelines.apply.readers.envelopes import EnvelopeReader, kafka_frame, normalize_envelopes
+from sinks.sparktypes import nested_array
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from cdc.ground.tables import TableName
     from cdc.log.base import TableSchema
@@ -163,30 +165,31 @@ class DebeziumReader(EnvelopeReader):
             .when(op.isin("c", "u", "r") & F.col("env.after").isNull(), F.lit("no `after` row"))
         )
         df = df.select("*", reason.alias("bad"))
-        summary = df.agg(
+        [summary] = df.agg(  # a global aggregate: one row
             F.count(F.col("bad")).alias("n"),
             F.min_by(F.struct("offset", "bad"), F.when(F.col("bad").isNotNull(), F.col("offset"))).alias(
                 "first"
             ),
-        ).first()
+        ).collect()
         if summary["n"]:
             first = summary["first"]
             where = f"Kafka topic {topic} partition 0 offset {first['offset']}"
-            if not self.view.cfg.dead_letter:
+            dead_letter = self.view.cfg.dead_letter
+            if not dead_letter:
                 raise LogError(
                     f"malformed record in {where}: {first['bad']} ({summary['n']} malformed record(s) in offsets {after + 1}..{upto}); "
                     "nothing was applied",
                     "fix the producer of these records, or set log.kafka.dead_letter to a Delta table path to park "
                     "malformed records there and apply the rest",
                 )
-            self._park(spark, df.filter(F.col("bad").isNotNull()))
+            self._park(spark, dead_letter, df.filter(F.col("bad").isNotNull()))
         return df.filter(F.col("bad").isNull())
 
-    def _park(self, spark: SparkSession, bad: DataFrame) -> None:
+    def _park(self, spark: SparkSession, dead_letter: str, bad: DataFrame) -> None:
         """MERGE malformed records into the dead-letter Delta table (once per topic/partition/offset)."""
         from delta.tables import DeltaTable
 
-        path = str(self.view.pipeline.path(self.view.cfg.dead_letter))
+        path = str(self.view.pipeline.path(dead_letter))
         rows = bad.select(
             "topic",
             "partition",
@@ -213,7 +216,7 @@ def _millis_to_micros(df: DataFrame, schema: TableSchema) -> DataFrame:
     from cdc.schema import schema_types
 
     types = schema_types(schema)
-    fixes = {}
+    fixes: dict[int, Callable[[Column], Column]] = {}
     for i, col in enumerate(schema.columns):
         t = types[col.type_oid]
         elem = t.element if t.kind == "array" and t.element is not None else t
@@ -223,23 +226,22 @@ def _millis_to_micros(df: DataFrame, schema: TableSchema) -> DataFrame:
             fixes[i] = lambda v: (v.cast("bigint") * 1000).cast("string")
         else:
             depth = max(col.ndims, 1)
-            as_long: T.DataType = T.LongType()
-            for _ in range(depth):
-                as_long = T.ArrayType(as_long)
+            as_long = nested_array(T.LongType(), depth)
 
-            def scale(x, d):
+            def scale(x: Column, d: int) -> Column:
                 return x * 1000 if d == 0 else F.transform(x, lambda y: scale(y, d - 1))
 
-            fixes[i] = lambda v, depth=depth, as_long=as_long: F.to_json(
-                scale(F.from_json(v, as_long), depth)
-            )
+            def fix(v: Column, depth: int = depth, as_long: T.ArrayType = as_long) -> Column:
+                return F.to_json(scale(F.from_json(v, as_long), depth))
+
+            fixes[i] = fix
     if not fixes:
         return df
     vals = F.transform("vals", lambda v, i: _select_fix(v, i, fixes))
     return df.withColumn("vals", F.when(F.col("vals").isNull(), F.col("vals")).otherwise(vals))
 
 
-def _select_fix(v, i, fixes):
+def _select_fix(v: Column, i: Column, fixes: dict[int, Callable[[Column], Column]]) -> Column:
     out = v
     for index, fix in fixes.items():
         out = F.when((i == index) & v.isNotNull(), fix(v)).otherwise(out)

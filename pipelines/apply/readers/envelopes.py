@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from cdc.ground.config import KafkaLog
     from cdc.ground.tables import TableName
+    from cdc.log.base import Column as LogColumn
     from cdc.log.base import TableSchema
 
 PLACEHOLDERS = [UNAVAILABLE, UNAVAILABLE_BYTES]
@@ -119,12 +120,12 @@ def normalize_envelopes(
     schema version, FollowedSchema.layout and the version's column names, for records whose
     version (header cdc.sv) names a column differently or lacks a retired one."""
 
-    def lookup(name: str, column) -> object:
+    def lookup(name: str, column: LogColumn) -> Column:
         return F.when(F.map_contains_key("row", name), F.col("row")[name]).otherwise(
             F.lit(column.missing).cast("string")
         )
 
-    def text(j: int, column) -> object:
+    def text(j: int, column: LogColumn) -> Column:
         expr = lookup(column.name, column)
         if not versions:
             return expr

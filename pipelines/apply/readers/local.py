@@ -17,7 +17,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -216,14 +216,14 @@ class LocalLogReader(DataSourceReader):
         try:
             if isinstance(partition, Segment):
                 index, key_idx = layout(partition.version)
-                rows = iter_segment(Path(partition.path), partition.start, partition.end)
+                rows: Iterator[list[Any]] = iter_segment(Path(partition.path), partition.start, partition.end)
                 if (
                     not key_idx
                 ):  # keyless: each row keyed by its place in the snapshot (cdc.keys.snapshot_seq)
                     rows = iter_segment_positions(Path(partition.path), partition.start, partition.end)
                 for fields in rows:
                     pos = fields.pop() if not key_idx else None
-                    vals = [
+                    vals: list[str | None] = [
                         (missing[j] if i == -1 else None)
                         if i < 0
                         else None
@@ -266,7 +266,7 @@ class LocalLogReader(DataSourceReader):
                     continue
                 index, _ = layout(sv)
                 raw = decode_tuple(payload if op != "d" else before, 0)[0]
-                vals: list[str | None] = []
+                vals = []
                 unch: list[int] = []
                 for j, i in enumerate(index):
                     if i < 0:
@@ -280,8 +280,12 @@ class LocalLogReader(DataSourceReader):
                     elif v is UNCHANGED:
                         unch.append(j)
                         vals.append(None)
-                    else:
+                    elif isinstance(v, bytes):
                         vals.append(v.decode())
+                    else:  # the stream asks pgoutput for text format only
+                        raise ValueError(
+                            f"log offset {off}: a binary-format value in {self.table_id}'s event, which the log never holds"
+                        )
                 yield (off, lsn, seq, op, key, vals, unch, ts)
         finally:
             conn.close()
