@@ -156,11 +156,3 @@ def to_json_value(t: PgType, text: str | None, typmod: int = -1) -> JsonValue:
     if text is None:
         return None
     return converter(t, typmod)(text)
-
-
-# Names sinks/sparktypes.py and sinks/search/documents.py still import from here (another change
-# has them open); their homes are cdc/pgarrays.py, cdc/pgdatetime.py and cdc/pgtypes.py.
-from cdc.pgarrays import parse_array as parse_array  # noqa: E402
-from cdc.pgdatetime import civil_from_days as civil_from_days  # noqa: E402
-from cdc.pgdatetime import days_from_civil as days_from_civil  # noqa: E402
-from cdc.pgtypes import numeric_precision_scale as numeric_precision_scale  # noqa: E402

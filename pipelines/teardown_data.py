@@ -17,8 +17,9 @@ from pathlib import Path
 
 from kafka.errors import KafkaError
 
-from cdc.ground.config import KafkaLog, Pipeline
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, LogError, UsageError
+from cdc.ground.log_config import KafkaLog
 from sinks.delta.settings import DeltaSettings
 from sinks.iceberg.settings import IcebergSettings
 from sinks.search.settings import SearchSettings

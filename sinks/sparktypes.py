@@ -32,7 +32,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc.log.base import Column
-from cdc.typemap import PgType, numeric_precision_scale
+from cdc.pgtypes import numeric_precision_scale
+from cdc.typemap import PgType
 
 _SIMPLE: dict[str, T.DataType] = {
     "int2": T.ShortType(),
@@ -117,7 +118,7 @@ def scalar_from_text(
 def _parse_pg_array(delimiter: str, depth: int):
     """A Python UDF splitting a PostgreSQL array literal into (nested) lists of element texts;
     None when the value's dimensions differ from the declared ones (reported by cast_failures)."""
-    from cdc.typemap import parse_array
+    from cdc.pgarrays import parse_array
 
     result_type: T.DataType = T.StringType()
     for _ in range(depth):

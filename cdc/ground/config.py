@@ -25,9 +25,6 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import Field, create_model, field_validator, model_validator
 
 from cdc.ground.errors import PipelineFileError, UsageError
-
-# KafkaLog: pipelines/teardown_data.py and pipelines/apply/readers/envelopes.py still import it from here
-from cdc.ground.log_config import KafkaLog as KafkaLog
 from cdc.ground.log_config import LocalLog, LogConfig
 from cdc.ground.runtime_config import MetricsConfig, SnapshotConfig, SparkConfig, StreamConfig
 from cdc.ground.settings import NAME_RE, SinkSettings, Strict

@@ -70,8 +70,9 @@ from pyspark.sql import types as T
 
 from cdc.ground.errors import SinkError
 from cdc.log.base import TableSchema
+from cdc.pgdatetime import civil_from_days, days_from_civil
 from cdc.schema import schema_types
-from cdc.typemap import PgType, civil_from_days, days_from_civil
+from cdc.typemap import PgType
 from sinks.changes import Batch, NetChanges
 from sinks.sparktypes import from_text, spark_type
 

@@ -17,7 +17,7 @@ from pipelines.apply.readers import base
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from cdc.ground.config import KafkaLog
+    from cdc.ground.log_config import KafkaLog
     from cdc.ground.tables import TableName
     from cdc.log.base import Column as LogColumn
     from cdc.log.base import TableSchema
