@@ -1,5 +1,7 @@
 """`cdc maintain PIPELINE [--sink NAME]`: compaction, VACUUM and log checkpoints of the Delta
-followers' tables (sinks/delta/maintain.py), beside a running `cdc apply` (no lock taken)."""
+followers' tables (sinks/delta/maintain.py); data and delete file rewrites, snapshot expiry and
+orphan removal of the Iceberg followers' tables (sinks/iceberg/maintain.py); beside a running
+`cdc apply` (no lock taken)."""
 
 from __future__ import annotations
 
@@ -18,23 +20,26 @@ from sinks.delta.maintain import (
     retention_hours,
 )
 
+MAINTAINED = ("delta", "iceberg")
 
-def delta_sinks(pipeline: Pipeline, sink_names: list[str] | None) -> list[SinkConfig]:
-    """The named sinks (each must be a delta one), or every delta sink of the pipeline."""
+
+def lake_sinks(pipeline: Pipeline, sink_names: list[str] | None) -> list[SinkConfig]:
+    """The named sinks (each must be a delta or iceberg one), or every such sink of the pipeline."""
     sinks = (
         [pipeline.sink(n) for n in sink_names]
         if sink_names
-        else [s for s in pipeline.sinks if s.kind == "delta"]
+        else [s for s in pipeline.sinks if s.kind in MAINTAINED]
     )
     if not sinks:
         raise UsageError(
-            f"pipeline {pipeline.name} has no delta sink", "add one under `sinks:` in the pipeline file"
+            f"pipeline {pipeline.name} has no delta or iceberg sink",
+            "add one under `sinks:` in the pipeline file",
         )
     for cfg in sinks:
-        if cfg.kind != "delta":
+        if cfg.kind not in MAINTAINED:
             raise UsageError(
-                f"sink {cfg.name} is a {cfg.kind} follower; cdc maintain looks after Delta followers",
-                "name a delta sink with --sink",
+                f"sink {cfg.name} is a {cfg.kind} follower; cdc maintain looks after Delta and Iceberg followers",
+                "name a delta or iceberg sink with --sink",
             )
     return sinks
 
@@ -49,14 +54,17 @@ def run_maintain(
     do_vacuum: bool,
     say: Callable[[str], None],
 ) -> int:
-    sinks = delta_sinks(pipeline, sink_names)
+    sinks = lake_sinks(pipeline, sink_names)
     if retain_hours is not None and retain_hours < SAFE_RETENTION_HOURS:
         say(
             f"note: --retain-hours {retain_hours:g} is below Delta's safety default ({SAFE_RETENTION_HOURS:g} h): "
-            "run it only while no `cdc apply` of these sinks runs (VACUUM could delete files a MERGE has "
-            "written but not committed yet), and readers lose time travel past it"
+            "run it only while no `cdc apply` of these sinks runs (VACUUM and Iceberg's orphan file removal "
+            "could delete files a MERGE has written but not committed yet), and readers lose time travel past it"
         )
     for cfg in sinks:
+        if cfg.kind == "iceberg":
+            _maintain_iceberg(pipeline, spark, cfg, retain_hours, keep_cuts, do_optimize, do_vacuum, say)
+            continue
         base = pipeline.path(cfg.settings.path)
         tables = delta_tables(base) if base.is_dir() else []
         if not tables:
@@ -80,3 +88,22 @@ def run_maintain(
             f"sink {cfg.name}: data files {totals[0]} -> {totals[1]}, _delta_log json files {totals[2]} -> {totals[3]}"
         )
     return 0
+
+
+def _maintain_iceberg(
+    pipeline: Pipeline,
+    spark: SparkSession,
+    cfg: SinkConfig,
+    retain_hours: float | None,
+    keep_cuts: int,
+    do_optimize: bool,
+    do_expire: bool,
+    say: Callable[[str], None],
+) -> None:
+    from sinks.iceberg.catalog import register, warehouse
+    from sinks.iceberg.maintain import maintain_sink
+
+    catalog = register(spark, cfg, pipeline)
+    where = warehouse(cfg.settings, pipeline)
+    hours = retention_hours(spark, where, retain_hours, keep_cuts)  # type: ignore[arg-type]
+    maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire, say)

@@ -159,13 +159,13 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
     "--sink",
     "sink_names",
     multiple=True,
-    help="only this delta sink; repeat for several (default: every delta sink)",
+    help="only this delta or iceberg sink; repeat for several (default: every delta and iceberg sink)",
 )
 @click.option(
     "--retain-hours",
     "retain_hours",
     type=click.FloatRange(min=0),
-    help="VACUUM keeps files versions of the last H hours need (default 168, Delta's safety default; less only while no apply runs)",
+    help="VACUUM keeps files versions of the last H hours need; Iceberg: snapshots of the last H hours are kept, orphan files younger are not removed (default 168, Delta's safety default; less only while no apply runs)",
 )
 @click.option(
     "--keep-cuts",
@@ -173,10 +173,18 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
     default=1,
     show_default=True,
     type=click.IntRange(min=0),
-    help="the retention also covers the N newest recorded cuts, so readers can pin them",
+    help="the retention also covers the N newest recorded cuts (Iceberg: their snapshots), so readers can pin them",
 )
-@click.option("--no-optimize", is_flag=True, help="skip compaction")
-@click.option("--no-vacuum", is_flag=True, help="skip VACUUM (and keep every recorded cut)")
+@click.option(
+    "--no-optimize",
+    is_flag=True,
+    help="skip compaction (Iceberg: the data and position delete file rewrites)",
+)
+@click.option(
+    "--no-vacuum",
+    is_flag=True,
+    help="skip VACUUM (Iceberg: snapshot expiry and orphan file removal), and keep every recorded cut",
+)
 @LOG_FORMAT
 @handle_errors
 def maintain(
@@ -187,14 +195,15 @@ def maintain(
     no_optimize: bool,
     no_vacuum: bool,
 ) -> int:
-    """Compact, VACUUM and checkpoint the Delta followers' tables (safe beside a running apply)."""
-    from pipelines.maintain import delta_sinks, run_maintain
+    """Compact, VACUUM and checkpoint the Delta followers' tables; compact, expire snapshots and remove
+    orphan files of the Iceberg followers' tables (safe beside a running apply)."""
+    from pipelines.maintain import lake_sinks, run_maintain
     from pipelines.spark import spark_session
     from pipelines.stages import reporting
 
     p = load(pipeline)
     names = list(dict.fromkeys(sink_names)) or None
-    delta_sinks(p, names)  # unknown or non-delta sink: exit 2 before Spark starts
+    lake_sinks(p, names)  # unknown or other kind of sink: exit 2 before Spark starts
     with reporting():
         return run_maintain(
             p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum, say

@@ -69,7 +69,9 @@ def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int
 @click.command()
 @PIPELINE
 @click.argument("query", required=False)
-@click.option("--sink", "sink_name", help="the delta sink to read (default: the first one)")
+@click.option(
+    "--sink", "sink_name", help="the delta or iceberg sink to read (default: the first one of those)"
+)
 @click.option(
     "--cut",
     "cut",
@@ -85,10 +87,11 @@ def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int
 )
 @click.option(
     "--engine",
-    type=click.Choice(["auto", "datafusion", "spark"]),
+    type=click.Choice(["auto", "datafusion", "polars", "spark"]),
     default="auto",
     show_default=True,
-    help="datafusion: no JVM; spark: Spark SQL; auto: DataFusion, and Spark for a query DataFusion cannot run",
+    help="datafusion (Delta) or polars (Iceberg): no JVM; spark: Spark SQL; auto: the one without a JVM, "
+    "and Spark for a query it cannot run",
 )
 @handle_errors
 def sql(
@@ -101,11 +104,11 @@ def sql(
     list_only: bool,
     engine: str,
 ) -> int:
-    """SQL over a Delta follower, every table as of the same cut (tables named as in the source)."""
-    from pipelines.lakesql import delta_sink, run_sql
+    """SQL over a Delta or Iceberg follower, every table as of the same cut (tables named as in the source)."""
+    from pipelines.lakesql import lake_sink, run_sql
 
     p = load(pipeline)
-    delta_sink(p, sink_name)  # unknown or non-delta sink: exit 2 before any engine starts
+    lake_sink(p, sink_name, engine)  # unknown or other kind of sink: exit 2 before any engine starts
 
     def spark():  # started only when Spark runs the query
         from pipelines.spark import spark_session

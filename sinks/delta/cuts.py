@@ -68,6 +68,8 @@ class CutRecord:
 
 
 def cuts_path(base: str | Path) -> str:
+    if "://" in str(base):  # a URI (an Iceberg warehouse on an object store): Path would drop a slash
+        return str(base).rstrip("/") + "/" + CUTS_DIR
     return str(Path(base) / CUTS_DIR)
 
 

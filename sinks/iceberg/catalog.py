@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -86,13 +87,35 @@ def register(spark: SparkSession, config: SinkConfig, pipeline: Pipeline) -> str
 
 
 def pyiceberg_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, str]:
-    """Properties of pyiceberg's load_catalog for the same catalog (sqlite only: SqlCatalog's URL)."""
+    """Properties of pyiceberg's `load_catalog(<sink name>, **props)` for the same catalog: sqlite
+    (SqlCatalog on the file), jdbc on PostgreSQL (SqlCatalog through psycopg2) and rest (RestCatalog,
+    `properties` passed as they are). Raises ValueError for a JDBC database pyiceberg cannot open."""
     settings = config.settings
-    if settings.catalog.type != "sqlite":
-        raise ValueError("pyiceberg_properties: only the sqlite catalog is mapped")
+    cat = settings.catalog
     where = warehouse(settings, pipeline)
-    return {
-        "type": "sql",
-        "uri": f"sqlite:///{sqlite_file(config, pipeline)}",
-        "warehouse": where if "://" in where else f"file://{where}",
-    }
+    location = where if "://" in where else f"file://{where}"
+    if cat.type == "rest":
+        return {"type": "rest", "uri": cat.uri or "", "warehouse": location} | cat.properties
+    if cat.type == "sqlite":
+        uri = f"sqlite:///{sqlite_file(config, pipeline)}"
+    else:
+        jdbc = cat.uri or ""
+        if not jdbc.startswith("jdbc:postgresql://"):
+            raise ValueError(
+                f"catalog uri {jdbc}: pyiceberg reads JDBC catalogs on PostgreSQL and SQLite only"
+            )
+        auth = ""
+        if cat.user:
+            auth = (
+                quote(cat.user, safe="") + (f":{quote(cat.password, safe='')}" if cat.password else "") + "@"
+            )
+        uri = "postgresql+psycopg2://" + auth + jdbc.removeprefix("jdbc:postgresql://")
+    return {"type": "sql", "uri": uri, "warehouse": location} | cat.properties
+
+
+def pyiceberg_catalog(config: SinkConfig, pipeline: Pipeline):
+    """The sink's catalog opened with pyiceberg, under the sink's name (the catalog name Iceberg's
+    JDBC catalog stored with every table)."""
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog(config.name, **pyiceberg_properties(config, pipeline))

@@ -48,6 +48,10 @@ class IcebergSettings(SinkSettings):
     catalog: CatalogSettings = Field(
         default_factory=CatalogSettings, description="where the tables are registered"
     )
+    mode: Literal["scd1", "scd2"] = Field(
+        default="scd1",
+        description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn",
+    )
     tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
     views: list[str] = Field(
         default_factory=list, description="derived views into Iceberg: not yet (give none)"

@@ -9,7 +9,12 @@ guarantees the Iceberg way.
   kept) as in the Delta sink. Truncate / a new base: rows older than its position are deleted
   first (idempotent, so they carry no cut).
 * Exactly once per cut: the MERGE's snapshot carries the follower's app id and cut id
-  (commit.py); a cut the table has already is skipped.
+  (commit.py); a cut the table has already is skipped. A commit that lost a conflict with
+  `cdc maintain` is tried again from that check (conflicts.py).
+* `mode: scd2`: every version kept, one MERGE per cut (scd2.py). A keyless (insert-only) table:
+  the cut's rows appended, each identified by its position (_cdc_lsn, _cdc_seq).
+* Cuts (cuts.py): after a cut's rows and markers, every table's snapshot id is recorded in
+  `<warehouse>/_cdc_cuts`, so readers can read all tables as of one cut.
 * Schema (prepare, before anything is written): renamed source columns are renamed (metadata:
   Iceberg columns are fields by id), new columns added (rows older than a constant DEFAULT get it),
   int -> bigint, float -> double, larger decimal precision widened in place (`on_type_change`).
@@ -19,7 +24,6 @@ guarantees the Iceberg way.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,9 +34,15 @@ from cdc.ground.errors import SinkError
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, Batch, NetChanges
+from sinks.delta.cuts import forget_table, record_cut
 from sinks.iceberg import catalog
 from sinks.iceberg.commit import APP_ID, CUT, applied_cut, snapshot_properties
+from sinks.iceberg.conflicts import retry_conflicts
+from sinks.iceberg.cuts import snapshot_id
+from sinks.iceberg.scd2 import apply_scd2
 from sinks.iceberg.schema import same_type, type_sql, widenable
+from sinks.iceberg.sources import source_view
+from sinks.scd2 import SCD2_COLUMNS
 from sinks.shaping import follower_name
 
 if TYPE_CHECKING:
@@ -99,6 +109,27 @@ class IcebergSink(Sink):
 
     def clear_table(self, table: TableName) -> None:
         self.spark.sql(f"DROP TABLE IF EXISTS {self.ident(table)} PURGE")
+        forget_table(self.spark, self.warehouse, table)  # no recorded cut can read it any more
+
+    # ---- cuts (sinks/iceberg/cuts.py): every table's snapshot id, per applied cut ----------------
+    @property
+    def warehouse(self) -> str:
+        """Where `_cdc_cuts` is kept: the warehouse (a path or a URI)."""
+        return catalog.warehouse(self.settings, self.pipeline)
+
+    def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName], again: bool = True) -> None:
+        """Record each follower table's current snapshot id at this cut in `<warehouse>/_cdc_cuts`,
+        so readers can read all tables as of the same cut; a cut recorded already (`again`: an
+        earlier run started it) is not recorded twice."""
+        versions: dict[str, int] = {}
+        names: dict[str, str] = {}
+        for t in tables:
+            name = follower_name(self.config, t) or t.name
+            snapshot = snapshot_id(self.spark, self.catalog, t.schema, name)
+            if snapshot is not None:
+                versions[str(t)] = snapshot
+                names[str(t)] = name
+        record_cut(self.spark, self.warehouse, self.log_id, cut_id, lsn, versions, names, again)
 
     # ---- marker: the table property `cdc.follower` -----------------------------------------------
     def read_marker(self, table: TableName) -> str | None:
@@ -116,10 +147,30 @@ class IcebergSink(Sink):
             )
 
     # ---- schema --------------------------------------------------------------------------------
+    @property
+    def scd2(self) -> bool:
+        return self.settings.mode == "scd2"
+
+    @property
+    def wants_versions(self) -> bool:
+        return self.scd2
+
+    def _meta(self) -> dict[str, T.DataType]:
+        meta: dict[str, T.DataType] = {m: META_TYPES[m] for m in META_COLUMNS}
+        return meta | SCD2_COLUMNS if self.scd2 else meta
+
     def _plan(self, batch: Batch) -> _Plan:
         ident = self.ident(batch.table)
+        if self.scd2 and not batch.schema.key:
+            raise SinkError(
+                f"sink {self.name} (iceberg, mode scd2) cannot follow {batch.table}: it has no primary key, so it "
+                "is followed insert-only, and SCD2 keeps versions of keyed rows",
+                f"follow {batch.table} with an iceberg sink in mode scd1 (each inserted row is kept as it came: "
+                "its history already), or give it a primary key",
+            )
+        meta = self._meta()
         wanted = T.StructType(
-            list(batch.spark_schema.fields) + [T.StructField(m, META_TYPES[m]) for m in META_COLUMNS]
+            list(batch.spark_schema.fields) + [T.StructField(m, t) for m, t in meta.items()]
         )
         if not self._table_exists(batch.table):
             return _Plan(ident, batch, create=wanted)
@@ -135,8 +186,8 @@ class IcebergSink(Sink):
         for f in wanted.fields:
             have = current.get(f.name)
             if have is None:
-                if f.name in batch.key_columns or f.name in META_COLUMNS:
-                    if rebase:
+                if f.name in batch.key_columns or f.name in meta:
+                    if rebase and not self.scd2:
                         return _Plan(ident, batch, create=wanted, recreate=True)
                     raise SinkError(
                         f"Iceberg table {ident} ({batch.table}) has no column {f.name!r}, which the follower needs",
@@ -145,9 +196,9 @@ class IcebergSink(Sink):
                 plan.add.append(f)
             elif same_type(have, f.dataType):
                 continue
-            elif f.name not in META_COLUMNS and widenable(have, f.dataType):
+            elif f.name not in meta and widenable(have, f.dataType):
                 plan.widen.append((f.name, f.dataType))
-            elif rebase:  # a new base: the table is made again with the new types
+            elif rebase and not self.scd2:  # a new base: the table is made again with the new types
                 return _Plan(ident, batch, create=wanted, recreate=True)
             else:
                 raise SinkError(
@@ -177,6 +228,7 @@ class IcebergSink(Sink):
         assert plan.create is not None
         if plan.recreate:
             self.spark.sql(f"DROP TABLE IF EXISTS {plan.ident} PURGE")
+            forget_table(self.spark, self.warehouse, plan.batch.table)
             self.say(
                 f"sink {self.name}: {plan.batch.table}: a new base with types Iceberg cannot widen to: table made again"
             )
@@ -217,15 +269,22 @@ class IcebergSink(Sink):
                 continue
             since = batch.defaults[f.name][0]
             keys = list(batch.key_columns)
+            # scd2: the current version of each key (one per key) that began before the column
+            which = (
+                f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {since}" if self.scd2 else f"_cdc_lsn < {since}"
+            )
+            # a local checkpoint: the MERGE's source must not read its own target (AMBIGUOUS_REFERENCE)
             older = (
                 self.spark.table(plan.ident)
-                .filter(f"_cdc_lsn < {since}")
+                .filter(which)
                 .select(*[q(k) for k in keys], batch.default_value(f.name).alias(f.name))
+                .localCheckpoint()
             )
+            on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys)
             self._merge_sql(
                 plan.ident,
                 older,
-                " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys),
+                on + (" AND t._cdc_end_lsn IS NULL" if self.scd2 else ""),
                 f"WHEN MATCHED THEN UPDATE SET t.{q(f.name)} = s.{q(f.name)}",
             )
 
@@ -235,6 +294,11 @@ class IcebergSink(Sink):
         return f"(_cdc_lsn < {lsn} OR (_cdc_lsn = {lsn} AND _cdc_seq < {seq}))"
 
     def apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
+        # a commit that lost to `cdc maintain` (a compaction replaced files the MERGE read) wrote
+        # nothing: the cut is tried again from the check whether it is in the table already
+        return retry_conflicts(lambda: self._apply(batch, changes, cut_id))
+
+    def _apply(self, batch: Batch, changes: NetChanges, cut_id: int) -> ApplyStats:
         ident = self.ident(batch.table)
         stats = ApplyStats(str(batch.table))
         fresh = ident in getattr(self, "_created", set())
@@ -243,17 +307,50 @@ class IcebergSink(Sink):
             if done is not None and done >= cut_id:
                 stats.skipped = True  # this cut's MERGE committed before a crash: nothing to do again
                 return stats
+        if self.scd2:
+            where = (
+                self.catalog,
+                batch.table.schema,
+                follower_name(self.config, batch.table) or batch.table.name,
+            )
+            # the fill of unchanged TOAST values reads the table in the batch's session
+            catalog.register(changes.df.sparkSession, self.config, self.pipeline)
+            stats.inserted = apply_scd2(self.spark, where, batch, changes, cut_id, self.app_id)
+            return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
             self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(batch.snapshot_lsn, 0)}")
         if batch.truncate_position is not None and not fresh:
             self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(*batch.truncate_position)}")
-        self._merge(ident, batch, changes, cut_id)
+        if not batch.schema.key:
+            self._append(ident, batch, changes, cut_id)
+        else:
+            self._merge(ident, batch, changes, cut_id)
         _, summary = applied_cut(self.spark, ident, self.app_id)
         if summary.get(CUT) == str(cut_id):
-            stats.inserted = int(summary.get("spark.merge-into.num-target-rows-inserted", 0))
+            stats.inserted = int(
+                summary.get("spark.merge-into.num-target-rows-inserted", summary.get("added-records", 0))
+            )
             stats.updated = int(summary.get("spark.merge-into.num-target-rows-updated", 0))
             stats.deleted = int(summary.get("spark.merge-into.num-target-rows-deleted", 0))
         return stats
+
+    def _append(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
+        """A keyless (insert-only) table: every row is its own, identified by its log position
+        (_cdc_lsn, _cdc_seq), so the cut's rows are appended; the check above keeps a replayed
+        cut from appending them twice."""
+        if not changes.df.filter("_cdc_op = 'd'").isEmpty():
+            raise SinkError(
+                f"sink {self.name} (iceberg): {batch.table} has no primary key and its changes delete rows by "
+                "content (REPLICA IDENTITY FULL); the Iceberg follower keeps keyless tables insert-only",
+                f"follow {batch.table} with a delta sink, leave it out of the sink's tables, or give it a primary key",
+            )
+        columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+        names = ", ".join(q(c) for c in columns)
+        with (
+            source_view(changes.df) as view,
+            snapshot_properties(self.spark, {APP_ID: self.app_id, CUT: str(cut_id)}),
+        ):
+            self.spark.sql(f"INSERT INTO {ident} ({names}) SELECT {names} FROM {view} WHERE _cdc_op != 'd'")
 
     def _merge(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
@@ -276,15 +373,12 @@ class IcebergSink(Sink):
             self._merge_sql(ident, changes.df, on, clauses)
 
     def _merge_sql(self, ident: str, source: DataFrame, on: str, clauses: str) -> None:
-        view = f"cdc_iceberg_{uuid.uuid4().hex}"  # per call: tables of a cut may merge side by side
-        source.createOrReplaceTempView(view)
-        try:
+        with source_view(source) as view:
             self.spark.sql(f"MERGE INTO {ident} t USING {view} s ON {on} {clauses}")
-        finally:
-            self.spark.catalog.dropTempView(view)
 
     # ---- reads ---------------------------------------------------------------------------------
     def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         if not self._table_exists(table):
             return None
-        return self.spark.table(self.ident(table))
+        rows = self.spark.table(self.ident(table))
+        return rows.filter("_cdc_end_lsn IS NULL") if self.scd2 else rows

@@ -1,23 +1,33 @@
 """The Iceberg follower (issue 39): a pipeline with an `iceberg` sink on the embedded SQLite
 catalog, snapshot + stream + apply over a composite-key table (numerics, numeric above 38 digits,
 timestamptz, jsonb, arrays, bytea, a TOASTed value left unchanged by an update, deletes, a key
-change) and a uuid-keyed table (truncate), the latter followed a second time through Iceberg's JDBC
-catalog on the session's real PostgreSQL; read back with pyiceberg's SqlCatalog on the catalog
-file (and on PostgreSQL) and with Polars `scan_iceberg` (not through the sink) and compared with the source, and
-`cdc verify`; then a second cut with a column rename (metadata only: the field id stays) and an
-added column, crashed after its MERGE and applied again: the replay is skipped, no new snapshot.
+change) and a uuid-keyed table (truncate), both followed a second time in `mode: scd2` through
+Iceberg's JDBC catalog on the session's real PostgreSQL; read back with pyiceberg's SqlCatalog on
+the catalog file (and on PostgreSQL: the current versions, and the history) and with Polars
+`scan_iceberg` (not through the sink) and compared with the source, and `cdc verify`; then a
+second cut with a column rename (metadata only: the field id stays), an added column and an update
+that leaves a TOASTed value unchanged (the value kept from the table), held between its tables (the live tables are torn: one at the new cut, one not;
+readers pinned at the recorded cut with pyiceberg, Polars `cdc sql` and Spark see the first cut
+whole), then crashed after its MERGE and applied again: the replay is skipped, no new snapshot;
+the latest recorded cut equals the source, the first stays readable. Then `cdc maintain` of the
+SQLite follower beside the apply of a third cut, and alone with retention 0: the newest cut is
+still read right, the older ones are forgotten, and the apply goes on.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from click.testing import CliRunner
 
+from pipelines.cli import cli
 from pipelines.faults import CrashPointReached
 from tests.fixtures.lake import apply, apply_ok, make_pipe, snapshot, stream, verified
 from tests.harness import sql
@@ -28,7 +38,7 @@ SINK = {"name": "ice", "iceberg": {"warehouse": "ice"}}
 
 
 def pg_sink(dsn: str) -> dict[str, Any]:
-    """A second follower of `users` on Iceberg's JDBC catalog in the session's real PostgreSQL."""
+    """A second follower, SCD2, on Iceberg's JDBC catalog in the session's real PostgreSQL."""
     url = urlsplit(dsn)
     jdbc = {
         "type": "jdbc",
@@ -38,7 +48,7 @@ def pg_sink(dsn: str) -> dict[str, Any]:
     catalog = jdbc | {"password": url.password}
     return {
         "name": "icepg",
-        "iceberg": {"warehouse": "icepg", "tables": ["public.users"], "catalog": catalog},
+        "iceberg": {"warehouse": "icepg", "mode": "scd2", "catalog": catalog},
     }
 
 
@@ -105,18 +115,31 @@ def pg_catalog(dsn: str):
 
 
 def read_back(tmp_path: Path, dsn: str, tables: dict[str, tuple] = SOURCE) -> None:
-    """pyiceberg and Polars, not the sink, read each table (and `users` of the PostgreSQL catalog):
-    equal to the source."""
+    """pyiceberg and Polars, not the sink, read each table of both followers (of the SCD2 one, on
+    the PostgreSQL catalog, the current versions): equal to the source."""
     import polars as pl
 
-    cat = catalog(tmp_path)
-    for name, (key, query, columns) in [*tables.items(), ("icepg", tables["public.users"])]:
+    for name, (key, query, columns) in tables.items():
         want = source(dsn, key, query, columns)
-        table = pg_catalog(dsn).load_table("public.users") if name == "icepg" else cat.load_table(name)
-        got = keyed(table.scan().to_arrow().to_pylist(), key, columns)
-        assert got == want, f"pyiceberg {name}: {got} != {want}"
-        polars = keyed(pl.scan_iceberg(table).collect().to_dicts(), key, columns)
-        assert polars == want, f"polars {name}: {polars} != {want}"
+        for follower, table in (
+            ("ice", catalog(tmp_path).load_table(name)),
+            ("icepg", pg_catalog(dsn).load_table(name)),
+        ):
+            rows = table.scan().to_arrow().to_pylist()
+            frame = pl.scan_iceberg(table)
+            if follower == "icepg":  # scd2: the current version of each key
+                rows = [r for r in rows if r["_cdc_end_lsn"] is None]
+                frame = frame.filter(pl.col("_cdc_end_lsn").is_null())
+            got = keyed(rows, key, columns)
+            assert got == want and len(rows) == len(want), f"pyiceberg {follower} {name}: {got} != {want}"
+            polars = keyed(frame.collect().to_dicts(), key, columns)
+            assert polars == want, f"polars {follower} {name}: {polars} != {want}"
+
+
+def history(dsn: str, name: str) -> list[dict[str, Any]]:
+    """Every version the SCD2 follower holds of a table, oldest first per key."""
+    rows = pg_catalog(dsn).load_table(name).scan().to_arrow().to_pylist()
+    return sorted(rows, key=lambda r: (str(r.get("id")), r["_cdc_start_lsn"]))
 
 
 def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
@@ -141,26 +164,67 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     assert summary["pgcdc.cut"] and summary["pgcdc.app-id"].startswith("cdc:test:ice:")
     field_id = catalog(tmp_path).load_table("public.users").schema().find_field("name").field_id
 
-    # cut 2: a rename and an added column, crashed after the MERGE (checkpoint not written)
+    # cut 2: a rename and an added column, held between its tables, then crashed after the MERGE
+    # (checkpoint not written)
+    from sinks.iceberg.cuts import list_cuts, tables_at_cut
+
+    lake = tmp_path / "ice"
+    first, at_first = tables_at_cut(catalog(tmp_path), lake)
+    assert set(at_first) == set(SOURCE) and at_first["public.items"].num_rows == 8, first
     sql(
         pg_db,
         "ALTER TABLE users RENAME COLUMN name TO full_name",
         "ALTER TABLE users ADD COLUMN score int",
         "UPDATE users SET full_name = 'renamed', score = 7",
         "UPDATE items SET note = 'changed' WHERE id = 3",
+        "UPDATE items SET amt = 4.5 WHERE id = 4",  # note (TOASTed) unchanged: kept from the table
     )
     stream(pipe)
+    pause = tmp_path / "paused"
+    monkeypatch.setenv("CDC_PAUSE", "apply:between-tables")
+    monkeypatch.setenv("CDC_PAUSE_FILE", str(pause))
     monkeypatch.setenv("CDC_FAULT", "apply:after-merge")
     monkeypatch.setenv("CDC_FAULT_RAISE", "1")
-    with pytest.raises(CrashPointReached):
-        apply(pipe, spark)
+    ended: list = []
+
+    def crashing_apply() -> None:
+        try:
+            ended.append(apply(pipe, spark))
+        except CrashPointReached as crash:
+            ended.append(crash)
+
+    worker = threading.Thread(target=crashing_apply, daemon=True)
+    worker.start()
+    while not pause.exists():  # the apply holds with one table of the cut committed
+        assert worker.is_alive(), f"apply ended without reaching the pause: {ended}"
+        worker.join(0.05)
+    # Live, the tables are torn: one has the cut's change, the other not yet. Pinned at the
+    # recorded cut (pyiceberg; Polars through `cdc sql`), both are as the first cut left them.
+    live = {t: catalog(tmp_path).load_table(t).scan().to_arrow().to_pylist() for t in SOURCE}
+    items_done = any(r["note"] == "changed" for r in live["public.items"])
+    users_done = any(r.get("full_name") == "renamed" for r in live["public.users"])
+    assert items_done != users_done, live
+    pinned, at_pinned = tables_at_cut(catalog(tmp_path), lake)
+    assert pinned.cut_id == first.cut_id and pinned.versions == first.versions
+    assert {t: rows.to_pylist() for t, rows in at_pinned.items()} == {
+        t: rows.to_pylist() for t, rows in at_first.items()
+    }
+    runner = CliRunner()
+    query = "SELECT count(*) AS n, sum(CASE WHEN note = 'changed' THEN 1 ELSE 0 END) AS changed FROM items"
+    result = runner.invoke(cli, ["sql", str(pipe.file), "--sink", "ice", query], catch_exceptions=False)
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["n\tchanged", "8\t0"], result.output
+    assert f"-- sink ice: cut {first.cut_id} " in result.stderr and "engine polars" in result.stderr
+    monkeypatch.delenv("CDC_PAUSE")  # first: the SCD2 follower must not hold at the point after this
+    pause.unlink()
+    worker.join(600)  # a hang guard only
+    assert not worker.is_alive() and ended and isinstance(ended[0], CrashPointReached), ended
     monkeypatch.delenv("CDC_FAULT")
     users = catalog(tmp_path).load_table("public.users")
-    # merge-on-read: the one-row MERGE into items wrote a position-delete file and rewrote no data file
+    # merge-on-read: the two-row MERGE into items wrote position deletes and rewrote no data file
     merged = dict(
         catalog(tmp_path).load_table("public.items").current_snapshot().summary.additional_properties
     )
-    assert int(merged.get("added-position-delete-files", 0)) == 1 and "deleted-data-files" not in merged, (
+    assert int(merged.get("added-position-delete-files", 0)) >= 1 and "deleted-data-files" not in merged, (
         merged
     )
     assert users.schema().find_field("full_name").field_id == field_id  # a rename is metadata
@@ -171,5 +235,107 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     assert out.count("public.users: already applied") == 2 and "public.items: already applied" in out, out
     assert {t: len(catalog(tmp_path).load_table(t).snapshots()) for t in SOURCE} == snapshots
     renamed = (("id",), "SELECT id::text, full_name, n, score FROM users", ("id", "full_name", "n", "score"))
+    read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
+    # SCD2 history: the 5 snapshot rows ended by the truncate, the row after it ended by cut 2's update
+    users = history(pg_db, "public.users")
+    assert [(r["full_name"], r["_cdc_end_lsn"] is None) for r in users].count(("renamed", True)) == 1, users
+    assert len(users) == 7 and sum(r["_cdc_end_lsn"] is None for r in users) == 1, users
+    items = [r for r in history(pg_db, "public.items") if r["region"] == "eu"]
+    by_id: dict[int, list] = {}
+    for r in items:
+        by_id.setdefault(r["id"], []).append(r)
+    assert [r["_cdc_end_lsn"] is None for r in by_id[2]] == [False] and 6 not in {
+        r["id"] for r in items if r["_cdc_end_lsn"] is None
+    }
+    four = by_id[4]  # two versions: the second kept the TOASTed note the update did not send
+    assert len(four) == 2 and four[0]["_cdc_end_lsn"] == four[1]["_cdc_start_lsn"], four
+    assert (
+        four[1]["amt"] == Decimal("4.500")
+        and four[1]["note"] == four[0]["note"]
+        and len(four[0]["note"]) == 6400
+    )
+
+    # The replay recorded the second cut once; read at it, every table equals the source; the
+    # first cut stays readable, with Spark too (its snapshot, its schema).
+    cuts = list_cuts(lake)
+    assert [c.cut_id for c in cuts] == [cuts[0].cut_id, first.cut_id] and cuts[0].cut_id > first.cut_id
+    latest, at_latest = tables_at_cut(catalog(tmp_path), lake)
+    for name, (key, query_, columns) in (SOURCE | {"public.users": renamed}).items():
+        got = keyed(at_latest[name].to_pylist(), key, columns)
+        assert got == source(pg_db, key, query_, columns), name
+    assert (
+        latest.versions["public.items"]
+        == catalog(tmp_path).load_table("public.items").current_snapshot().snapshot_id
+    )
+    result = runner.invoke(cli, ["sql", str(pipe.file), "--sink", "ice", "--cuts"])
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2, result.output
+    from pipelines.lakesql import run_sql
+    from sinks.registry import load_pipeline
+
+    out: list[str] = []
+    notes: list[str] = []
+    args = (
+        "SELECT name FROM users",
+        "ice",
+        first.cut_id,
+        10,
+        False,
+        False,
+        out.append,
+        notes.append,
+        "spark",
+    )
+    assert run_sql(load_pipeline(pipe.file), lambda: spark, *args) == 0  # the column's name at that cut
+    assert out == ["name", "after truncate"] and "engine spark" in notes[0], (out, notes)
+    result = runner.invoke(cli, ["sql", str(pipe.file), "--sink", "ice", "SELECT * FROM nosuch"])
+    assert result.exit_code == 2 and "Polars refused the query" in result.stderr, result.output
+    result = runner.invoke(
+        cli, ["sql", str(pipe.file), "--sink", "ice", "--engine", "datafusion", "SELECT 1"]
+    )
+    assert result.exit_code == 2 and "--engine datafusion does not read iceberg" in result.stderr, (
+        result.output
+    )
+
+    # `cdc maintain` beside an apply: compaction (data files bin-packed, those with position deletes
+    # rewritten) commits while cut 3 applies in this thread; nothing lost or doubled.
+    from pipelines.maintain import run_maintain
+
+    pipeline = load_pipeline(pipe.file)
+    sql(pg_db, "UPDATE items SET amt = amt + 1 WHERE id IN (1, 3)", "DELETE FROM items WHERE id = 5")
+    stream(pipe)
+    lines: list[str] = []
+    done: list = []
+    args3 = (pipeline, spark.newSession(), ["ice"], None, 1, True, True, lines.append)
+    beside = threading.Thread(target=lambda: done.append(run_maintain(*args3)), daemon=True)
+    beside.start()
+    apply_ok(pipe, spark)
+    beside.join(600)  # a hang guard only
+    assert done == [0], "\n".join(lines)
+    report = "\n".join(lines)
+    assert "sink ice: public.items: " in report and "retention 168 h" in report, report
+    read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
+
+    # No apply running: retention 0 keeps the newest cut's snapshots (and each table's newest one
+    # carrying its follower's cut); older snapshots, their files and the older cut records go.
+    latest = list_cuts(lake)[0]
+    lines.clear()
+    assert run_maintain(pipeline, spark.newSession(), ["ice"], 0.0, 1, True, True, lines.append) == 0
+    report = "\n".join(lines)
+    assert "_cdc_cuts: 2 cut(s) older than the retention forgotten" in report, report
+    assert [c.cut_id for c in list_cuts(lake)] == [latest.cut_id], report
+    expired = re.search(r"sink ice: public\.items: .*\((\d+) snapshot\(s\) expired", report)
+    assert expired and int(expired[1]) > 0, report
+    for name in SOURCE:
+        table = catalog(tmp_path).load_table(name)
+        kept = {s.snapshot_id for s in table.snapshots()}
+        assert latest.versions[name] in kept and first.versions[name] not in kept, (name, kept, report)
+        summary = table.current_snapshot().summary
+        assert int(summary["total-delete-files"]) == 0, (name, summary, report)
+    _rec, now = tables_at_cut(catalog(tmp_path), lake)
+    for name, (key, query_, columns) in (SOURCE | {"public.users": renamed}).items():
+        assert keyed(now[name].to_pylist(), key, columns) == source(pg_db, key, query_, columns), name
+    sql(pg_db, "UPDATE items SET amt = 0 WHERE id = 7")  # the apply goes on after maintenance
+    stream(pipe)
+    apply_ok(pipe, spark)
     read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
     verified(pipe, spark)

@@ -65,8 +65,8 @@ def test_conflicts_are_retried_other_errors_are_not() -> None:
         retry_conflicts(lambda: (_ for _ in ()).throw(ValueError("not a conflict")))
 
 
-def test_sql_and_maintain_refuse_a_sink_that_is_not_delta(tmp_path) -> None:
-    """Exit 2 naming the sink, before Spark starts."""
+def test_sql_and_maintain_refuse_a_sink_that_is_not_delta_or_iceberg(tmp_path) -> None:
+    """Exit 2 naming the sink, before Spark starts; an engine that does not read the sink's kind too."""
     from click.testing import CliRunner
 
     from pipelines.cli import cli
@@ -78,9 +78,36 @@ def test_sql_and_maintain_refuse_a_sink_that_is_not_delta(tmp_path) -> None:
     )
     runner = CliRunner()
     result = runner.invoke(cli, ["maintain", str(file)])
-    assert result.exit_code == 2 and "error: pipeline p has no delta sink" in result.stderr, result.output
+    assert result.exit_code == 2 and "error: pipeline p has no delta or iceberg sink" in result.stderr, (
+        result.output
+    )
     result = runner.invoke(cli, ["sql", str(file), "--sink", "cache", "SELECT 1"])
     assert (
-        result.exit_code == 2 and "error: sink 'cache' is a redis sink, not a delta sink" in result.stderr
+        result.exit_code == 2
+        and "error: sink 'cache' is a redis sink, not a delta or iceberg sink" in result.stderr
     ), result.output
-    assert "  fix: name a delta sink with --sink" in result.stderr
+    assert "  fix: name a delta or iceberg sink with --sink" in result.stderr
+    result = runner.invoke(cli, ["maintain", str(file), "--sink", "cache"])
+    assert result.exit_code == 2 and "cdc maintain looks after Delta and Iceberg followers" in result.stderr
+    file.write_text(
+        "name: p\nsource:\n  postgres:\n    dsn: postgresql://x@127.0.0.1:1/x\n    tables: [public.t]\n"
+        "sinks:\n  - name: ice\n    iceberg: {warehouse: ice}\n"
+    )
+    result = runner.invoke(cli, ["sql", str(file), "--engine", "datafusion", "SELECT 1"])
+    assert result.exit_code == 2 and "--engine datafusion does not read iceberg followers (sink ice)" in (
+        result.stderr
+    ), result.output
+    assert "  fix: --engine polars or --engine spark" in result.stderr
+    result = runner.invoke(cli, ["sql", str(file), "SELECT 1"])  # nothing applied yet
+    assert result.exit_code == 2 and "no cut is recorded" in result.stderr, result.output
+
+
+def test_polars_names_every_table_qualified_and_bare() -> None:
+    from pipelines.lakesql_polars import polars_names
+
+    names = polars_names(["public.orders", "sales.orders", "public.items"])
+    assert names == {
+        "public.items": ["public.items", "items"],
+        "public.orders": ["public.orders", "public_orders", "orders"],
+        "sales.orders": ["sales.orders", "sales_orders"],
+    }

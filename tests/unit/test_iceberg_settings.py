@@ -55,6 +55,54 @@ def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> N
     assert catalog_properties(rest.sinks[0], rest)["type"] == "rest"
 
 
+def test_pyiceberg_opens_the_sqlite_postgresql_and_rest_catalogs(tmp_path: Path) -> None:
+    """`cdc sql` and the cut readers open the sink's catalog with pyiceberg: the JDBC URL on
+    PostgreSQL becomes SQLAlchemy's (credentials quoted), another database is refused."""
+    jdbc = {"type": "jdbc", "uri": "jdbc:postgresql://127.0.0.1:5433/cat", "user": "u@x", "password": "p/w:"}
+    pg = _pipeline({"warehouse": "lake", "catalog": jdbc}, tmp_path)
+    props = pyiceberg_properties(pg.sinks[0], pg)
+    assert props["uri"] == "postgresql+psycopg2://u%40x:p%2Fw%3A@127.0.0.1:5433/cat", props
+    assert props["type"] == "sql" and props["warehouse"] == f"file://{(tmp_path / 'lake').resolve()}"
+    other = _pipeline({"warehouse": "lake", "catalog": jdbc | {"uri": "jdbc:mysql://h/db"}}, tmp_path)
+    with pytest.raises(ValueError, match="PostgreSQL and SQLite only"):
+        pyiceberg_properties(other.sinks[0], other)
+    rest = _pipeline(
+        {
+            "warehouse": "s3://b/l",
+            "catalog": {"type": "rest", "uri": "http://h:8181", "properties": {"token": "t"}},
+        },
+        tmp_path,
+    )
+    assert pyiceberg_properties(rest.sinks[0], rest) == {
+        "type": "rest",
+        "uri": "http://h:8181",
+        "warehouse": "s3://b/l",
+        "token": "t",
+    }
+
+
+def test_the_cut_record_of_a_warehouse_on_an_object_store_keeps_its_uri() -> None:
+    from sinks.delta.cuts import cuts_path
+
+    assert cuts_path("s3://bucket/lake/") == "s3://bucket/lake/_cdc_cuts"
+    assert cuts_path("/abs/lake") == "/abs/lake/_cdc_cuts"
+
+
+def test_commit_conflicts_are_told_from_other_iceberg_errors() -> None:
+    from sinks.iceberg.conflicts import is_conflict
+
+    assert is_conflict(RuntimeError("org.apache.iceberg.exceptions.CommitFailedException: base changed"))
+    assert is_conflict(
+        RuntimeError(
+            "org.apache.iceberg.exceptions.ValidationException: Cannot commit, missing data files: [x]"
+        )
+    )
+    assert is_conflict(RuntimeError("ValidationException: Found conflicting files that can contain records"))
+    assert not is_conflict(
+        RuntimeError("org.apache.iceberg.exceptions.ValidationException: Cannot find field 'x'")
+    )
+
+
 @pytest.mark.parametrize(
     ("iceberg", "sink", "said"),
     [
@@ -68,6 +116,7 @@ def test_jdbc_and_rest_catalogs_pass_their_settings_through(tmp_path: Path) -> N
         ({"warehouse": "w", "views": ["v"]}, {}, "not supported yet"),
         ({"warehouse": "w"}, {"dropped_columns": "null"}, "iceberg: not yet"),
         ({"warehouse": "w", "write_mode": "fast"}, {}, "write_mode"),
+        ({"warehouse": "w", "mode": "scd3"}, {}, "mode"),
         ({}, {}, "warehouse"),
     ],
 )
