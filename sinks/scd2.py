@@ -70,6 +70,24 @@ def first_versions(filled: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     )
 
 
+def fill_from_before(versions: NetChanges, table: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """`fill_from` with each key's newest version in `table` that began before the batch's first
+    change, ended or not. Not "the current version": a cut replayed after a crash between ending
+    the current versions and inserting the new ones finds them ended, and must still keep the
+    values (the batch's own versions, which a replay may also find, all begin at or after it)."""
+    if not versions.unchanged:
+        return versions.df
+    first = versions.df.agg(F.min("_cdc_lsn")).first()
+    older = table.filter(F.col("_cdc_start_lsn") < (first[0] if first is not None else 0))
+    wanted = [c for c in versions.unchanged if c not in keys]  # (a key is never an unchanged value)
+    newest = F.max_by(F.struct(*(F.col(q(c)) for c in wanted)), F.col("_cdc_start_lsn")).alias("__cdc_v")
+    previous = older.groupBy(*(F.col(q(k)) for k in keys)).agg(newest)
+    previous = previous.select(
+        *(F.col(q(k)) for k in keys), *(F.col(f"__cdc_v.{q(c)}").alias(c) for c in wanted)
+    )
+    return fill_from(versions, previous, keys)
+
+
 def fill_from(versions: NetChanges, current: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     """The versions with each unchanged-TOAST value the batch could not resolve taken from
     `current` (keys + the unchanged columns: each key's version in the table before the batch)."""

@@ -20,13 +20,14 @@ from cdc.ground.tables import spark_ident as q
 from sinks.changes import NetChanges
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.idempotent import follower_write
-from sinks.scd2 import SCD2_COLUMNS, fill_from, first_versions, version_rows
+from sinks.scd2 import SCD2_COLUMNS, fill_from_before, first_versions, version_rows
 
 __all__ = ["SCD2_COLUMNS", "apply_scd2"]
 
 
 def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, ...]) -> DataFrame:
-    """Unchanged-TOAST values the batch could not resolve come from the key's current version."""
+    """Unchanged-TOAST values the batch could not resolve come from the key's version before the
+    cut (sinks/scd2.py fill_from_before: ended or not, so a replay keeps them too)."""
     if not versions.unchanged:
         return versions.df
     # The table as of its version now (time travel), not `target.toDF()`: Delta's writes below
@@ -37,7 +38,7 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
         target.detail().select("location").first()[0],
     )
     snapshot = target.toDF().sparkSession.read.format("delta").option("versionAsOf", version).load(location)
-    return fill_from(versions, snapshot.filter(F.col("_cdc_end_lsn").isNull()), keys)
+    return fill_from_before(versions, snapshot, keys)
 
 
 def apply_scd2(

@@ -28,7 +28,7 @@ from sinks.changes import Batch, NetChanges
 from sinks.iceberg import jvm
 from sinks.iceberg.commit import APP_ID, CUT, snapshot_properties
 from sinks.iceberg.sources import source_view
-from sinks.scd2 import fill_from, first_versions, version_rows
+from sinks.scd2 import fill_from_before, first_versions, version_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,17 +48,7 @@ def _before(versions: NetChanges, ident: str, snapshot: int | None) -> DataFrame
 def _fill_unchanged(table: DataFrame | None, versions: NetChanges, keys: tuple[str, ...]) -> DataFrame:
     if not versions.unchanged or table is None:
         return versions.df
-    # every version the table had before this cut began before the cut's first change (a replay
-    # finds this cut's own versions there too, all at or after it)
-    first = versions.df.agg(F.min("_cdc_lsn")).first()
-    older = table.filter(F.col("_cdc_start_lsn") < (first[0] if first is not None else 0))
-    wanted = [c for c in versions.unchanged if c not in keys]  # (a key is never an unchanged value)
-    newest = F.max_by(F.struct(*(F.col(q(c)) for c in wanted)), F.col("_cdc_start_lsn")).alias("__cdc_v")
-    previous = older.groupBy(*(F.col(q(k)) for k in keys)).agg(newest)
-    previous = previous.select(
-        *(F.col(q(k)) for k in keys), *(F.col(f"__cdc_v.{q(c)}").alias(c) for c in wanted)
-    )
-    return fill_from(versions, previous, keys)
+    return fill_from_before(versions, table, keys)
 
 
 def apply_scd2(
