@@ -67,7 +67,7 @@ from sinks.delta.snapshot import table_property
 if TYPE_CHECKING:
     from cdc.log.base import Cut
     from pipelines.apply.readers import ChangeReader
-    from pipelines.views.sql import ViewPlan
+    from pipelines.views.plan import ViewPlan
 
 
 class StageHost(Protocol):
@@ -400,7 +400,7 @@ class ViewMaintainer:
         for table in touched:
             changes = self.base.changes(table, old_v[str(table)], new_v[str(table)])
             for src, rows, tag in ((old_src, changes[0], "co"), (new_src, changes[1], "cn")):
-                # only the join path from the table to the anchor, as inner joins (sql.py keys_sql)
+                # only the join path from the table to the anchor, as inner joins (plan.py keys_sql)
                 keys_sql = plan.keys_sql(src, changed=table, changed_rows=self._register(rows, plan, tag))
                 parts.append(self.spark.sql(keys_sql))
         assert plan.anchor is not None  # an incremental plan always has one
