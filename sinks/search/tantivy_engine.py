@@ -7,7 +7,7 @@ writer per index, in one Spark task per table.
 * **Fields**: `_cdc_id` (the document id, raw/untokenized: deletes and lookups by term),
   `_cdc_version` (i64, indexed + fast), `_cdc_kind` (1 row, 2 tombstone, 3 truncate marker),
   `_cdc_row` (stored bytes: the row as JSON, for display and `cdc verify`), and one indexed,
-  unstored field per column with the field type of sinks/search/documents.py: text ->
+  unstored field per column with the field type of sinks/search/fields.py: text ->
   tokenized text (default tokenizer), keyword -> raw text, numbers -> i64/f64, boolean, date
   (tantivy dates span 1677-2262; others are kept in `_cdc_row` only), binary/stored ->
   nothing. A field is named like its column when that is a plain identifier (letters, digits,
@@ -56,7 +56,9 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import Batch
 from sinks.delta.paths import table_path
-from sinks.search.documents import FieldSpec, Row, RowLayout, encoders, pending_renames, renamed_row, version
+from sinks.search.documents import pending_renames, renamed_row, version
+from sinks.search.fields import FieldSpec
+from sinks.search.rows import Row, RowLayout, encoders
 from sinks.search.sink import PartitionResult, SearchSink, SearchStats, WriteJob, error_result, ok_result
 from sinks.shaping import follower_name
 
