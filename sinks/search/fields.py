@@ -45,8 +45,6 @@ FIELD_TYPES = (
     "binary",
     "stored",
 )
-
-
 TEXT_TYPES = {"text", "varchar", "bpchar", "citext", "name", "json", "jsonb", "xml", "tsvector"}
 
 

@@ -110,8 +110,6 @@ def encoder(dtype: T.DataType) -> Callable[[Any], Any] | None:
 
 # ---- JSON values -> Spark rows (current(), for verify) -------------------------------------------
 _DATE = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)")
-
-
 _STAMP = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z?")
 
 
