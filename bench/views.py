@@ -16,7 +16,7 @@ Per size (one run covers every size, side by side):
 3. Timed: one `cdc apply --once` of that cut, in this process: the view stage (the internal base
    follower applies the cut, then each view's affected keys are recomputed and merged into its out
    table) and the Delta sink taking the views' changes. The stage and each view's maintenance are
-   timed by wrapping pipelines.views.maintain's entry points (StageTimer).
+   timed by wrapping their entry points in pipelines.views.maintain and .maintainer (StageTimer).
 4. Timed, side by side: what a user's rebuild job does without incremental maintenance: the view's
    SQL over the base tables (Delta, at the same cut) written to a Delta table (overwrite). Then,
    not timed, the rebuilt table is compared with the incrementally maintained out table (they must
