@@ -25,7 +25,7 @@ how many index writes the net change amounted to (+inserted ~updated -deleted).
 
 A third measurement, the **floor**, runs in this process on its own SparkSession (start-up not
 counted): the same log range read, reduced to the net change per key and handed to Python
-executors as the sinks get it (`sinks.search.documents.write_frame`), but written nowhere. It
+executors as the sinks get it (`sinks.search.rows.write_frame`), but written nowhere. It
 is what any follower pays before its engine does anything; apply time minus floor is the
 engine's share. `--no-floor` skips it.
 
@@ -98,7 +98,7 @@ def floor(pipeline: Path, after: int, upto: int, changes: int) -> dict[str, Any]
     from pipelines.spark import spark_session
     from sinks.changes import TableBatch
     from sinks.registry import load_pipeline
-    from sinks.search.documents import write_frame
+    from sinks.search.rows import write_frame
 
     p = load_pipeline(pipeline)
     spark = spark_session(p)

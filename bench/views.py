@@ -16,7 +16,7 @@ Per size (one run covers every size, side by side):
 3. Timed: one `cdc apply --once` of that cut, in this process: the view stage (the internal base
    follower applies the cut, then each view's affected keys are recomputed and merged into its out
    table) and the Delta sink taking the views' changes. The stage and each view's maintenance are
-   timed by wrapping pipelines.views.maintain's entry points (StageTimer).
+   timed by wrapping their entry points in pipelines.views.maintain and .maintainer (StageTimer).
 4. Timed, side by side: what a user's rebuild job does without incremental maintenance: the view's
    SQL over the base tables (Delta, at the same cut) written to a Delta table (overwrite). Then,
    not timed, the rebuilt table is compared with the incrementally maintained out table (they must
@@ -215,17 +215,19 @@ def same_rows(spark: Any, left: Path, right: Path, columns: list[str]) -> int:
 
 class StageTimer:
     """Times the view stage of an apply run from outside: the whole stage (base follower + every
-    view) and each view's maintenance (pipelines.views.maintain: run_view_stage, ViewMaintainer.run)."""
+    view) and each view's maintenance (pipelines.views.maintain.run_view_stage,
+    pipelines.views.maintainer.ViewMaintainer.run)."""
 
     def __init__(self) -> None:
         import pipelines.views.maintain as maintain
+        from pipelines.views.maintainer import ViewMaintainer
 
         self.stage_s = 0.0
         self.view_s: dict[str, float] = {}
         self.stage_jobs = 0
         self.stage_cpu = 0.0
         self.view_jobs: dict[str, int] = {}
-        stage, run = maintain.run_view_stage, maintain.ViewMaintainer.run
+        stage, run = maintain.run_view_stage, ViewMaintainer.run
 
         def timed_stage(job: Any, *args: Any, **kwargs: Any) -> Any:
             t0, j0, c0 = time.monotonic(), spark_jobs(job.spark), cpu_s(job.spark)
@@ -247,13 +249,15 @@ class StageTimer:
                 )
 
         maintain.run_view_stage = timed_stage  # ApplyJob._run_views imports it at call time
-        maintain.ViewMaintainer.run = timed_run
+        ViewMaintainer.run = timed_run
         self._originals = (maintain, stage, run)
 
     def close(self) -> None:
         """Unwrap (the next size's timer must not count into this one's figures)."""
+        from pipelines.views.maintainer import ViewMaintainer
+
         maintain, stage, run = self._originals
-        maintain.run_view_stage, maintain.ViewMaintainer.run = stage, run
+        maintain.run_view_stage, ViewMaintainer.run = stage, run
 
     def reset(self) -> None:
         self.stage_s, self.view_s, self.stage_jobs, self.view_jobs = 0.0, {}, 0, {}

@@ -12,7 +12,7 @@ state's LSN). As for tables:
   cut and cp (the base follower's ranges in the log, and the slot for what is not streamed yet);
   else the verdict is "behind".
 * that LSN >= cp: view keys a base-table change at or after cp touches are excused: the view's
-  key query (pipelines/views/sql.py `keys_sql`) over each base table's changed rows (its rows at
+  key query (pipelines/views/plan.py `keys_sql`) over each base table's changed rows (its rows at
   cp with those keys and every later version in the log), the other tables at cp plus their later
   versions: every view row that could differ. A view maintained by full recomputation has no such
   query: with changes after cp it is reported behind (verify it again when the source is quiet).
@@ -30,7 +30,8 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from pipelines.apply.readers import ChangeReader
 from pipelines.checkpoints import Checkpoint, load_checkpoint
-from pipelines.views.sql import ViewPlan, analyse
+from pipelines.views.plan import ViewPlan
+from pipelines.views.sql import analyse
 from pipelines.views.state import BASE_SINK, view_state
 from sinks.base import Sink
 from sinks.changes import typed_columns

@@ -212,7 +212,7 @@ def serve(
     max_clients: int,
 ) -> int:
     """Serve the captured tables and derived views to applications over HTTP: initial rows, then live changes (SSE, long-poll)."""
-    from pipelines.serve.app import Options
+    from pipelines.serve.clients import Options
     from pipelines.serve.server import serve as run_server
 
     options = Options(heartbeat_s=heartbeat_s, queue=queue, max_clients=max_clients)

@@ -12,7 +12,8 @@ from pathlib import Path
 from cdc.ground.config import Pipeline, pipeline_tables
 from cdc.ground.errors import UsageError
 from pipelines.serve import metrics
-from pipelines.serve.app import Options, build_app
+from pipelines.serve.app import build_app
+from pipelines.serve.clients import Options
 from pipelines.serve.feed import Hub
 from pipelines.serve.logview import Access, LogAccess
 from pipelines.serve.registry import record_server

@@ -16,7 +16,7 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from cdc.schema import schema_types
 from pipelines.views.namecheck import check_names
-from pipelines.views.sql import ViewPlan
+from pipelines.views.plan import ViewPlan
 from sinks.sparktypes import spark_type
 
 _serial = itertools.count()

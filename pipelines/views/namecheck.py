@@ -17,7 +17,7 @@ from sqlglot.optimizer.qualify import qualify
 
 from cdc.ground.errors import UsageError
 from cdc.ground.tables import TableName
-from pipelines.views.sql import DIALECT, ViewPlan
+from pipelines.views.plan import DIALECT, ViewPlan
 
 # Characters plain Delta column names cannot hold (column mapping off): an unnamed expression such
 # as count(1) gets Spark's generated name with parentheses

@@ -20,8 +20,8 @@ import orjson
 
 from cdc.ground.executor_secrets import ExecutorSecretMissing
 from cdc.ground.secrets import redact_with
-from sinks.search.documents import Row, RowLayout, encoders
 from sinks.search.opensearch_client import ClientSettings, make_client
+from sinks.search.rows import Row, RowLayout, encoders
 from sinks.search.sink import PartitionResult, error_result, ok_result
 
 if TYPE_CHECKING:

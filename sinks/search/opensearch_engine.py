@@ -17,7 +17,8 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.changes import Batch
 from sinks.executor_env import missing_error, provide
-from sinks.search.documents import FieldSpec, pending_renames
+from sinks.search.documents import pending_renames
+from sinks.search.fields import FieldSpec
 from sinks.search.opensearch_bulk import (
     FIX_UNREACHABLE,
     BulkPlan,

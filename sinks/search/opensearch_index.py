@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import TableName
 from sinks.changes import Batch
-from sinks.search.documents import FieldSpec
+from sinks.search.fields import FieldSpec
 from sinks.search.opensearch_bulk import error_text
 
 if TYPE_CHECKING:

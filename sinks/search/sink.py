@@ -33,16 +33,10 @@ from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from sinks.base import ApplyStats, Sink
 from sinks.changes import Batch, NetChanges
-from sinks.search.documents import (
-    FieldSpec,
-    RowLayout,
-    default_values,
-    documents_frame,
-    field_specs,
-    spark_failure,
-    truncate_version,
-    write_frame,
-)
+from sinks.search.documents import spark_failure, truncate_version
+from sinks.search.fields import FieldSpec, field_specs
+from sinks.search.json_values import documents_frame
+from sinks.search.rows import RowLayout, default_values, write_frame
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -85,7 +79,7 @@ class WriteJob:
     truncate: int | None  # the batch's truncate version (sinks/search/documents.py), None: no truncate
     specs: list[FieldSpec]
     rejected_fix: str  # the fix of a row the index rejects (SearchSink.rejected_fix; executors lack the file)
-    defaults: dict[str, Any]  # column -> its fast default as documents hold it (documents.default_values)
+    defaults: dict[str, Any]  # column -> its fast default as documents hold it (rows.default_values)
 
 
 class SearchSink(Sink):

@@ -184,7 +184,7 @@ def _float(v: str) -> float | str:
     return v if v in ("NaN", "Infinity", "-Infinity") else float(v)
 
 
-# the JSON value a document holds for a source column's PostgreSQL text (sinks/search/documents.py)
+# the JSON value a document holds for a source column's PostgreSQL text (sinks/search/json_values.py)
 JSON_OF = {"id": int, "qty": int, "score": _float, "ok": lambda v: v == "t"}
 COMPARED = {
     "public.items": ("id", "title", "code", "qty", "price", "score", "ok", "day", "ref", "feeling", "big"),

@@ -1,4 +1,4 @@
-"""The rewrites of pipelines/views/sql.py run by Spark (issue 20.1): for random changes to small base
+"""The rewrites of pipelines/views/plan.py run by Spark: for random changes to small base
 tables, the view keys `keys_sql(sources, changed=T, changed_rows=...)` finds from T's changed rows
 (old rows with the tables before, new rows with the tables after) hold every key whose view rows
 differ between the view's SQL before and after, for joins (inner, left, a chain, a self-join), WHERE,

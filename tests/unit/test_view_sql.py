@@ -9,7 +9,8 @@ import pytest
 from cdc.ground.config import ViewConfig
 from cdc.ground.errors import ExitCode, UsageError
 from cdc.ground.tables import TableName
-from pipelines.views.sql import ViewPlan, analyse
+from pipelines.views.plan import ViewPlan
+from pipelines.views.sql import analyse
 
 pytestmark = pytest.mark.unit
 
