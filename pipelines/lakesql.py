@@ -77,10 +77,13 @@ def run_sql(
     cfg = lake_sink(pipeline, sink_name, engine)
     if cfg.kind == "iceberg":
         from sinks.iceberg.catalog import warehouse
+        from sinks.iceberg.settings import iceberg_settings
 
-        base: str | Path = warehouse(cfg.settings, pipeline)
+        base: str | Path = warehouse(iceberg_settings(cfg), pipeline)
     else:
-        base = pipeline.path(cfg.settings.path)
+        from sinks.delta.settings import delta_settings
+
+        base = pipeline.path(delta_settings(cfg).path)
     if list_only:  # the cut records are read with delta-rs whatever the engine
         for record in list_cuts_arrow(base):
             tables = ", ".join(f"{t}@{v}" for t, v in sorted(record.versions.items()))
@@ -92,7 +95,8 @@ def run_sql(
         )
     record = cut_record_arrow(base, cut)
     tables = ", ".join(sorted(record.versions))
-    columns, rows = None, []
+    columns: list[str] | None = None
+    rows: list[tuple[Any, ...]] = []
     if cfg.kind == "iceberg":
         if engine != "spark":
             columns, rows = _polars_rows(pipeline, cfg, record, query, limit, engine, note)

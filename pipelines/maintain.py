@@ -19,6 +19,7 @@ from sinks.delta.maintain import (
     prune_cuts,
     retention_hours,
 )
+from sinks.delta.settings import delta_settings
 
 MAINTAINED = ("delta", "iceberg")
 
@@ -65,7 +66,7 @@ def run_maintain(
         if cfg.kind == "iceberg":
             _maintain_iceberg(pipeline, spark, cfg, retain_hours, keep_cuts, do_optimize, do_vacuum, say)
             continue
-        base = pipeline.path(cfg.settings.path)
+        base = pipeline.path(delta_settings(cfg).path)
         tables = delta_tables(base) if base.is_dir() else []
         if not tables:
             say(f"sink {cfg.name}: no Delta tables under {base} yet")
@@ -102,8 +103,9 @@ def _maintain_iceberg(
 ) -> None:
     from sinks.iceberg.catalog import register, warehouse
     from sinks.iceberg.maintain import maintain_sink
+    from sinks.iceberg.settings import iceberg_settings
 
     catalog = register(spark, cfg, pipeline)
-    where = warehouse(cfg.settings, pipeline)
+    where = warehouse(iceberg_settings(cfg), pipeline)
     hours = retention_hours(spark, where, retain_hours, keep_cuts)  # type: ignore[arg-type]
     maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire, say)

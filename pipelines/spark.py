@@ -221,7 +221,7 @@ def security_conf(pipeline: Pipeline | None) -> dict[str, str]:
 
 def executor_env_conf(pipeline: Pipeline | None, master: str) -> dict[str, str]:
     """The sinks' secrets as spark.executorEnv.CDC_SECRET_<SINK>_<FIELD> on a cluster with
-    `spark.executor_secrets: conf` (README "Secrets on the executors"): each executor gets them in
+    `spark.executor_secrets: conf` (docs/cluster.md): each executor gets them in
     its environment at launch; task functions carry only the names. Local masters need none (the
     sinks hand them to this machine's Python workers), nor does `workers` (their own environment)."""
     if pipeline is None or master.startswith("local") or pipeline.spark.executor_secrets != "conf":

@@ -1,4 +1,4 @@
-"""What `cdc teardown` removes of the captured data, and what it says is left (README "CLI reference").
+"""What `cdc teardown` removes of the captured data, and what it says is left (docs/reference/cli.md).
 
 Everything under state_dir is the pipeline's own (the log, the kafka staging log and its
 snapshot segments, checkpoints, the view stage's base and outputs, Spark and verify scratch,

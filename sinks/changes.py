@@ -156,7 +156,7 @@ class TableBatch:
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        # a keyless (insert-only) table's rows are identified by their position (README "Tables without a primary key")
+        # a keyless (insert-only) table's rows are identified by their position (docs/keyless-tables.md)
         return self.schema.key or POSITION_KEY
 
     @cached_property

@@ -1,4 +1,4 @@
-"""What one sink gets of a table: columns, masks and its own name (README "Choosing what is captured").
+"""What one sink gets of a table: columns, masks and its own name (docs/choosing-what-is-captured.md).
 
 A sink's `table_options` shape every batch before the sink sees it, in one place: the apply job
 (pipelines/apply/cut.py) calls `shape_batch`, so snapshots, bootstraps, rebuilds, SCD2 history

@@ -1,4 +1,4 @@
-"""PostgreSQL types -> Spark/Delta types, and the casts from PostgreSQL text (README "Type mapping").
+"""PostgreSQL types -> Spark/Delta types, and the casts from PostgreSQL text (docs/reference/types.md).
 
 | PostgreSQL | Spark / Delta |
 |---|---|

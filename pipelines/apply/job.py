@@ -188,7 +188,7 @@ class ApplyJob:
         return run
 
     def _record(self, run: SinkRun) -> None:
-        """Metrics of one follower's round (README "Monitoring")."""
+        """Metrics of one follower's round (docs/monitoring.md)."""
         # cdc status shows a follower's last error and since when (pipelines/follower_errors.py)
         from pipelines.follower_errors import clear_error, record_error
 

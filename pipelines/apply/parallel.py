@@ -1,4 +1,4 @@
-"""The tables of a cut side by side (README "Pipeline file": `spark.apply_parallelism`).
+"""The tables of a cut side by side (docs/reference/pipeline-file.md: `spark.apply_parallelism`).
 
 Until the checkpoint, the tables of a cut are independent: the apply job runs one task per table
 on a bounded pool of driver threads, each submitting its own Spark jobs (Spark schedules jobs

@@ -1,4 +1,4 @@
-"""Derived views served like tables (README "Change feed"), read with delta-rs (no JVM in the server).
+"""Derived views served like tables (docs/change-feed.md), read with delta-rs (no JVM in the server).
 
 The view stage keeps each view's rows in its own Delta table, Change Data Feed on, at
 `<state_dir>/views/out/<view>` (pipelines/views/state.py); each maintained cut is one MERGE, one

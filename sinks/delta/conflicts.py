@@ -1,4 +1,4 @@
-"""Delta's optimistic concurrency between `cdc apply` and `cdc maintain` (README "Operations").
+"""Delta's optimistic concurrency between `cdc apply` and `cdc maintain` (docs/run-continuously.md).
 
 Neither holds a lock across the other: each commit checks what was committed since it read the
 table, and one that conflicts (OPTIMIZE compacted files a MERGE read, a MERGE rewrote files an

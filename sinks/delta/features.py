@@ -1,4 +1,4 @@
-"""Which Delta table features a follower table takes on, and when (README "Reading the lake").
+"""Which Delta table features a follower table takes on, and when (docs/reading-the-lake.md).
 
 A table feature a reader does not know makes the whole table unreadable to it, so tables are
 created at the lowest protocol their data allows and take a feature on only when needed:

@@ -1,5 +1,5 @@
 """A Delta table's latest table properties read from its `_delta_log` files, without Spark or a JVM
-(`cdc status`'s self-check of a follower, README "Rebuilding and rewinding a follower").
+(`cdc status`'s self-check of a follower, docs/recovery-and-rewind.md).
 
 Every commit that changes the table's metadata (creation, schema evolution, the marker's
 `ALTER TABLE ... SET TBLPROPERTIES`) holds a whole `metaData` action, configuration included, so

@@ -1,4 +1,4 @@
-"""Upkeep of Delta follower tables (`cdc maintain`, README "Operations"): compaction, VACUUM and
+"""Upkeep of Delta follower tables (`cdc maintain`, docs/run-continuously.md): compaction, VACUUM and
 a log checkpoint per table, safe beside a running `cdc apply`.
 
 * OPTIMIZE bin-packs the small files each cut's MERGE leaves into few large ones (a commit

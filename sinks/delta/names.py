@@ -1,4 +1,4 @@
-"""Column names of Delta follower tables (README "Reading the lake", column names).
+"""Column names of Delta follower tables (docs/reading-the-lake.md, column names).
 
 Plain Delta (no column mapping) cannot hold ` ,;{}()=`, tab or newline in a column name. Column
 mapping can, but readers without it mis-read such tables: delta-rs 1.6's Arrow path returned

@@ -124,7 +124,7 @@ def rewrite_columns(
 ) -> None:
     """Rename and/or widen columns by rewriting the table in one commit (`overwriteSchema`), for
     tables without column mapping or type widening: no table feature is taken on, so every
-    reader keeps the table (README "Reading the lake"). Every row is kept (SCD2: history too);
+    reader keeps the table (docs/reading-the-lake.md). Every row is kept (SCD2: history too);
     `retype` (by the column's new name) holds widenings only, so each cast is exact. The table's
     properties (the follower's marker) and its Delta txn versions stay as they are. A renamed or
     retyped column takes `metadata(new name)` (an encoded name's comment, sinks/delta/names.py)."""

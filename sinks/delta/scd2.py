@@ -13,7 +13,7 @@ Writes are idempotent per step, so replaying a cut changes nothing:
 from __future__ import annotations
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.ground.tables import spark_ident as q
@@ -34,8 +34,8 @@ def _fill_unchanged(target: DeltaTable, versions: NetChanges, keys: tuple[str, .
     # drop cached plans over the table, and re-reading it after the current versions were ended
     # would find no value to keep.
     version, location = (
-        target.history(1).select("version").first()[0],
-        target.detail().select("location").first()[0],
+        target.history(1).select("version").collect()[0][0],
+        target.detail().select("location").collect()[0][0],
     )
     snapshot = target.toDF().sparkSession.read.format("delta").option("versionAsOf", version).load(location)
     return fill_from_before(versions, snapshot, keys)
@@ -61,7 +61,7 @@ def apply_scd2(
             if batch.bootstrap and batch.snapshot_lsn is not None:
                 # Versions older than a new snapshot end when it began (its rows' _cdc_commit_ts), so
                 # "as of" a time finds exactly one version per key on either side of it.
-                began = filled.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).first()[0]
+                began = filled.filter(F.col("_cdc_op") == "r").agg(F.min("_cdc_commit_ts")).collect()[0][0]
                 target.update(
                     f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {batch.snapshot_lsn}",
                     {
@@ -87,7 +87,7 @@ def apply_scd2(
                     f"_cdc_end_lsn IS NULL AND _cdc_start_lsn < {lsn}",
                     {"_cdc_end_lsn": F.lit(lsn), "_cdc_end_ts": F.timestamp_micros(F.lit(ts))},
                 )
-        insert = {q(c): F.col(f"s.{q(c)}") for c in rows.columns}
+        insert: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in rows.columns}
         with follower_write(spark, app_id, cut_id):
             metrics = (
                 target.alias("t")

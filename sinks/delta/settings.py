@@ -1,13 +1,16 @@
-"""The `delta:` settings of a `sinks:` entry (README "Pipeline file reference"): where the Delta
+"""The `delta:` settings of a `sinks:` entry (docs/reference/pipeline-file.md): where the Delta
 tables go and how they are kept. Registered in sinks/registry.py."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
 from cdc.ground.settings import SinkSettings, check_tables, view_list, view_names
+
+if TYPE_CHECKING:
+    from cdc.ground.config import SinkConfig
 
 
 class DeltaSettings(SinkSettings):
@@ -20,7 +23,7 @@ class DeltaSettings(SinkSettings):
         default=None, description="subset of the source tables (default: all, or none when `views` is given)"
     )
     views: list[str] = view_list()
-    # Table features (README "Reading the lake"): every feature a table takes on costs readers.
+    # Table features (docs/reading-the-lake.md): every feature a table takes on costs readers.
     column_mapping: Literal["auto", "name"] = Field(
         default="auto",
         description="auto: no column mapping; a column name plain Delta cannot hold (one of ' ,;{}()=', "
@@ -41,3 +44,11 @@ class DeltaSettings(SinkSettings):
 
     def drops_columns(self) -> bool:
         return self.mode == "scd1"  # scd2 keeps every version's values
+
+
+def delta_settings(config: SinkConfig) -> DeltaSettings:
+    """The settings of a `delta:` sink, as the checker can follow them (the registry gives each kind its own class)."""
+    settings = config.settings
+    if not isinstance(settings, DeltaSettings):
+        raise TypeError(f"sink {config.name} is a {config.kind} sink, not delta")
+    return settings

@@ -304,7 +304,7 @@ class DeltaSink(Sink):
 
     def _evolve(self, plan: _Evolution, batch: DeltaBatch) -> None:
         """Renames, new columns and widenings of an existing table, taking on a table feature only
-        when the table has it already or nothing else does (README "Reading the lake")."""
+        when the table has it already or nothing else does (docs/reading-the-lake.md)."""
         if not (plan.rename or plan.add or plan.widen):
             return
         target = f"delta.{q(plan.path)}"

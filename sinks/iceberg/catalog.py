@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from sinks.iceberg.settings import IcebergSettings, iceberg_settings
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from cdc.ground.config import Pipeline, SinkConfig
-    from sinks.iceberg.settings import IcebergSettings
 
 JDBC_CATALOG = "org.apache.iceberg.jdbc.JdbcCatalog"
 
@@ -35,7 +36,7 @@ def warehouse(settings: IcebergSettings, pipeline: Pipeline) -> str:
 
 
 def sqlite_file(config: SinkConfig, pipeline: Pipeline) -> Path:
-    settings = config.settings
+    settings = iceberg_settings(config)
     if "://" in settings.warehouse:
         return pipeline.state_path.resolve() / f"{config.name}-catalog.db"
     return Path(warehouse(settings, pipeline)) / "catalog.db"
@@ -43,7 +44,7 @@ def sqlite_file(config: SinkConfig, pipeline: Pipeline) -> Path:
 
 def catalog_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, str]:
     """Iceberg catalog properties (the same keys Spark takes after `spark.sql.catalog.<name>.`)."""
-    settings = config.settings
+    settings = iceberg_settings(config)
     cat = settings.catalog
     props = {"warehouse": warehouse(settings, pipeline)}
     if cat.type == "rest":
@@ -66,7 +67,7 @@ def register(spark: SparkSession, config: SinkConfig, pipeline: Pipeline) -> str
     """Make the sink's catalog known to this session; returns its name (the sink's: it is also the
     catalog name Iceberg's JDBC catalog stores with every table, which pyiceberg must be given)."""
     name = config.name
-    if config.settings.catalog.type == "sqlite":
+    if iceberg_settings(config).catalog.type == "sqlite":
         sqlite_file(config, pipeline).parent.mkdir(parents=True, exist_ok=True)
     key = f"spark.sql.catalog.{name}"
     wanted = {f"{key}.{prop}": value for prop, value in catalog_properties(config, pipeline).items()}
@@ -90,7 +91,7 @@ def pyiceberg_properties(config: SinkConfig, pipeline: Pipeline) -> dict[str, st
     """Properties of pyiceberg's `load_catalog(<sink name>, **props)` for the same catalog: sqlite
     (SqlCatalog on the file), jdbc on PostgreSQL (SqlCatalog through psycopg2) and rest (RestCatalog,
     `properties` passed as they are). Raises ValueError for a JDBC database pyiceberg cannot open."""
-    settings = config.settings
+    settings = iceberg_settings(config)
     cat = settings.catalog
     where = warehouse(settings, pipeline)
     location = where if "://" in where else f"file://{where}"

@@ -1,5 +1,4 @@
-"""Iceberg's optimistic concurrency between `cdc apply` and `cdc maintain` (README "Iceberg
-follower", upkeep).
+"""Iceberg's optimistic concurrency between `cdc apply` and `cdc maintain` (docs/follower-iceberg.md, upkeep).
 
 Neither holds a lock: each commit is checked against what was committed since its snapshot.
 Iceberg retries a commit whose base moved by itself (`commit.retry.num-retries`) when nothing it

@@ -1,5 +1,5 @@
 """Consistent reads at a cut for Iceberg followers: each applied cut recorded with every follower
-table's Iceberg snapshot id (README "Iceberg follower", reads at a cut).
+table's Iceberg snapshot id (docs/follower-iceberg.md, reads at a cut).
 
 Each table of a cut is its own Iceberg commit, so a reader of two live tables can see one after
 cut N and the other before it. After a cut's rows and markers are committed (and before the
@@ -84,8 +84,7 @@ def scans_at_cut(
     on the scans (`scan.filter(...)`, `scan.select(...)`) before reading them; for Polars:
     `pl.scan_iceberg(table, snapshot_id=record.versions[name])`.
 
-    `catalog` is the sink's catalog opened in pyiceberg under the sink's name (README "Iceberg
-    follower", reading); `warehouse` the sink's warehouse directory (where `_cdc_cuts` is)."""
+    `catalog` is the sink's catalog opened in pyiceberg under the sink's name (docs/follower-iceberg.md, reading); `warehouse` the sink's warehouse directory (where `_cdc_cuts` is)."""
     record = cut_record(warehouse, cut)
     out = {}
     for name in sorted(record.versions):

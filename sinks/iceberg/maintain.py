@@ -1,4 +1,4 @@
-"""Upkeep of Iceberg follower tables (`cdc maintain`, README "Iceberg follower", upkeep), through
+"""Upkeep of Iceberg follower tables (`cdc maintain`, docs/follower-iceberg.md, upkeep), through
 Iceberg's Spark actions (the procedures' code, called without Iceberg's SQL extensions), safe
 beside a running `cdc apply`.
 

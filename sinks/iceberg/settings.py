@@ -1,17 +1,20 @@
-"""The `iceberg:` settings of a `sinks:` entry (README "Iceberg follower"): the warehouse, the
+"""The `iceberg:` settings of a `sinks:` entry (docs/follower-iceberg.md): the warehouse, the
 catalog the tables are registered in, and how they are written. Registered in sinks/registry.py."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from cdc.ground.settings import SinkSettings, Strict, check_tables
 
+if TYPE_CHECKING:
+    from cdc.ground.config import SinkConfig
+
 
 class CatalogSettings(Strict):
-    """Where the Iceberg follower's tables are listed (README "Iceberg follower", catalogs)."""
+    """Where the Iceberg follower's tables are listed (docs/follower-iceberg.md, catalogs)."""
 
     type: Literal["sqlite", "jdbc", "rest"] = Field(
         default="sqlite",
@@ -77,3 +80,11 @@ class IcebergSettings(SinkSettings):
                 "derived views into an Iceberg sink are not supported yet: follow them with a delta sink"
             )
         return value
+
+
+def iceberg_settings(config: SinkConfig) -> IcebergSettings:
+    """The settings of a `iceberg:` sink, as the checker can follow them (the registry gives each kind its own class)."""
+    settings = config.settings
+    if not isinstance(settings, IcebergSettings):
+        raise TypeError(f"sink {config.name} is a {config.kind} sink, not iceberg")
+    return settings

@@ -1,4 +1,4 @@
-"""MERGE of net changes into Iceberg tables (README "Iceberg follower"), the Delta follower's
+"""MERGE of net changes into Iceberg tables (docs/follower-iceberg.md), the Delta follower's
 guarantees the Iceberg way.
 
 * Tables: `<sink>.<schema>.<table>` in the sink's catalog (catalog.py), or `<sink>.<schema>.<rename>`
