@@ -18,6 +18,22 @@ from collections.abc import Iterable, Mapping
 
 from cdc.ground.tables import TableName
 
+
+class EngineRefused(Exception):
+    """An engine without a JVM (DataFusion, Polars) could not open a table or plan/run the query;
+    `missing_table`: the query names a table the follower does not have."""
+
+    def __init__(self, message: str, missing_table: bool = False):
+        super().__init__(message)
+        self.missing_table = missing_table
+
+
+def first_line(exc: BaseException) -> str:
+    """An engine error in one line of at most 500 characters."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:500]
+
+
 _PLAIN = re.compile(r"[a-z_][a-z0-9_]*\Z")
 
 

@@ -12,23 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.lakenames import datafusion_names, quoted, schemas_of
+from pipelines.lakenames import EngineRefused, datafusion_names, first_line, quoted, schemas_of
 from sinks.delta.cuts import CutRecord, table_dir
 from sinks.delta.names import source_name
 
 
-class DataFusionRefused(Exception):
-    """DataFusion could not open a table or plan/run the query; `missing_table`: the query names a
-    table the follower does not have (Spark would not find it either)."""
-
-    def __init__(self, message: str, missing_table: bool = False):
-        super().__init__(message)
-        self.missing_table = missing_table
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:500]
+class DataFusionRefused(EngineRefused):
+    """DataFusion refused the query (pipelines/lakenames.py EngineRefused); a table it misses, Spark would miss too."""
 
 
 def _reraise_ours(exc: BaseException) -> None:
@@ -67,7 +57,7 @@ def query_at_cut(
                     fields[f.name] = f.metadata
     except BaseException as exc:  # deltalake's own errors (a table feature it cannot read), a Rust panic
         _reraise_ours(exc)
-        raise DataFusionRefused(f"delta-rs cannot open the tables: {_first_line(exc)}") from None
+        raise DataFusionRefused(f"delta-rs cannot open the tables: {first_line(exc)}") from None
     try:
         reader = pa.RecordBatchReader.from_stream(qb.execute(query))
         columns = source_header(list(reader.schema.names), fields)
@@ -80,6 +70,6 @@ def query_at_cut(
         return columns, rows
     except BaseException as exc:  # planning and execution errors alike (a Rust panic too)
         _reraise_ours(exc)
-        message = _first_line(exc)
+        message = first_line(exc)
         missing = "table '" in message and "' not found" in message
         raise DataFusionRefused(message, missing_table=missing) from None

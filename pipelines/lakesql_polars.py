@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipelines.lakenames import bare_names
+from pipelines.lakenames import EngineRefused, bare_names, first_line
 from sinks.delta.cuts import CutRecord
 from sinks.iceberg.cuts import NO_SNAPSHOT, identifier
 
@@ -22,18 +22,8 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 
-class PolarsRefused(Exception):
-    """Polars could not open a table or plan/run the query; `missing_table`: the query names a
-    table the follower does not have."""
-
-    def __init__(self, message: str, missing_table: bool = False):
-        super().__init__(message)
-        self.missing_table = missing_table
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:500]
+class PolarsRefused(EngineRefused):
+    """Polars refused the query (pipelines/lakenames.py EngineRefused)."""
 
 
 def polars_names(tables: list[str]) -> dict[str, list[str]]:
@@ -80,11 +70,11 @@ def query_at_cut(
                 for name in names:
                     ctx.register(name, frame)
         except Exception as exc:
-            raise PolarsRefused(f"pyiceberg cannot open the tables: {_first_line(exc)}") from None
+            raise PolarsRefused(f"pyiceberg cannot open the tables: {first_line(exc)}") from None
         try:
             result = ctx.execute(query).limit(limit).collect()
         except Exception as exc:  # planning and execution errors alike
-            message = _first_line(exc)
+            message = first_line(exc)
             missing = "relation '" in message and "not found" in message
             raise PolarsRefused(message, missing_table=missing) from None
     return list(result.columns), list(result.iter_rows())

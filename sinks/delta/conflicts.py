@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from sinks.retries import retry_when
 
 T = TypeVar("T")
 
@@ -31,12 +31,4 @@ def is_conflict(exc: BaseException) -> bool:
 
 def retry_conflicts(fn: Callable[[], T], attempts: int = 10) -> T:
     """fn() again (after a short random wait) while it fails on a Delta commit conflict."""
-    for attempt in Retrying(
-        retry=retry_if_exception(is_conflict),
-        stop=stop_after_attempt(attempts),
-        wait=wait_random_exponential(multiplier=0.2, max=5),
-        reraise=True,
-    ):
-        with attempt:
-            return fn()
-    raise AssertionError("unreachable")  # Retrying re-raises the last error
+    return retry_when(is_conflict, fn, attempts)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from sinks.retries import retry_when
 
 T = TypeVar("T")
 
@@ -33,12 +33,4 @@ def is_conflict(exc: BaseException) -> bool:
 
 def retry_conflicts(fn: Callable[[], T], attempts: int = 10) -> T:
     """fn() again (after a short random wait) while it fails on an Iceberg commit conflict."""
-    for attempt in Retrying(
-        retry=retry_if_exception(is_conflict),
-        stop=stop_after_attempt(attempts),
-        wait=wait_random_exponential(multiplier=0.2, max=5),
-        reraise=True,
-    ):
-        with attempt:
-            return fn()
-    raise AssertionError("unreachable")  # Retrying re-raises the last error
+    return retry_when(is_conflict, fn, attempts)
