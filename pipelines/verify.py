@@ -15,430 +15,45 @@ meaningful, and the answer is exact either way:
 Rows are compared in Spark: counts and an order-independent content hash per table first,
 then a full outer join on the key for the first differing keys. The source side goes through
 the same PostgreSQL-text -> Spark typing as apply, and the follower side is read as stored.
+
+This module runs it (each follower, its tables and views, in turn); the parts live beside it: the
+source at the point (verify_source.py), the follower's position and what is excused
+(verify_position.py), the rows compared in Spark (verify_compare.py), the report
+(verify_report.py), derived views (verify_views.py).
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-import shlex
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from psycopg2 import sql
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
-from cdc.filters import CaptureFilter, select_query
 from cdc.ground.config import Pipeline, pipeline_tables, sink_tables, sink_views
 from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
-from cdc.ground.private import private_dir, private_open
+from cdc.ground.private import private_dir
 from cdc.ground.tables import TableName
-from cdc.ground.tables import spark_ident as q
 from cdc.log import open_log_view
-from cdc.log.base import Column, TableSchema
-from cdc.log.history import History, position_in
-from cdc.pgoutput import Begin, Relation, Truncate, decode
-from cdc.schema import TypeCache, pgtype_to_dict
-from cdc.source import connect, publication_names
+from cdc.source import connect
 from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid, check_pipeline_source
 from pipelines.apply.readers import ChangeReader, change_reader
 from pipelines.checkpoints import load_checkpoint
 from pipelines.faults import out_of_memory_point
 from pipelines.stages import stage
+from pipelines.verify_compare import _typed_source, compare
+from pipelines.verify_position import _changed_after, _history, _keyless_after, _pending, follower_columns
+from pipelines.verify_report import SinkVerdict, _print
+from pipelines.verify_source import SourceCopy, copy_source
 from pipelines.verify_views import ViewCheck, view_columns, view_plans, view_schema
-from sinks.changes import typed_columns
 from sinks.registry import make_sink
-from sinks.shaping import Shape, shape_of, shape_rows
-from snapshot.slots import slot_with_snapshot
-
-SAMPLE_KEYS = 10
+from sinks.shaping import shape_of
 
 
-@dataclass
-class TableVerdict:
-    table: str
-    source_rows: int = 0
-    follower_rows: int = 0
-    missing: int = 0  # in the source, not in the follower
-    extra: int = 0  # in the follower, not in the source
-    different: int = 0
-    excused: int = 0  # differ, but changed after the verification point
-    samples: list[str] = field(default_factory=list)
-    missing_columns: list[str] = field(default_factory=list)  # the source has them, the follower does not
-    # (old name, new name): renamed in the source, the follower still has the old name (compared under it)
-    renamed_columns: list[tuple[str, str]] = field(default_factory=list)
-    # (old name, new name, LSN): the same, but the log has the rename (at LSN): the follower's next apply brings it
-    pending_renames: list[tuple[str, str, int]] = field(default_factory=list)
-    # (name, LSN): added in the source, in the log at LSN, not applied by the follower yet (not compared)
-    pending_columns: list[tuple[str, int]] = field(default_factory=list)
-    not_compared: list[str] = field(default_factory=list)  # said on the report: columns no follower can have
-
-    @property
-    def identical(self) -> bool:
-        return (
-            self.missing == self.extra == self.different == 0
-            and not self.missing_columns
-            and not self.renamed_columns
-            and not self.pending_renames
-            and not self.pending_columns
-        )
-
-
-@dataclass
-class SinkVerdict:
-    sink: str
-    follower_lsn: int = 0
-    tables: list[TableVerdict] = field(default_factory=list)
-    behind: str | None = None
-    error: str | None = None
-    dropped: list[str] = field(default_factory=list)  # tables gone from the source: reported, not compared
-
-    @property
-    def identical(self) -> bool:
-        return self.error is None and self.behind is None and all(t.identical for t in self.tables)
-
-
-# ---- source side ----------------------------------------------------------------------------------
-@dataclass
-class SourceCopy:
-    point: int
-    files: dict[TableName, Path]
-    # The log's schema restricted to columns the source has, plus columns the source has that the
-    # log does not know yet (added since the table's last change): a follower lacks those.
-    schemas: dict[TableName, TableSchema]
-    generated: dict[TableName, list[str]] = field(default_factory=dict)  # not compared (see source_columns)
-    # new name -> old name of columns renamed in the source since the log last saw the table
-    renamed: dict[TableName, dict[str, str]] = field(default_factory=dict)
-
-
-def source_columns(
-    cur, table: TableName, schema: TableSchema
-) -> tuple[tuple[Column, ...], list[str], dict[str, str]]:
-    """The columns to compare for `table` as the source has it now (at the verification point):
-    the log's columns the source still has, then the source's columns the log does not know,
-    except generated ones, which PostgreSQL before 18 does not publish (and 18 only with
-    publish_generated_columns): those no follower has, and they are returned to be named. Also
-    returned: new name -> old name of each log column the source has renamed since (the same
-    attnum under another name): the log learns of a rename with the table's next change, so a
-    follower still has the old name until then."""
-    cur.execute(
-        "SELECT a.attname, a.atttypid, a.atttypmod, a.attndims, a.attgenerated <> '', a.attnum"
-        " FROM pg_attribute a"
-        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (table.schema, table.name),
-    )
-    rows = cur.fetchall()
-    present = {r[0] for r in rows}
-    known = set(schema.column_names)
-    cols = [c for c in schema.columns if c.name in present]
-    cols += [
-        Column(name, oid, mod, dims, attnum=attnum)
-        for name, oid, mod, dims, generated, attnum in rows
-        if not generated and name not in known
-    ]
-    now = {attnum: name for name, _o, _m, _d, _g, attnum in rows}
-    renamed = {
-        now[c.attnum]: c.name
-        for c in schema.columns
-        if c.attnum and c.name not in present and now.get(c.attnum) not in (None, *known)
-    }
-    generated = [name for name, _o, _m, _d, gen, _a in rows if gen and name not in known]
-    return tuple(cols), generated, renamed
-
-
-def follower_columns(
-    history: History, follower_lsn: int, columns: tuple[Column, ...]
-) -> dict[str, tuple[str | None, int | None]]:
-    """Source columns (at the verification point, with their attnums) that a follower having applied
-    the log up to `follower_lsn` has under another name or not at all, matched by attnum against
-    the schema version it applied last (the newest one from at or before its position): name ->
-    (the follower's name for it, None when it has not got it; the LSN of the log's first later
-    version that brings the change, None when the log has not got the change yet)."""
-    if not history:
-        return {}
-    applied = [i for i, (_v, since, _s) in enumerate(history) if since <= follower_lsn]
-    at = applied[-1] if applied else 0
-    have = history[at][2]
-    out: dict[str, tuple[str | None, int | None]] = {}
-    for c in columns:
-        i = position_in(have, c)
-        old = have.columns[i].name if i >= 0 else None
-        if old == c.name:
-            continue
-        brings = next(
-            (
-                since
-                for _v, since, schema in history[at + 1 :]
-                if (j := position_in(schema, c)) >= 0 and schema.columns[j].name != old
-            ),
-            None,
-        )
-        out[c.name] = (old, brings)
-    return out
-
-
-def copy_source(
-    pipeline: Pipeline,
-    server_version: int,
-    schemas: dict[TableName, TableSchema],
-    directory: Path,
-    filters: dict[TableName, CaptureFilter] | None = None,
-) -> SourceCopy:
-    """COPY every table at one exact point (a temporary slot's exported snapshot): of a table with
-    source.postgres.table_options, `SELECT <columns> FROM t WHERE <where>` (what the log captures)."""
-    filters = filters or {}
-    dsn = pipeline.source.postgres.dsn
-    files: dict[TableName, Path] = {}
-    restricted: dict[TableName, TableSchema] = {}
-    generated: dict[TableName, list[str]] = {}
-    renamed: dict[TableName, dict[str, str]] = {}
-    types = TypeCache()
-    slot = f"cdc_verify_{secrets.token_hex(4)}"
-    with slot_with_snapshot(dsn, slot, temporary=True, server_version=server_version) as snap:
-        conn = connect(dsn, autocommit=False, application_name="cdc verify")
-        try:
-            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            with conn.cursor() as cur:
-                cur.execute("SET TRANSACTION SNAPSHOT %s", (snap.snapshot_name,))
-                for table, schema in schemas.items():
-                    cols, generated[table], renamed[table] = source_columns(cur, table, schema)
-                    captured = filters.get(table) or CaptureFilter(table)
-                    cols = tuple(c for c in cols if captured.keeps(c.name))
-                    known = {**schema.types}
-                    new_oids = {c.type_oid for c in cols if c.type_oid not in known}
-                    known.update({o: pgtype_to_dict(t) for o, t in types.resolve(conn, new_oids).items()})
-                    restricted[table] = TableSchema(cols, schema.key, known)
-                    path = directory / f"{len(files)}.copy"
-                    stmt = sql.SQL("COPY ({}) TO STDOUT").format(
-                        select_query(table, [c.name for c in cols], captured.where)
-                    )
-                    with private_open(path, "wb") as f:  # the source's rows: owner-only
-                        cur.copy_expert(stmt.as_string(conn), f, size=1 << 20)
-                    files[table] = path
-            conn.rollback()
-        finally:
-            conn.close()
-        return SourceCopy(snap.consistent_point, files, restricted, generated, renamed)
-
-
-def unstreamed_changes(
-    conn, slot: str, publication: str, upto: int, after_commit: int, tables: set[TableName]
-) -> int:
-    """Changes to `tables` the slot still holds below `upto` (peeked, not consumed)."""
-    rels: dict[int, TableName] = {}
-    count = 0
-    in_log = False
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL,"
-            " 'proto_version', '1', 'publication_names', %s)",
-            (slot, format_lsn(upto), publication),
-        )
-        for (data,) in cur:
-            payload = bytes(data)
-            kind = payload[:1]
-            if kind == b"B":
-                begin = decode(payload)
-                assert isinstance(begin, Begin)
-                in_log = begin.final_lsn <= after_commit  # already in the log
-            elif kind == b"R":
-                rel = decode(payload)
-                assert isinstance(rel, Relation)
-                rels[rel.relation_id] = TableName(rel.namespace, rel.name)
-            elif kind in (b"I", b"U", b"D") and not in_log:
-                relid = int.from_bytes(payload[1:5], "big")
-                count += rels.get(relid) in tables
-            elif kind == b"T" and not in_log:
-                trunc = decode(payload)
-                assert isinstance(trunc, Truncate)
-                count += sum(rels.get(r) in tables for r in trunc.relation_ids)
-    return count
-
-
-# ---- comparison -------------------------------------------------------------------------------------
-def _typed_source(
-    spark: SparkSession, schema: TableSchema, path: Path, shape: Shape | None = None
-) -> DataFrame:
-    """The source's rows typed like apply types them; shaped (columns, masks) like the sink's when given."""
-    raw = shape_rows(spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load(), shape)
-    schema = shape.schema if shape is not None else schema
-    typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))])
-    return raw.select(*(t.alias(n) for n, t, _ in typed))
-
-
-def compare(
-    spark: SparkSession,
-    schema: TableSchema,
-    source: DataFrame,
-    follower: DataFrame | None,
-    excused: DataFrame | None,
-    table: str,
-    renamed: dict[str, str] | None = None,
-    since: int | None = None,
-    columns: dict[str, tuple[str | None, int | None]] | None = None,
-) -> TableVerdict:
-    """`renamed`: new name -> old name of source columns renamed since the log last saw the table;
-    a follower that has the old name and not the new one is compared under the old name.
-    `columns`: what `follower_columns` says of the follower's columns (by attnum, through the log's
-    schema history): a column the log has renamed is compared under the follower's old name, one
-    the log has added is not compared; both are named as not applied yet.
-    `since`: a keyless table's follower rows committed at or after it are excused (past the source's
-    point) when the log's changes past it are not given; with them (`excused` of a keyless table:
-    typed rows with `__op`, from _keyless_after), the source at the point plus the rows inserted since
-    is compared with the follower plus the rows deleted since (a multiset equation that holds
-    through deletes of one of two identical rows)."""
-    verdict = TableVerdict(table)
-    names = [c.name for c in schema.columns]
-    keys = list(schema.key)
-    if follower is None:
-        follower = source.limit(0)
-    if not keys and excused is not None:
-        verdict.excused = excused.count()
-    elif not keys and since is not None and "_cdc_lsn" in follower.columns:
-        later = F.col("_cdc_lsn") >= since
-        verdict.excused = follower.filter(later).count()
-        follower = follower.filter(~later)
-    old: dict[str, str] = {}
-    for n in names:
-        if n in follower.columns:
-            continue
-        was, brings = (columns or {}).get(n, (None, None))
-        if was is not None and was in follower.columns:
-            old[n] = was
-            if brings is None:
-                verdict.renamed_columns.append((was, n))
-            else:
-                verdict.pending_renames.append((was, n, brings))
-        elif was is None and brings is not None and n not in keys:
-            verdict.pending_columns.append((n, brings))
-        elif (o := (renamed or {}).get(n)) is not None and o in follower.columns:
-            old[n] = o
-            verdict.renamed_columns.append((o, n))
-    if verdict.pending_columns:  # the follower's next apply brings them: the rest is compared
-        pending = {n for n, _ in verdict.pending_columns}
-        names = [n for n in names if n not in pending]
-        source = source.select(*(q(n) for n in names))
-    missing_cols = [n for n in names if n not in follower.columns and n not in old]
-    verdict.missing_columns = missing_cols
-    follower = follower.select(
-        *(
-            F.col(q(old.get(n, n))).cast(source.schema[n].dataType).alias(n)
-            if n in follower.columns or n in old
-            else F.lit(None).cast(source.schema[n].dataType).alias(n)
-            for n in names
-        )
-    )
-
-    if not keys and excused is not None:
-        after = excused.select(*(q(n) for n in names), "__op")
-        source = source.select(*(q(n) for n in names)).unionByName(
-            after.where(F.col("__op") != "d").drop("__op")
-        )
-        follower = follower.unionByName(after.where(F.col("__op") == "d").drop("__op"))
-
-    def fingerprint(df):
-        return df.agg(
-            F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64(*(F.col(q(n)) for n in names))).alias("h")
-        ).first()
-
-    s, f = fingerprint(source), fingerprint(follower)
-    verdict.source_rows, verdict.follower_rows = s["n"], f["n"]
-    if s["n"] == f["n"] and s["h"] == f["h"] and not missing_cols:
-        return verdict
-    if not keys:
-        return _multiset_differences(verdict, source, follower, names)
-    on = [F.col(f"s.{q(k)}") == F.col(f"f.{q(k)}") for k in keys]
-    joined = source.alias("s").join(follower.alias("f"), on=on, how="full_outer")
-    s_present = F.col(f"s.{q(keys[0])}").isNotNull()
-    f_present = F.col(f"f.{q(keys[0])}").isNotNull()
-    same = F.lit(True)
-    for n in names:
-        same = same & F.col(f"s.{q(n)}").eqNullSafe(F.col(f"f.{q(n)}"))
-    kind = F.when(~f_present, "missing").when(~s_present, "extra").when(~same, "different")
-    diffs = joined.select(
-        *(F.coalesce(F.col(f"s.{q(k)}"), F.col(f"f.{q(k)}")).alias(k) for k in keys), kind.alias("__kind")
-    ).filter(F.col("__kind").isNotNull())
-    if excused is not None:
-        excused_keys = diffs.join(excused, on=keys, how="left_semi")
-        verdict.excused = excused_keys.count()
-        diffs = diffs.join(excused, on=keys, how="left_anti")
-    for row in diffs.groupBy("__kind").count().collect():
-        setattr(verdict, row["__kind"], row["count"])
-    for row in diffs.limit(SAMPLE_KEYS).collect():
-        key = ", ".join(f"{k}={row[k]!r}" for k in keys)
-        verdict.samples.append(f"{row['__kind']}: {key}")
-    return verdict
-
-
-def _multiset_differences(
-    verdict: TableVerdict, source: DataFrame, follower: DataFrame, names: list[str]
-) -> TableVerdict:
-    """A keyless table: rows compared as multisets (EXCEPT ALL both ways, NULLs equal); the first
-    differing rows are named by their values with how many more (missing) or fewer (extra) copies."""
-    missing, extra = source.exceptAll(follower), follower.exceptAll(source)
-    verdict.missing, verdict.extra = missing.count(), extra.count()
-    for kind, df in (("missing", missing), ("extra", extra)):
-        for row in df.groupBy(*(q(n) for n in names)).count().limit(SAMPLE_KEYS).collect():
-            values = ", ".join(f"{n}={row[n]!r}" for n in names)
-            verdict.samples.append(f"{kind}: {row['count']} row(s) ({values})")
-    return verdict
-
-
-def _keyless_after(
-    spark,
-    reader: ChangeReader,
-    table: TableName,
-    schema: TableSchema,
-    point: int,
-    upto: int,
-    shape: Shape | None = None,
-) -> DataFrame | None:
-    """A keyless table's logged rows at or after `point` (up to offset `upto`), typed, with `__op`
-    ('c'/'r' inserted, 'd' deleted: the whole deleted row); None if there are none."""
-    first = reader.first_offset_from(spark, table, point, upto)
-    if first is None:
-        return None
-    raw = shape_rows(reader.read_changes(spark, table, first - 1, upto, schema), shape)
-    schema = shape.schema if shape is not None else schema
-    typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))])
-    return raw.filter((F.col("op") != "t") & (F.col("lsn") >= point)).select(
-        *(t.alias(n) for n, t, _ in typed), F.col("op").alias("__op")
-    )
-
-
-def _changed_after(
-    spark,
-    reader: ChangeReader,
-    table: TableName,
-    schema: TableSchema,
-    point: int,
-    upto: int,
-    shape: Shape | None = None,
-) -> DataFrame | None:
-    """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none.
-    With the sink's shape, keys are as the follower has them (a hashed key column)."""
-    first = reader.first_offset_from(spark, table, point, upto)
-    if first is None:
-        return None
-    raw = shape_rows(reader.read_changes(spark, table, first - 1, upto, schema), shape)
-    schema = shape.schema if shape is not None else schema
-    key_schema = TableSchema(
-        tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types
-    )
-    idx = [schema.column_names.index(c.name) for c in key_schema.columns]
-    typed = typed_columns(key_schema, [F.col("vals")[i] for i in idx])
-    return raw.filter(F.col("op") != "t").select(*(t.alias(n) for n, t, _ in typed)).distinct()
-
-
-# ---- orchestration ----------------------------------------------------------------------------------
 def run_verify(
     pipeline: Pipeline,
     spark: SparkSession,
@@ -612,12 +227,6 @@ def _verify_sink(
     return verdict
 
 
-def _history(log, table: TableName) -> History:
-    """The log's schema versions of `table`, oldest first (none from a log that keeps no history)."""
-    history = getattr(log, "schema_history", None)
-    return history(table) if history is not None else []
-
-
 def _verify_view(
     views: ViewCheck, sink, name: str, source: SourceCopy, view_lsn: int, verdict: SinkVerdict
 ) -> None:
@@ -647,114 +256,4 @@ def _verify_view(
         )
 
 
-def _pending(
-    conn, pipeline, spark, log, reader: ChangeReader, ckpt, tables: list[TableName], point: int
-) -> int:
-    """Captured changes committed before `point` that the follower has not applied."""
-    count = 0
-    cut = log.latest_cut()
-    for table in tables:
-        rng = cut.tables.get(table)
-        applied = ckpt.tables.get(str(table))
-        if rng is None:
-            continue
-        after = applied[1] if applied and applied[0] == rng.base else rng.base - 1
-        count += reader.count_events(spark, table, after, rng.end, point)
-    position = log.stream_position()
-    log_lsn = max(cut.lsn, position[1] if position else 0)
-    if log_lsn < point:
-        slot = _slot(conn, pipeline.slot)
-        if slot is not None and slot[2] is None:
-            count += unstreamed_changes(
-                conn,
-                pipeline.slot,
-                publication_names(conn, pipeline.publication),
-                point,
-                position[0] if position else cut.lsn - 1,
-                set(tables),
-            )
-        elif slot is not None:
-            count += 1  # a stream holds the slot and has not reached the point yet: cannot rule anything out
-    return count
-
-
-def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pipeline | None = None) -> None:
-    for v in verdicts:
-        if v.error:
-            say(f"sink {v.sink}: ERROR {v.error}")
-            continue
-        for line in v.dropped:
-            say(f"sink {v.sink}: {line}")
-        if v.behind:
-            say(
-                f"sink {v.sink}: NOT VERIFIED, follower at {format_lsn(v.follower_lsn)} is behind: {v.behind}"
-            )
-            continue
-        for t in v.tables:
-            mark = "identical" if t.identical else "DIFFERENT"
-            extra = (
-                f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
-            )
-            say(
-                f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}"
-            )
-            if t.not_compared:
-                say(
-                    f"    not compared: generated column(s) {', '.join(t.not_compared)}: PostgreSQL does not publish them "
-                    "(before 18; on 18 the publication keeps publish_generated_columns = none), so followers do not have them"
-                )
-            if t.missing_columns:
-                tables = shlex.quote(t.table)
-                snap = (
-                    pipeline.command("snapshot", "--tables", tables)
-                    if pipeline
-                    else f"cdc snapshot PIPELINE --tables {tables}"
-                )
-                say(
-                    f"    column(s) the follower does not have: {', '.join(t.missing_columns)} (added in the source; the log "
-                    f"learns of a new column with the table's next change; `{snap}` brings it at once, then "
-                    f"`{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`)"
-                )
-            apply_cmd = (
-                pipeline.command("apply", "--once", "--sink", v.sink)
-                if pipeline
-                else "cdc apply PIPELINE --once"
-            )
-            if t.pending_columns:
-                say(
-                    f"    column(s) the follower does not have: "
-                    f"{', '.join(f'{n} (added in the source, in the log at {format_lsn(lsn)}, not applied yet)' for n, lsn in t.pending_columns)}; "
-                    f"not compared until then. `{apply_cmd}` brings it (or wait for `cdc run`); no rebuild is needed"
-                )
-            if t.pending_renames:
-                say(
-                    f"    column(s) the follower has under their old name: "
-                    f"{', '.join(f'{o} (renamed in the source: {o} -> {n}, in the log at {format_lsn(lsn)}, not applied yet)' for o, n, lsn in t.pending_renames)}; "
-                    f"their values were compared under the old name. `{apply_cmd}` brings the rename "
-                    "(or wait for `cdc run`); no rebuild is needed"
-                )
-            if t.renamed_columns:
-                say(
-                    f"    column(s) the follower has under their old name: "
-                    f"{', '.join(f'{o} (now {n})' for o, n in t.renamed_columns)}; their values were compared "
-                    "under the old name. The column was renamed in the source after the table's last change "
-                    "the log has: the table's next change (at once with `cdc ddl install`, which brings a "
-                    f"DDL to the log at its commit) brings the rename to the log, and `"
-                    f"{pipeline.command('apply', '--once', '--sink', v.sink) if pipeline else 'cdc apply PIPELINE --once'}`"
-                    " to the follower; no rebuild is needed"
-                )
-            if not t.identical and (t.missing or t.extra or t.different):
-                say(f"    missing {t.missing:,}, extra {t.extra:,}, different {t.different:,}; first keys:")
-                for s in t.samples:
-                    say(f"      {s}")
-                if pipeline is not None:  # rows lost or changed behind the tool's back (README Operations)
-                    say(
-                        f"  fix: if the follower lost or changed rows itself, rebuild it: "
-                        f"`{pipeline.command('reset', '--sink', v.sink, '--rebuild', '--yes')}`, "
-                        f"then `{pipeline.command('apply', '--once', '--sink', v.sink)}`"
-                    )
-    ok = all(v.identical for v in verdicts)
-    say("verify: all followers identical to the source" if ok else "verify: differences found")
-
-
-__all__ = ["Column", "compare", "run_verify"]
+__all__ = ["run_verify"]

@@ -3,7 +3,7 @@
 The view's SQL is run by Spark over the source's rows as verify read them (one exported
 snapshot at the verification point `cp`, typed like apply types them) and the result is
 compared row by row, on the view's key, with what the follower holds under `views.<name>`
-(its `current`), exactly as a table is (pipelines/verify.py `compare`: counts and a content
+(its `current`), exactly as a table is (pipelines/verify_compare.py `compare`: counts and a content
 hash first, then the first differing keys named).
 
 The follower's position for a view is the cut the view stood at when it applied it (the view

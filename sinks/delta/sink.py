@@ -30,6 +30,10 @@
 * Cuts (sinks/delta/cuts.py): after a cut's rows and markers, every table's Delta version is
   recorded in `<path>/_cdc_cuts`, so readers can read all tables as of one cut.
 * Writes retry a commit that lost a Delta conflict with `cdc maintain` (sinks/delta/conflicts.py).
+
+It stays one module (over 450 lines): it is the one DeltaSink class, whose schema step (`prepare`) hands
+each table's plan and batch to its write step (`apply`) through the instance, and every part that stands
+alone (names, features, retyping, SCD2, multisets, cuts, conflicts) lives in the sibling modules above.
 """
 
 from __future__ import annotations

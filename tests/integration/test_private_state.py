@@ -97,7 +97,7 @@ def test_state_is_owner_only_whatever_the_umask(
         from cdc.ground.private import private_dir
         from cdc.ground.tables import TableName
         from cdc.log import open_log_view
-        from pipelines.verify import copy_source
+        from pipelines.verify_source import copy_source
         from sinks.registry import load_pipeline
 
         pipeline = load_pipeline(file)

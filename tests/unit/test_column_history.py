@@ -97,7 +97,7 @@ def test_verify_matches_the_followers_columns_by_attnum() -> None:
     """`cdc verify`: a follower at the version it applied last has `note` (attnum 2); the source
     renamed it, added `tier` and dropped `n`. What the follower has by another name or not at all,
     and the LSN of the log's version that brings it (None: the log has not got it)."""
-    from pipelines.verify import follower_columns
+    from pipelines.verify_position import follower_columns
 
     renamed = schema(("id", INT, 1), ("remark", TEXT, 2), ("n", INT, 3))
     added = schema(("id", INT, 1), ("remark", TEXT, 2), ("tier", TEXT, 4))
