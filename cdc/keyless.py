@@ -3,9 +3,10 @@
 Two kinds: insert-only (default replica identity) and multiset (REPLICA IDENTITY FULL: updates and
 deletes carry the whole old row, so a row is identified by its content). Both are keyed in the log by
 each change's position (commit LSN, sequence), which only some followers can use: a Delta table in
-mode scd1 holds either (for a multiset table it deletes one row of the deleted content), a search
-index appends inserted rows (the position is the document id) but has no way to remove one of two
-identical documents, and the cache keeps one entry per key of the row's own, looked up by it. The
+mode scd1 holds either (for a multiset table it deletes one row of the deleted content), an Iceberg
+table in mode scd1 and a search index append inserted rows (identified by the position) but do not
+remove one of two identical rows, SCD2 keeps versions of keyed rows, and the cache keeps one entry
+per key of the row's own, looked up by it. The
 Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does not have,
 so a compacted topic would keep one row of it. Those are refused before anything starts.
 """
@@ -35,14 +36,14 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
             )
         )
     for sink in pipeline.sinks:
-        if sink.kind == "delta" and sink.settings.mode == "scd2":
+        if sink.kind in ("delta", "iceberg") and sink.settings.mode == "scd2":
             for table in sink_tables(sink, keyless):
                 how = "insert-only" if table in insert_only else "as a multiset of rows identified by content"
                 problems.append(
                     Problem(
-                        f"sink {sink.name} (delta, mode scd2) cannot follow {table}: it has no primary key, so it is "
-                        f"followed {how}, and SCD2 keeps versions of keyed rows",
-                        f"follow {table} with a delta sink in mode scd1, or give it a primary key",
+                        f"sink {sink.name} ({sink.kind}, mode scd2) cannot follow {table}: it has no primary key, so "
+                        f"it is followed {how}, and SCD2 keeps versions of keyed rows",
+                        f"follow {table} with {'an' if sink.kind == 'iceberg' else 'a'} {sink.kind} sink in mode scd1, or give it a primary key",
                     )
                 )
             continue
@@ -60,13 +61,15 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
                     )
                 )
             continue
-        if sink.kind == "iceberg":
-            for table in sink_tables(sink, keyless):
+        if sink.kind == "iceberg":  # insert-only tables are appended, each row identified by its position
+            for table in sink_tables(sink, multiset):
                 problems.append(
                     Problem(
-                        f"sink {sink.name} (iceberg) cannot follow {table} yet: it has no primary key, and the "
-                        "Iceberg follower of keyless tables is not built and tested yet",
-                        f"follow {table} with a delta sink, or leave it out of the sink's tables",
+                        f"sink {sink.name} (iceberg) cannot follow {table}: it has no primary key and REPLICA "
+                        "IDENTITY FULL, so its updates and deletes name a row by content, and the Iceberg "
+                        "follower keeps keyless tables insert-only (it does not remove one of two identical rows)",
+                        f"follow {table} with a delta sink, leave it out of the sink's tables, or give it a primary "
+                        f"key: ALTER TABLE {table} ADD PRIMARY KEY (...);",
                     )
                 )
             continue

@@ -11,7 +11,10 @@ readers pinned at the recorded cut with pyiceberg, Polars `cdc sql` and Spark se
 whole), then crashed after its MERGE and applied again: the replay is skipped, no new snapshot;
 the latest recorded cut equals the source, the first stays readable. Then `cdc maintain` of the
 SQLite follower beside the apply of a third cut, and alone with retention 0: the newest cut is
-still read right, the older ones are forgotten, and the apply goes on.
+still read right, the older ones are forgotten, and the apply goes on. Beside them, a keyless
+insert-only event table (identical rows among its inserts, in the snapshot, the first cut's stream
+and the third cut) followed by the SQLite follower only (SCD2 refuses keyless tables): read back by
+pyiceberg as the source's multiset, each row once per insert, identified by its log position.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import threading
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -48,7 +52,12 @@ def pg_sink(dsn: str) -> dict[str, Any]:
     catalog = jdbc | {"password": url.password}
     return {
         "name": "icepg",
-        "iceberg": {"warehouse": "icepg", "mode": "scd2", "catalog": catalog},
+        "iceberg": {
+            "warehouse": "icepg",
+            "mode": "scd2",
+            "catalog": catalog,
+            "tables": ["public.items", "public.users"],  # SCD2 keeps versions of keyed rows only
+        },
     }
 
 
@@ -63,6 +72,8 @@ SETUP = (
     " FROM generate_series(1, 8) g",
     "CREATE TABLE users(id uuid PRIMARY KEY, name text, n smallint)",
     "INSERT INTO users SELECT md5(g::text)::uuid, 'user ' || g, g FROM generate_series(1, 5) g",
+    "CREATE TABLE events(who text, what text, n int)",  # no key, default replica identity: insert-only
+    "INSERT INTO events VALUES ('u1', 'login', 1), ('u1', 'login', 1), ('u2', NULL, 2)",
 )
 CHANGES = (
     "UPDATE items SET amt = 99.5 WHERE id = 1",  # note (TOASTed) unchanged: not in the WAL
@@ -71,6 +82,7 @@ CHANGES = (
     "INSERT INTO items VALUES ('us', 1, -0.001, NULL, NULL, '[1, {\"x\": null}]', '{}', '', 'new')",
     "TRUNCATE users",
     "INSERT INTO users VALUES ('00000000-0000-0000-0000-000000000001', 'after truncate', -3)",
+    "INSERT INTO events VALUES ('u1', 'login', 1), ('u3', 'logout', 3), ('u3', 'logout', 3)",
 )
 SOURCE = {
     "public.items": (
@@ -136,6 +148,19 @@ def read_back(tmp_path: Path, dsn: str, tables: dict[str, tuple] = SOURCE) -> No
             assert polars == want, f"polars {follower} {name}: {polars} != {want}"
 
 
+def events_match(tmp_path: Path, dsn: str) -> None:
+    """The keyless table read by pyiceberg: the source's rows as a multiset (each once per insert),
+    each row with its own log position."""
+    table = catalog(tmp_path).load_table("public.events")
+    assert {"_cdc_lsn", "_cdc_seq"} <= {f.name for f in table.schema().fields}
+    rows = table.scan().to_arrow().to_pylist()
+    positions = [(r["_cdc_lsn"], r["_cdc_seq"]) for r in rows]
+    assert None not in {p for pos in positions for p in pos} and len(set(positions)) == len(rows), rows
+    got = Counter((r["who"], r["what"], r["n"]) for r in rows)
+    want = Counter(sql(dsn, "SELECT who, what, n FROM events"))
+    assert got == want and max(want.values()) >= 2, (got, want)
+
+
 def history(dsn: str, name: str) -> list[dict[str, Any]]:
     """Every version the SCD2 follower holds of a table, oldest first per key."""
     rows = pg_catalog(dsn).load_table(name).scan().to_arrow().to_pylist()
@@ -149,7 +174,9 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         "POLARS_ICEBERG_PLANNER", "pyiceberg"
     )  # Polars plans the scan with pyiceberg (no plugin here)
     sql(pg_db, *SETUP)
-    pipe = make_pipe(tmp_path, pg_db, ["public.items", "public.users"], sinks=[SINK, pg_sink(pg_db)])
+    pipe = make_pipe(
+        tmp_path, pg_db, ["public.items", "public.users", "public.events"], sinks=[SINK, pg_sink(pg_db)]
+    )
 
     # cut 1: the snapshot and the streamed changes in one apply
     snapshot(pipe)
@@ -157,6 +184,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     stream(pipe)
     apply_ok(pipe, spark)
     read_back(tmp_path, pg_db)  # (cdc verify runs once, after the second cut)
+    events_match(tmp_path, pg_db)  # 3 snapshot rows + 3 streamed, two pairs of identical ones
     items = catalog(tmp_path).load_table("public.items")
     assert items.properties["write.merge.mode"] == "merge-on-read"
     assert items.schema().find_field("big").field_type.__class__.__name__ == "StringType"  # numeric(50,10)
@@ -170,7 +198,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
 
     lake = tmp_path / "ice"
     first, at_first = tables_at_cut(catalog(tmp_path), lake)
-    assert set(at_first) == set(SOURCE) and at_first["public.items"].num_rows == 8, first
+    assert set(at_first) == {*SOURCE, "public.events"} and at_first["public.items"].num_rows == 8, first
     sql(
         pg_db,
         "ALTER TABLE users RENAME COLUMN name TO full_name",
@@ -301,7 +329,12 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     from pipelines.maintain import run_maintain
 
     pipeline = load_pipeline(pipe.file)
-    sql(pg_db, "UPDATE items SET amt = amt + 1 WHERE id IN (1, 3)", "DELETE FROM items WHERE id = 5")
+    sql(
+        pg_db,
+        "UPDATE items SET amt = amt + 1 WHERE id IN (1, 3)",
+        "DELETE FROM items WHERE id = 5",
+        "INSERT INTO events VALUES ('u2', NULL, 2), ('u4', 'login', 4)",  # appended beside maintain
+    )
     stream(pipe)
     lines: list[str] = []
     done: list = []
@@ -338,4 +371,5 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     stream(pipe)
     apply_ok(pipe, spark)
     read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
+    events_match(tmp_path, pg_db)
     verified(pipe, spark)
