@@ -20,7 +20,9 @@ def main(argv: list[str]) -> int:
     source = Path(argv[0])
     results = json.loads(source.read_text())
     target = Path(argv[1]) if len(argv) > 1 else source.with_suffix(".png")
-    Report.from_json(results["table"]).chart(target, footer(results["loadavg"]))
+    Report.from_json(results["table"]).chart(
+        target, footer(results["loadavg"], results.get("started", ""), results.get("command", ""))
+    )
     print(f"chart written to {target}")
     return 0
 

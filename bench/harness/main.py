@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,12 +21,18 @@ from harness.report import Report
 from harness.services import say
 
 
-def footer(loads: dict[str, float]) -> str:
-    """The machine line of a result: CPUs and the load seen; a busy machine is said to be one."""
+def footer(loads: dict[str, float], started: str = "", command: str = "") -> str:
+    """The machine line of a result: when, how, CPUs and the load seen. The load at its start is
+    other work (a run is busy when that is over half the CPUs); later samples include its own."""
     seen = list(loads.values()) or [os.getloadavg()[0]]
     cpus = os.cpu_count() or 1
-    busy = " (a busy machine: not performance figures)" if max(seen) > 0.5 * cpus else ""
-    return f"{cpus} CPUs, 1-min load average {min(seen):.1f}-{max(seen):.1f} during the run{busy}"
+    busy = " (other work was running: not performance figures)" if seen[0] > 0.5 * cpus else ""
+    when = f"{started}, " if started else ""
+    how = f"\n{command}" if command else ""
+    return (
+        f"{when}{cpus} CPUs, 1-min load average {seen[0]:.1f} at its start, {min(seen):.1f}-{max(seen):.1f}"
+        f" during the run (its own work included){busy}{how}"
+    )
 
 
 def main(
@@ -51,6 +58,8 @@ def main(
     os.chmod(work, 0o755)
     say(f"work dir {work}")
     results: dict = {
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join([".venv/bin/python", os.path.relpath(sys.argv[0]), *(argv or sys.argv[1:])]),
         "loadavg": {},
         "config": {
             "cpus": os.cpu_count(),
@@ -67,7 +76,7 @@ def main(
             bench.load("at the end")
         results["total_s"] = time.perf_counter() - started
         results["table"] = report.as_json()
-        results["footer"] = footer(results["loadavg"])
+        results["footer"] = footer(results["loadavg"], results["started"], results["command"])
         say("")
         report.print(results["footer"])
         say(f"\ntotal {results['total_s']:.0f}s")
