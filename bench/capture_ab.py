@@ -35,11 +35,15 @@ def body(b: Bench) -> Report:
     b.start_postgres(durable=True)
     b.sql(f"CREATE TABLE {TABLE} ({TABLE_COLUMNS})", f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
     reps = range(1, args.repeat + 1)
-    pipes = {(side, i): snapshotted(b, f"ab_{side}_{i}", f"ab_{side}_{i}") for side in "ab" for i in reps}
+    envs = {side: {**b.cdc_env(), "PYTHONPATH": str(tree)} for side, tree in zip("ab", trees, strict=True)}
+    pipes = {
+        (side, i): snapshotted(b, f"ab_{side}_{i}", f"ab_{side}_{i}", env=envs[side])
+        for side in "ab"
+        for i in reps
+    }
     inserts, updates, txns, seconds = insert_update(b.dsn, TABLE, args.rows)
     say(f"workload: {inserts + updates:,} changes in {txns:,} transactions in {seconds:.1f}s")
     b.sql("CHECKPOINT")
-    envs = {side: {**b.cdc_env(), "PYTHONPATH": str(tree)} for side, tree in zip("ab", trees, strict=True)}
     for side, env in envs.items():  # each side's bytecode cached before anything is timed
         warm = [sys.executable, "-c", "import pipelines.cli, pipelines.metrics, snapshot.runner, cdc.reader"]
         checked(run_timed(warm, env, b.work, f"warm_{side}"), f"bytecode warm-up ({side})")

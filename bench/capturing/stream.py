@@ -34,11 +34,14 @@ def message_counts(b: Bench, slot: str, upto: str) -> dict[str, int]:
     return {kind: int(n) for kind, n in rows}
 
 
-def snapshotted(b: Bench, name: str, slot: str, synchronous: str = "full") -> Path:
+def snapshotted(
+    b: Bench, name: str, slot: str, synchronous: str = "full", env: dict[str, str] | None = None
+) -> Path:
     """A pipeline whose `cdc snapshot` of the EMPTY table created its slot and put the table in its
-    log (which `cdc stream` requires), before the workload."""
+    log (which `cdc stream` requires), before the workload; `env` runs it from another checkout,
+    the one that streams it (the log's format is that checkout's)."""
     pipe = b.pipeline(name, [TABLE], slot=slot, publication=PUBLICATION, log=b.local_log(name, synchronous))
-    b.cdc(f"snapshot_{name}", "snapshot", pipe, "--no-progress")
+    b.cdc(f"snapshot_{name}", "snapshot", pipe, "--no-progress", env=env)
     return pipe
 
 

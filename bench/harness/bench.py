@@ -132,9 +132,17 @@ class Bench:
             result.server_cpu_s = cluster_cpu_s(postmaster) - before
         return result
 
-    def cdc(self, name: str, *args: str | Path, tree: bool = False, check: bool = True) -> Timed:
-        """`cdc ARGS` timed (name: its output files in the work dir); it must succeed unless check=False."""
-        run = self.timed([str(BIN / "cdc"), *map(str, args)], self.cdc_env(), name, tree=tree)
+    def cdc(
+        self,
+        name: str,
+        *args: str | Path,
+        tree: bool = False,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Timed:
+        """`cdc ARGS` timed (name: its output files in the work dir); it must succeed unless check=False.
+        `env`: the whole environment instead of cdc_env() (e.g. another checkout's PYTHONPATH)."""
+        run = self.timed([str(BIN / "cdc"), *map(str, args)], env or self.cdc_env(), name, tree=tree)
         return checked(run, f"cdc {' '.join(map(str, args[:1]))} ({name})") if check else run
 
     def recvlogical(self, name: str, slot: str, endpos: str, publication: str) -> Timed:
