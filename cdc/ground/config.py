@@ -56,7 +56,7 @@ class SinkConfig(_SinkName):
     dropped_columns: Literal["keep", "null", "drop"] = Field(
         default="keep",
         description="a column the source drops: keep its last values, set it NULL in every row, or drop it "
-        "from the follower (delta mode scd1 and redis; docs/schema-changes.md)",
+        "from the follower (delta and iceberg mode scd1, redis; docs/schema-changes.md)",
     )
 
     @model_validator(mode="after")
@@ -68,8 +68,8 @@ class SinkConfig(_SinkName):
             raise ValueError(f"give exactly one sink kind: {listed}")
         if self.dropped_columns != "keep" and not self.settings.drops_columns():
             raise ValueError(
-                "dropped_columns: null and drop are for delta sinks with mode scd1 and redis sinks "
-                "(scd2 keeps every version's values, search keeps the field, iceberg: not yet): use keep"
+                "dropped_columns: null and drop are for delta and iceberg sinks with mode scd1 and redis sinks "
+                "(scd2 keeps every version's values, search keeps the field): use keep"
             )
         return self
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc.ground.settings import SinkSettings, Strict, check_tables
+from cdc.ground.settings import SinkSettings, Strict, check_tables, view_list, view_names
 
 if TYPE_CHECKING:
     from cdc.ground.config import SinkConfig
@@ -55,10 +55,10 @@ class IcebergSettings(SinkSettings):
         default="scd1",
         description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn",
     )
-    tables: list[str] | None = Field(default=None, description="subset of the source tables (default: all)")
-    views: list[str] = Field(
-        default_factory=list, description="derived views into Iceberg: not yet (give none)"
+    tables: list[str] | None = Field(
+        default=None, description="subset of the source tables (default: all, or none when `views` is given)"
     )
+    views: list[str] = view_list()
     write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
         default="merge-on-read",
         description="how a MERGE changes a data file: merge-on-read writes position deletes (a small cut "
@@ -71,15 +71,10 @@ class IcebergSettings(SinkSettings):
     )
 
     _tables = field_validator("tables")(check_tables)
+    _views = field_validator("views")(view_names)
 
-    @field_validator("views")
-    @classmethod
-    def _no_views(cls, value: list[str]) -> list[str]:
-        if value:
-            raise ValueError(
-                "derived views into an Iceberg sink are not supported yet: follow them with a delta sink"
-            )
-        return value
+    def drops_columns(self) -> bool:
+        return self.mode == "scd1"  # scd2 keeps every version's values
 
 
 def iceberg_settings(config: SinkConfig) -> IcebergSettings:

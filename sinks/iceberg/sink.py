@@ -19,7 +19,11 @@ guarantees the Iceberg way.
   Iceberg columns are fields by id), new columns added (rows older than a constant DEFAULT get it),
   int -> bigint, float -> double, larger decimal precision widened in place (`on_type_change`).
   Another type change stops the batch, except in a batch that starts the table over from a new
-  base: the table is then dropped and made again with the new types.
+  base: the table is then dropped and made again with the new types. A dropped source column is
+  kept, set NULL or dropped from the table after the cut's MERGE (`dropped_columns`, scd1).
+* Derived views (`views:`) arrive as batches of `views.<name>` (sinks/viewbatch.py: the changes of
+  the view's own table since the follower's last cut) and are applied like keyed tables, into the
+  namespace `views`.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class _Plan:
     rename: list[tuple[str, str]] = field(default_factory=list)
     add: list[T.StructField] = field(default_factory=list)
     widen: list[tuple[str, T.DataType]] = field(default_factory=list)
+    gone: frozenset[str] = frozenset()  # source columns `dropped_columns: drop` took out of the table
 
 
 class IcebergSink(Sink):
@@ -183,8 +188,11 @@ class IcebergSink(Sink):
                     plan.rename.append((old, f.name))
                     current[f.name] = current.pop(old)
         rebase = batch.bootstrap and batch.snapshot_lsn is not None
+        gone = self._dropped_before(batch, current)
         for f in wanted.fields:
             have = current.get(f.name)
+            if f.name in gone:
+                continue  # dropped from the table at this cut already (a replay): not added again
             if have is None:
                 if f.name in batch.key_columns or f.name in meta:
                     if rebase and not self.scd2:
@@ -206,6 +214,7 @@ class IcebergSink(Sink):
                     f"source now needs {f.dataType.simpleString()}, which Iceberg cannot widen to",
                     "drop the Iceberg table (it is rebuilt from the log on the next apply) or restore the column type",
                 )
+        plan.gone = gone
         if plan.widen and self.settings.on_type_change == "stop":
             what = ", ".join(f"{n!r} -> {t.simpleString()}" for n, t in plan.widen)
             raise SinkError(
@@ -215,9 +224,17 @@ class IcebergSink(Sink):
             )
         return plan
 
+    def _dropped_before(self, batch: Batch, current: dict[str, T.DataType]) -> frozenset[str]:
+        """Columns the source dropped in this batch that `dropped_columns: drop` has taken out of
+        the table already: the cut was applied before a crash, and is only replayed."""
+        if self.config.dropped_columns != "drop":
+            return frozenset()
+        return frozenset(c for c in batch.retired if c not in current)
+
     def prepare(self, batches: Sequence[Batch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
         self._created: set[str] = set()
+        self._gone: dict[str, frozenset[str]] = {p.ident: p.gone for p in plans}
         for plan in plans:
             if plan.create is not None:
                 self._create(plan)
@@ -306,6 +323,7 @@ class IcebergSink(Sink):
             done, _ = applied_cut(self.spark, ident, self.app_id)
             if done is not None and done >= cut_id:
                 stats.skipped = True  # this cut's MERGE committed before a crash: nothing to do again
+                self._retire(ident, batch)  # a crash may have come between the MERGE and this
                 return stats
         if self.scd2:
             where = (
@@ -326,6 +344,7 @@ class IcebergSink(Sink):
         else:
             self._merge(ident, batch, changes, cut_id)
         _, summary = applied_cut(self.spark, ident, self.app_id)
+        self._retire(ident, batch)
         if summary.get(CUT) == str(cut_id):
             stats.inserted = int(
                 summary.get("spark.merge-into.num-target-rows-inserted", summary.get("added-records", 0))
@@ -333,6 +352,37 @@ class IcebergSink(Sink):
             stats.updated = int(summary.get("spark.merge-into.num-target-rows-updated", 0))
             stats.deleted = int(summary.get("spark.merge-into.num-target-rows-deleted", 0))
         return stats
+
+    def _retire(self, ident: str, batch: Batch) -> None:
+        """`dropped_columns: null | drop` (scd1 only, settings.py): after the MERGE of the cut that
+        brings a column's DROP, every row gets NULL in it (an UPDATE of the rows that still hold a
+        value), or the column goes from the table's schema (Iceberg's schema evolution: metadata
+        only; the field id is retired, so a later column of the same name is a new, empty one).
+        Neither commit carries the cut's snapshot properties: both are idempotent, and a replayed
+        cut repeats them harmlessly."""
+        how = self.config.dropped_columns
+        if how == "keep" or self.scd2 or not batch.retired:
+            return
+        have = {f.name for f in self.spark.table(ident).schema.fields}
+        present = sorted(c for c in batch.retired if c in have and c not in batch.key_columns)
+        if not present:
+            return
+        if how == "null":
+            held = " OR ".join(f"{q(c)} IS NOT NULL" for c in present)
+            sets = ", ".join(f"{q(c)} = NULL" for c in present)
+            self.spark.sql(f"UPDATE {ident} SET {sets} WHERE {held}")
+            what = "set NULL in every row"
+        else:
+            self.spark.sql(f"ALTER TABLE {ident} DROP COLUMNS ({', '.join(q(c) for c in present)})")
+            what = "dropped from the table (metadata only)"
+        self.say(
+            f"sink {self.name}: {batch.table}: column(s) {', '.join(present)} dropped at the source: {what}"
+        )
+
+    def _columns(self, ident: str, batch: Batch) -> list[str]:
+        """The batch's columns the table holds (those a replayed cut dropped already left out), then the meta columns."""
+        gone = getattr(self, "_gone", {}).get(ident, frozenset())
+        return [*(f.name for f in batch.spark_schema.fields if f.name not in gone), *META_COLUMNS]
 
     def _append(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
         """A keyless (insert-only) table: every row is its own, identified by its log position
@@ -344,7 +394,7 @@ class IcebergSink(Sink):
                 "content (REPLICA IDENTITY FULL); the Iceberg follower keeps keyless tables insert-only",
                 f"follow {batch.table} with a delta sink, leave it out of the sink's tables, or give it a primary key",
             )
-        columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+        columns = self._columns(ident, batch)
         names = ", ".join(q(c) for c in columns)
         with (
             source_view(changes.df) as view,
@@ -355,7 +405,7 @@ class IcebergSink(Sink):
     def _merge(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
         newer = "(s._cdc_lsn > t._cdc_lsn OR (s._cdc_lsn = t._cdc_lsn AND s._cdc_seq > t._cdc_seq))"
-        columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+        columns = self._columns(ident, batch)
         sets = []
         for c in columns:
             # an unchanged TOAST value the batch does not know: keep the table's

@@ -15,6 +15,12 @@ still read right, the older ones are forgotten, and the apply goes on. Beside th
 insert-only event table (identical rows among its inserts, in the snapshot, the first cut's stream
 and the third cut) followed by the SQLite follower only (SCD2 refuses keyless tables): read back by
 pyiceberg as the source's multiset, each row once per insert, identified by its log position.
+A column dropped at the source in cut 3 is set NULL by the SQLite follower (`dropped_columns:
+null`), kept by the SCD2 one; in cut 4 another is dropped from the table's schema (`drop`: the
+other field ids unchanged). Cut 4 also adds two derived views to the pipeline file (`cdc validate`
+lists their Iceberg sinks): their first build and, in cut 5, an incremental cut reach the
+followers' `views.<name>` tables, read by pyiceberg and Polars and compared with the view's SQL run
+by PostgreSQL, and by `cdc sql` and `cdc verify`.
 """
 
 from __future__ import annotations
@@ -34,11 +40,29 @@ from click.testing import CliRunner
 from pipelines.cli import cli
 from pipelines.faults import CrashPointReached
 from tests.fixtures.lake import apply, apply_ok, make_pipe, snapshot, stream, verified
-from tests.harness import sql
+from tests.harness import edit_pipeline, sql
 
 pytestmark = pytest.mark.integration
 
-SINK = {"name": "ice", "iceberg": {"warehouse": "ice"}}
+# `dropped_columns: null` here (a column dropped in cut 3 is set NULL); `drop` from cut 4 on
+SINK = {"name": "ice", "dropped_columns": "null", "iceberg": {"warehouse": "ice"}}
+# Derived views declared from cut 4 on (a view added to a running pipeline: its first build, then
+# an incremental cut), over the tables the followers already have; the SQLite follower takes both,
+# the SCD2 one the aggregate. Not from the start: the base follower of the views (an internal Delta
+# follower) would reach the crash points of cut 2 before the Iceberg followers do.
+VIEWS = [
+    {
+        "name": "items_by_region",
+        "sql": "SELECT region, count(*) AS items, sum(amt) AS total FROM public.items GROUP BY region",
+        "key": ["region"],
+    },
+    {
+        "name": "item_notes",  # a composite key, a filter rows leave by, TOASTed notes kept unchanged
+        "sql": "SELECT region, id, amt, note FROM public.items WHERE amt > 0",
+        "key": ["region", "id"],
+    },
+]
+VIEW_FOLLOWERS = {"items_by_region": ("ice", "icepg"), "item_notes": ("ice",)}
 
 
 def pg_sink(dsn: str) -> dict[str, Any]:
@@ -159,6 +183,32 @@ def events_match(tmp_path: Path, dsn: str) -> None:
     got = Counter((r["who"], r["what"], r["n"]) for r in rows)
     want = Counter(sql(dsn, "SELECT who, what, n FROM events"))
     assert got == want and max(want.values()) >= 2, (got, want)
+
+
+def views_match(tmp_path: Path, dsn: str) -> None:
+    """Each view's Iceberg table, read by pyiceberg and Polars (of the SCD2 follower: the current
+    versions), equals the view's SQL run by PostgreSQL over the source."""
+    import polars as pl
+
+    from tests.fixtures.views import norm as vnorm
+    from tests.fixtures.views import pg_view
+
+    for view in VIEWS:
+        key = view["key"]
+        columns, want = pg_view(dsn, view["sql"], key)
+        for follower in VIEW_FOLLOWERS[view["name"]]:
+            cat = catalog(tmp_path) if follower == "ice" else pg_catalog(dsn)
+            table = cat.load_table(f"views.{view['name']}")
+            rows = table.scan().to_arrow().to_pylist()
+            frame = pl.scan_iceberg(table)
+            if follower == "icepg":
+                rows = [r for r in rows if r["_cdc_end_lsn"] is None]
+                frame = frame.filter(pl.col("_cdc_end_lsn").is_null())
+            for reader, got_rows in (("pyiceberg", rows), ("polars", frame.collect().to_dicts())):
+                got = {tuple(str(r[k]) for k in key): tuple(vnorm(r[c]) for c in columns) for r in got_rows}
+                assert got == want and len(got_rows) == len(want), (
+                    f"{reader} {follower} views.{view['name']}: {got} != {want}"
+                )
 
 
 def history(dsn: str, name: str) -> list[dict[str, Any]]:
@@ -334,6 +384,10 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         "UPDATE items SET amt = amt + 1 WHERE id IN (1, 3)",
         "DELETE FROM items WHERE id = 5",
         "INSERT INTO events VALUES ('u2', NULL, 2), ('u4', 'login', 4)",  # appended beside maintain
+        # dropped at the source: NULL in every row of the SQLite follower (dropped_columns: null),
+        # kept with its last values by the SCD2 one; the update brings the DROP into the log
+        "ALTER TABLE users DROP COLUMN n",
+        "UPDATE users SET score = 8",
     )
     stream(pipe)
     lines: list[str] = []
@@ -346,7 +400,12 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     assert done == [0], "\n".join(lines)
     report = "\n".join(lines)
     assert "sink ice: public.items: " in report and "retention 168 h" in report, report
-    read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
+    no_n = (("id",), "SELECT id::text, full_name, score FROM users", ("id", "full_name", "score"))
+    read_back(tmp_path, pg_db, SOURCE | {"public.users": no_n})
+    nulled = catalog(tmp_path).load_table("public.users")
+    assert [r["n"] for r in nulled.scan().to_arrow().to_pylist()] == [None], "dropped_columns: null"
+    kept = [r for r in history(pg_db, "public.users") if r["_cdc_end_lsn"] is None]
+    assert [(r["n"], r["score"]) for r in kept] == [(-3, 8)], kept  # scd2: keep, the last value
 
     # No apply running: retention 0 keeps the newest cut's snapshots (and each table's newest one
     # carrying its follower's cut); older snapshots, their files and the older cut records go.
@@ -365,11 +424,78 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         summary = table.current_snapshot().summary
         assert int(summary["total-delete-files"]) == 0, (name, summary, report)
     _rec, now = tables_at_cut(catalog(tmp_path), lake)
-    for name, (key, query_, columns) in (SOURCE | {"public.users": renamed}).items():
+    for name, (key, query_, columns) in (SOURCE | {"public.users": no_n}).items():
         assert keyed(now[name].to_pylist(), key, columns) == source(pg_db, key, query_, columns), name
-    sql(pg_db, "UPDATE items SET amt = 0 WHERE id = 7")  # the apply goes on after maintenance
+
+    # cut 4: the apply goes on after maintenance, with derived views added to the pipeline file
+    # (their first build) and, with `dropped_columns: drop`, a column dropped from the SQLite
+    # follower's table (Iceberg schema evolution: metadata only)
+    def add_views(doc: dict[str, Any]) -> None:
+        doc["views"] = VIEWS
+        for sink in doc["sinks"]:
+            sink["iceberg"]["views"] = [
+                v for v, followers in VIEW_FOLLOWERS.items() if sink["name"] in followers
+            ]
+        ice = doc["sinks"][0]
+        ice["dropped_columns"] = "drop"
+        ice["iceberg"]["tables"] = [*SOURCE, "public.events"]  # with `views`, tables are named
+
+    edit_pipeline(pipe.file, add_views)
+    result = runner.invoke(cli, ["validate", str(pipe.file)], catch_exceptions=False)
+    assert (
+        "ok   view items_by_region: incremental (3 columns, key region; sinks: ice, icepg)" in result.output
+    )
+    assert "ok   view item_notes: incremental (4 columns, key region, id; sinks: ice)" in result.output
+    assert result.exit_code == 0, result.output
+    note_id = catalog(tmp_path).load_table("public.items").schema().find_field("note").field_id
+    sql(pg_db, "ALTER TABLE items DROP COLUMN blob", "UPDATE items SET amt = 0 WHERE id = 7")
     stream(pipe)
-    apply_ok(pipe, spark)
-    read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
+    runs, lines = apply(pipe, spark)
+    out = "\n".join(lines)
+    assert not [r for r in runs if r.error is not None], out
+    assert "view item_notes: cut " in out and "first build" in out, out
+    assert "public.items: column(s) blob dropped at the source: dropped from the table" in out, out
+    no_blob = (
+        ("region", "id"),
+        "SELECT region, id, amt, big::text, ts, doc::text, tags, note FROM items",
+        ("region", "id", "amt", "big", "ts", "doc", "tags", "note"),
+    )
+    tables = SOURCE | {"public.users": no_n, "public.items": no_blob}
+    read_back(tmp_path, pg_db, tables)
+    items = catalog(tmp_path).load_table("public.items").schema()
+    assert "blob" not in {f.name for f in items.fields} and items.find_field("note").field_id == note_id
+    assert all(r["blob"] for r in history(pg_db, "public.items") if r["region"] == "eu"), "scd2 keeps blob"
+    views_match(tmp_path, pg_db)
+
+    # cut 5: the views' incremental cut reaches the followers as their changed rows only: an
+    # update (a TOASTed note unchanged), an insert, a delete, a row leaving the view by its filter
+    sql(
+        pg_db,
+        "UPDATE items SET amt = amt + 10 WHERE id IN (1, 3)",
+        "INSERT INTO items (region, id, amt, note) VALUES ('us', 2, 5, 'us two')",
+        "DELETE FROM items WHERE id = 4",
+        "UPDATE items SET amt = -1 WHERE id = 8",
+    )
+    stream(pipe)
+    before = {v: len(catalog(tmp_path).load_table(f"views.{v}").snapshots()) for v in VIEW_FOLLOWERS}
+    runs, lines = apply(pipe, spark)
+    out = "\n".join(lines)
+    assert not [r for r in runs if r.error is not None], out
+    assert re.search(r"view item_notes: cut \d+: \+1 ~3 -2 \(incremental\)", out), out
+    notes = catalog(tmp_path).load_table("views.item_notes")
+    merged = notes.current_snapshot().summary  # one MERGE of the changed view rows
+    assert int(merged["pgcdc.cut"]) > 0 and len(notes.snapshots()) == before["item_notes"] + 1, merged
+    views_match(tmp_path, pg_db)
+    read_back(tmp_path, pg_db, tables)
+    record, at_cut = tables_at_cut(catalog(tmp_path), lake)
+    assert {"views.items_by_region", "views.item_notes"} <= set(record.versions), record
+    assert at_cut["views.item_notes"].num_rows == sql(pg_db, "SELECT count(*) FROM items WHERE amt > 0")[0][0]
+    query = "SELECT region, items FROM items_by_region ORDER BY region"
+    result = runner.invoke(cli, ["sql", str(pipe.file), "--sink", "ice", query], catch_exceptions=False)
+    want_lines = [
+        "region\titems",
+        *(f"{r}\t{n}" for r, n in sql(pg_db, "SELECT region, count(*) FROM items GROUP BY 1 ORDER BY 1")),
+    ]
+    assert result.exit_code == 0 and result.stdout.splitlines() == want_lines, result.output
     events_match(tmp_path, pg_db)
     verified(pipe, spark)

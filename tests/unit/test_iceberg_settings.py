@@ -103,6 +103,26 @@ def test_commit_conflicts_are_told_from_other_iceberg_errors() -> None:
     )
 
 
+def test_an_iceberg_sink_follows_derived_views_and_drops_columns_in_scd1(tmp_path: Path) -> None:
+    from cdc.ground.config import sink_tables, sink_views
+    from cdc.ground.tables import TableName
+
+    pipeline = parse_pipeline(
+        {
+            "name": "p",
+            "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}},
+            "views": [{"name": "v", "sql": "SELECT id, x FROM public.t", "key": ["id"]}],
+            "sinks": [
+                {"name": "ice", "dropped_columns": "drop", "iceberg": {"warehouse": "w", "views": ["v"]}}
+            ],
+        },
+        base_dir=tmp_path,
+    )
+    sink = pipeline.sinks[0]
+    assert sink_views(sink) == ["v"] and sink_tables(sink, [TableName("public", "t")]) == []
+    assert sink.dropped_columns == "drop"
+
+
 @pytest.mark.parametrize(
     ("iceberg", "sink", "said"),
     [
@@ -113,8 +133,9 @@ def test_commit_conflicts_are_told_from_other_iceberg_errors() -> None:
             {},
             "for catalog type jdbc",
         ),
-        ({"warehouse": "w", "views": ["v"]}, {}, "not supported yet"),
-        ({"warehouse": "w"}, {"dropped_columns": "null"}, "iceberg: not yet"),
+        ({"warehouse": "w", "views": ["v", "v"]}, {}, "named twice"),
+        ({"warehouse": "w", "views": ["v"]}, {}, "unknown view"),
+        ({"warehouse": "w", "mode": "scd2"}, {"dropped_columns": "drop"}, "scd2 keeps every version"),
         ({"warehouse": "w", "write_mode": "fast"}, {}, "write_mode"),
         ({"warehouse": "w", "mode": "scd3"}, {}, "mode"),
         ({}, {}, "warehouse"),
