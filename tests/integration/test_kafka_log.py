@@ -742,6 +742,85 @@ def test_a_publisher_killed_while_the_stream_rings_it_stops_the_stream_cleanly(
     assert writer.error is None and len(writer.txns) > 0
 
 
+def test_the_publisher_publishes_when_the_stream_rings_not_when_its_wait_ends(
+    pg_db: str, tmp_path: Path, kafka
+) -> None:
+    """The stream rings its publisher after each cut it commits (cdc/log/kafka/doorbell.py), wired as
+    `cdc stream` wires it (log.on_commit), both in this process. The publisher's wait is an hour,
+    first wait included: once it waits, only a ring can make it look again, so the row written
+    after that reaching Kafka at all proves the ring woke it (no time is measured)."""
+    import multiprocessing
+
+    from cdc.log import open_log
+    from cdc.log.kafka import publisher as kpub
+    from cdc.log.kafka.doorbell import Doorbell, wait_for_ring
+    from cdc.reader import StreamReader
+    from sinks.registry import load_pipeline
+
+    make_table(pg_db, "t", 3)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)  # publishes the snapshot itself
+    topic = pipe.topic("public.t")
+    before = end_offset(kafka.bootstrap, topic)
+    pipeline = load_pipeline(pipe.file)
+    bell = Doorbell(multiprocessing.get_context("spawn"))
+    waiting, stop = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def idle(seconds: float) -> bool:
+        waiting.set()
+        return wait_for_ring(bell.receiver, seconds)
+
+    def guarded(target) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    staging = open_log(pipeline)
+    publisher = kpub.Publisher(pipeline, staging, say=lambda _m: None)
+    log = open_log(pipeline)
+    log.on_commit = lambda _cut: bell.ring()  # as `cdc stream` rings its publisher child (cdc/reader.py)
+    reader = StreamReader(
+        pipeline,
+        log,
+        say=lambda _m: None,
+        install_signal_handlers=False,
+        ack_limit=lambda: kpub.published_lsn(log),
+    )
+    publishing = guarded(lambda: publisher.run(stop.is_set, idle_s=3600, busy_s=3600, idle=idle))
+    streaming = guarded(reader.run)
+    try:
+        assert waiting.wait(60), f"the publisher never waited: {failures}"
+        sql(pg_db, "INSERT INTO t VALUES (100, 'rung')")
+        deadline = time.monotonic() + 60  # a hang guard far below the publisher's hour
+        while end_offset(kafka.bootstrap, topic) <= before:
+            assert not failures, f"a thread failed: {failures[0]!r}"
+            assert time.monotonic() < deadline, (
+                "the row did not reach Kafka: the ring did not wake the publisher"
+            )
+            time.sleep(0.1)
+    finally:
+        reader.request_stop()
+        streaming.join(30)
+        stop.set()
+        bell.ring()  # out of its hour-long wait
+        publishing.join(30)
+        publisher.close()
+        bell.close()
+        log.close()
+        staging.close()
+    assert not streaming.is_alive() and not publishing.is_alive()
+    assert not failures, failures
+    records = table_records(kafka.bootstrap, topic)
+    assert [r.key["id"] for r in records if r.op == "c"] == [100]
+
+
 # ---- verify when the slot lags behind Kafka ----------------------------------------------------------
 def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
     """Capture into the staging log up to `upto` without acknowledging anything to PostgreSQL: the
