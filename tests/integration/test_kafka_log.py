@@ -73,6 +73,7 @@ from tests.fixtures.kafka_log import (
     wait_gone,
     wait_published,
 )
+from tests.fixtures.lake import cut_operations
 from tests.fixtures.readers import delta_rows
 from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as raw_records
@@ -210,16 +211,31 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     (lake_status,) = status["followers"]
     assert lake_status["sink"] == "lake" and lake_status["events_behind_log"] == 0, lake_status
     applied_lsn = lake_status["position"]
-    sql(pg_db, "UPDATE items SET n = 9 WHERE id = 1", "DELETE FROM pairs WHERE a = 3")
+    sql(
+        pg_db,
+        "UPDATE items SET n = 9 WHERE id = 1",
+        "DELETE FROM pairs WHERE a = 3",
+        "INSERT INTO gone VALUES (11, 'inserted')",
+    )
     stream_until_current(pipe)
     status = status_json(pipe)
     (lake_status,) = status["followers"]
     assert lake_status["position"] == applied_lsn
-    assert lake_status["events_behind_log"] == 3, lake_status  # an update; a delete and its tombstone
+    # an update; a delete and its tombstone; an insert
+    assert lake_status["events_behind_log"] == 4, lake_status
     assert status["log"]["cut"]["lsn"] == format_lsn(latest_cut(pipe)["lsn"])
     text = ok("status", pipe.file).out
     assert f"log (kafka): cut {status['log']['cut']['id']} at {status['log']['cut']['lsn']}" in text, text
-    assert f"follower lake (delta): at {applied_lsn}" in text and "3 events behind the log" in text, text
+    assert f"follower lake (delta): at {applied_lsn}" in text and "4 events behind the log" in text, text
+
+    # A table's cut of inserts alone is appended on the Kafka log too (sinks/delta/sink.py _appends:
+    # its range has as many records as offsets); the others MERGE
+    (run,) = apply_ok(pipe, spark)
+    lake = tmp_path / "lake" / "public"
+    operations = {t: cut_operations(lake / t, run.cut_id) for t in ("items", "pairs", "gone")}
+    assert operations == {"items": ["MERGE"], "pairs": ["MERGE"], "gone": ["WRITE"]}, operations
+    held = delta_rows(spark, lake / "gone")  # delta-rs: fails on a key held twice
+    assert {r["id"]: r["v"] for r in held.values()} == {10: "after", 11: "inserted"}
 
 
 def status_json(pipe: KPipe) -> dict:
