@@ -552,7 +552,7 @@ def body(b: Bench) -> Report:
             f"cuts of {args.inserts:,} inserts into a table of {args.keys:,} rows, {args.repeat} round(s)"
         )
         i = b.results["inserts"] = inserts_cost(b)
-        rep.targets["inserts"] = (1.3, "target: the appended cut <= 1.3x a bare append (issue 37)")
+        rep.targets["inserts"] = (1.3, "target: the appended cut <= 1.3x a bare append")
         for key, name, role in (
             ("append_s", "cdc apply --once, the cut appended", "cdc"),
             ("merge_s", "cdc apply --once, the cut MERGEd (before)", "peer"),
