@@ -26,6 +26,14 @@ Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--
    (`--parallelism`, default the automatic one). Reported: seconds per cut and each against
    the 1-table cut of the same mode.
 
+4. A cut of inserts alone (`--only inserts`, only with that option): `--inserts` new rows (default
+   10,000, 1000-row transactions) into a table of `--keys` rows, applied by two Delta followers of
+   the same log, each with one `cdc apply --once`: one as shipped (the cut appended,
+   sinks/delta/sink.py `_appends`), one with every cut MERGEd as before (DeltaSink.append_inserts
+   off). Beside them, the floor: a bare Delta append of the same rows (read back once, kept in
+   Parquet) into a copy of the table. `--repeat` rounds (default 3), the followers' order
+   alternating; medians. Target: the appended cut <= 1.3x the bare append.
+
 All apply in this process (pipelines.apply.job.ApplyJob on one SparkSession, start-up not
 counted). It starts its own PostgreSQL (bench/harness) and removes it.
 """
@@ -378,6 +386,109 @@ def tables_cost(b: Bench) -> dict:
     return out
 
 
+def insert_rows(dsn: str, first: int, count: int, per_txn: int = 1000) -> None:
+    """Rows first .. first + count - 1 of the bench table's shape into `ev`, `per_txn` per transaction."""
+    conn = connect(dsn)
+    with conn.cursor() as cur:
+        for lo in range(first, first + count, per_txn):
+            hi = min(first + count, lo + per_txn) - 1
+            cur.execute(
+                SEED.replace("bench", "ev").replace("1, %(keys)s", "%(lo)s, %(hi)s"), {"lo": lo, "hi": hi}
+            )
+            conn.commit()
+    conn.close()
+
+
+def inserts_cost(b: Bench) -> dict:
+    """A cut of inserts alone: seconds per cut appended, MERGEd (as before), and the bare append."""
+    from sinks.delta.sink import DeltaSink
+
+    keys, count, repeat = b.args.keys, b.args.inserts, b.args.repeat
+    say(f"inserts: cuts of {count:,} new rows into a table of {keys:,}, {repeat} round(s)")
+    b.sql(TABLE.replace("bench", "ev"), SEED.replace("bench", "ev") % {"keys": keys})
+    pipe = b.pipeline(
+        "benchinserts",
+        ["public.ev"],
+        sinks=[
+            {"name": "append", "delta": {"path": "ins-append"}},
+            {"name": "merge", "delta": {"path": "ins-merge"}},
+        ],
+        spark=SPARK,
+    )
+    b.cdc("inserts_snapshot", "snapshot", pipe, "--no-progress")
+    spark, job = apply_job(pipe)
+    if b.args.steps:
+        from pipelines.stages import Stages, activate
+
+        activate(Stages(tty=False))
+    first_runs = job.run_once()  # both followers' first base: not measured
+    assert not any(r.error for r in first_runs), [r.error for r in first_runs]
+    paths = {sink: str(b.work / f"ins-{sink}/public/ev") for sink in ("append", "merge")}
+    floor = str(b.work / "ins-floor")
+    spark.read.format("delta").load(paths["append"]).write.format("delta").save(floor)
+    seconds: dict[str, list[float]] = {"append": [], "merge": [], "bare": []}
+    jobs: dict[str, list[int]] = {"append": [], "merge": []}
+    first = keys + 1
+    for r in range(repeat):
+        insert_rows(b.dsn, first, count)
+        b.cdc(f"inserts_stream{r}", "stream", pipe, "--until", "current")
+        for sink in ("append", "merge") if r % 2 == 0 else ("merge", "append"):
+            DeltaSink.append_inserts = sink == "append"
+            try:
+                before = last_job_id(spark)
+                t0 = time.monotonic()
+                (run,) = job.run_once(sink)
+                seconds[sink].append(time.monotonic() - t0)
+                jobs[sink].append(last_job_id(spark) - before)
+            finally:
+                DeltaSink.append_inserts = True
+            assert run.error is None and not run.up_to_date, (run.error, run.up_to_date)
+            ops = [
+                c["operation"]
+                for c in delta_commits(paths[sink])
+                if c["txn"] and c["txn"]["version"] == run.cut_id
+            ]
+            assert ops == (["WRITE"] if sink == "append" else ["MERGE"]), (sink, ops)
+        parquet = str(b.work / f"ins-rows-{r}.parquet")
+        added = spark.read.format("delta").load(paths["append"]).where(f"id >= {first}")
+        added.write.parquet(parquet)  # the same rows, typed: what the bare append writes
+        rows = spark.read.parquet(parquet)
+        t0 = time.monotonic()
+        rows.write.format("delta").mode("append").save(floor)
+        seconds["bare"].append(time.monotonic() - t0)
+        first += count
+        say(
+            f"  round {r + 1}: appended {seconds['append'][-1]:.2f}s, MERGEd {seconds['merge'][-1]:.2f}s, "
+            f"bare append {seconds['bare'][-1]:.2f}s"
+        )
+    out: dict = {"keys": keys, "inserts": count, "rounds": repeat}
+    for what, values in seconds.items():
+        out[f"{what}_s"] = round(statistics.median(values), 2)
+        out[f"{what}_s_all"] = [round(v, 2) for v in values]
+    for what, values in jobs.items():
+        out[f"{what}_spark_jobs"] = statistics.median(values)
+    say(
+        f"inserts: a cut of {count:,} inserts appended {out['append_s']}s ({out['append_spark_jobs']} Spark jobs), "
+        f"MERGEd {out['merge_s']}s ({out['merge_spark_jobs']} jobs); a bare append {out['bare_s']}s "
+        f"(appended = {out['append_s'] / out['bare_s']:.2f}x the bare append)"
+    )
+    return out
+
+
+def delta_commits(path: str) -> list[dict]:
+    """Each commit of a Delta table: its operation and idempotent-write txn (from its JSON log)."""
+    import json
+
+    out = []
+    for f in sorted(Path(path, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        out.append(
+            {"operation": info.get("operation"), "txn": next((a["txn"] for a in actions if "txn" in a), None)}
+        )
+    return out
+
+
 def body(b: Bench) -> Report:
     args = b.args
     b.results["config"].update(changes=args.changes, keys=args.keys, rate=args.rate, seconds=args.seconds)
@@ -436,6 +547,28 @@ def body(b: Bench) -> Report:
                 seconds=f"{row['bare_merges_s']:.2f}",
                 notes="the floor: no log, no checks, no markers or cut records",
             )
+    if args.only == "inserts":
+        rep.subtitle = (
+            f"cuts of {args.inserts:,} inserts into a table of {args.keys:,} rows, {args.repeat} round(s)"
+        )
+        i = b.results["inserts"] = inserts_cost(b)
+        rep.targets["inserts"] = (1.3, "target: the appended cut <= 1.3x a bare append")
+        for key, name, role in (
+            ("append_s", "cdc apply --once, the cut appended", "cdc"),
+            ("merge_s", "cdc apply --once, the cut MERGEd (before)", "peer"),
+            ("bare_s", "a bare Delta append of the same rows", "ceiling"),
+        ):
+            rep.add(
+                "inserts",
+                name,
+                i[key],
+                "s",
+                role=role,
+                ratio=i[key] / i["bare_s"],
+                less_is_better=True,
+                seconds=f"{i[key]:.2f}",
+                notes=f"{i['inserts']:,} inserts into {i['keys']:,} rows; median of {i['rounds']}; ratio: x the bare append",
+            )
     if args.only in (None, "freshness") and not (args.tables and args.only is None):
         f = b.results["freshness"] = freshness(b)
         rep.targets["freshness"] = (3.0, "target: p99 < 3 s (issue 15 item 5)")
@@ -480,7 +613,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--seconds", type=int, default=60)
-    ap.add_argument("--only", choices=["throughput", "freshness"])
+    ap.add_argument("--only", choices=["throughput", "freshness", "inserts"])
+    ap.add_argument("--inserts", type=int, default=10_000, help="inserts: rows in each cut of inserts alone")
+    ap.add_argument("--repeat", type=int, default=3, help="inserts: rounds (medians are reported)")
     ap.add_argument(
         "--tables",
         type=lambda text: [int(n) for n in text.split(",")],
@@ -498,7 +633,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--steps",
         action="store_true",
-        help="freshness: print each step of every apply batch with its time on stderr (pipelines/stages.py)",
+        help="freshness, inserts: print each step of every apply batch with its time on stderr (pipelines/stages.py)",
     )
     return ap
 

@@ -144,6 +144,12 @@ class TableBatch:
     retired: frozenset[str] = frozenset()
     # Column -> the older names it had (newest first): a follower still holding one renames it.
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The table's base offset in the log (its snapshot), as the follower's marker names it.
+    base: int | None = None
+    # The log promises that an insert is of a key the table did not hold just before it: it holds
+    # every change of the table in position order and a key names one row (the embedded log and
+    # cdc's Kafka topics; not Debezium's). With `inserts_only` it lets a follower append the rows.
+    inserts_new: bool = False
 
     def default_value(self, column: str):
         """The typed Spark literal of a column's fast default."""
@@ -191,6 +197,7 @@ class TableBatch:
             F.max(F.size("unch")).alias("unchanged"),
             F.count(F.lit(1)).alias("rows"),
             F.count(F.when(F.col("op") == "d", 1)).alias("deletes"),
+            F.count(F.when(F.col("op") != "c", 1)).alias("not_inserts"),
             *checks,
         ).first()
         bad = [(name, row[f"f{i}"]) for i, name in enumerate(names) if row[f"f{i}"] is not None]
@@ -201,6 +208,7 @@ class TableBatch:
             "unchanged": (row["unchanged"] or 0) > 0,
             "rows": row["rows"],
             "deletes": row["deletes"],
+            "not_inserts": row["not_inserts"],
         }
 
     def check(self) -> None:
@@ -214,6 +222,15 @@ class TableBatch:
     @property
     def rows(self) -> int:
         return self._summary["rows"]
+
+    @property
+    def inserts_only(self) -> bool:
+        """Every event of the range is an insert, and none is missing from it: as many events as
+        offsets. A gap means the log compacted the range (it keeps a key's newest event, so an
+        insert may have lost the delete before it) or a copy of an older event was dropped: then a
+        key's first event here is not its first since the follower's position."""
+        s = self._summary
+        return s["rows"] > 0 and s["not_inserts"] == 0 and s["rows"] == self.last_offset - self.first_offset
 
     @property
     def deletes(self) -> int:

@@ -239,4 +239,5 @@ def shape_batch(batch: TableBatch, sink: SinkConfig) -> TableBatch:
     shaped.defaults = defaults
     shaped.retired = frozenset(c for c in batch.retired if c in names)
     shaped.renames = {c: old for c, old in batch.renames.items() if c in names}
+    shaped.base, shaped.inserts_new = batch.base, batch.inserts_new
     return shaped

@@ -292,6 +292,9 @@ class SinkCut:
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
+            batch.base = self.cut_tables[name].base
+            # a range read from the base holds its snapshot: only later ranges can be inserts alone
+            batch.inserts_new = getattr(log, "inserts_are_new", False) and not bootstrap
             batches.append(shape_batch(batch, self.sink_cfg))
         return batches
 

@@ -7,6 +7,8 @@
   between MERGE and checkpoint is skipped by Delta itself.
 * A table made in this cut gets its netted rows as an append: on an empty table that is all the
   MERGE would do, without its join; a replay finds the table made and MERGEs, changing nothing.
+  So does a cut whose rows can only be new to the table (`_appends`: inserts alone, the follower
+  holding exactly the log up to the range), with the same idempotent transaction id.
 * Truncate: rows older than the truncate's position are deleted, then the batch's later
   events merge in. A follower starting a table over (new snapshot base) deletes the rows older
   than the snapshot first.
@@ -73,6 +75,7 @@ from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 from sinks.delta.snapshot import reader_protocol, table_property, written_rows
 from sinks.jvm import driver_jvm
+from sinks.marker import Marker
 from sinks.shaping import follower_name
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
@@ -118,6 +121,8 @@ class _Evolution:
 
 class DeltaSink(Sink):
     kind = "delta"
+    # False: every cut MERGEs, inserts alone too (the "before" of bench/apply.py --only inserts)
+    append_inserts = True
 
     @property
     def base(self) -> Path:
@@ -406,7 +411,13 @@ class DeltaSink(Sink):
             # A table made for this cut holds no row, so the MERGE's whole effect is inserting the
             # netted rows that are not deletes: an append does that without the join. A replay
             # (a crash before the checkpoint) finds the table made and MERGEs, which changes nothing.
-            stats.inserted = retry_conflicts(lambda: self._append_to_new(path, batch, changes, cut_id))
+            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id))
+            self._retire(path, batch)
+            return stats
+        if self._appends(source):
+            # rows the table cannot hold yet: the MERGE would only insert them (a replay of this cut
+            # is skipped by Delta: same transaction id)
+            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id))
             self._retire(path, batch)
             return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
@@ -440,7 +451,39 @@ class DeltaSink(Sink):
                     f"sink {self.name}: {batch.table}: column(s) {', '.join(done)} dropped at the source: {how}"
                 )
 
-    def _append_to_new(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int) -> int:
+    def _appends(self, source: Batch) -> bool:
+        """Whether none of the batch's keys can be in the table, so appending its rows does all the
+        MERGE would (docs/follower-delta.md, "When a cut appends"). Provably, and only then:
+        * the log promises an insert is of a key the table did not hold just before it (the
+          embedded log and cdc's Kafka topics: TableBatch.inserts_new), and the range does not
+          start at the table's base (a snapshot, a rebase, a rebuild: bootstrap batches MERGE);
+        * every event of the range is an insert and the range has no gap (TableBatch.inserts_only:
+          a compacted range may hold an insert without the delete before it). A key changed is a
+          delete and an insert, a truncate is an event: both MERGE;
+        * the table holds exactly the log up to the range: its marker is this follower's, of the
+          same base, ending where the range starts. After `cdc reset --to-cut` the table is ahead of
+          its checkpoint (it may hold the range's rows already): the marker ends later, so it MERGEs.
+          A crash after the append and before the marker leaves the marker where it was: the
+          replayed cut appends again with the same transaction id, which Delta skips.
+        Then each key's first event since the table's position is an insert, so the source did not
+        have the key at that position, and neither has the table. Rows written by hand are not
+        covered (as the MERGE would overwrite them, the append would add a second row)."""
+        if not isinstance(source, TableBatch):
+            return False  # a derived view's changes (sinks/viewbatch.py) make no such promise
+        if not (self.append_inserts and source.inserts_new) or source.bootstrap or source.base is None:
+            return False
+        if not source.inserts_only:
+            return False
+        held = Marker.from_json(self.read_marker(source.table))
+        return held is not None and (held.pipeline, held.sink, held.log_id, held.base, held.end) == (
+            self.pipeline.name,
+            self.name,
+            self.log_id,
+            source.base,
+            source.first_offset,
+        )
+
+    def _append(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int) -> int:
         """The rows the MERGE's insert clause would write, appended; returns how many."""
         types = {f.name: f.dataType for f in batch.spark_schema.fields} | self._meta()
         columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]

@@ -40,6 +40,7 @@ from tests.fixtures.lake import (
     assert_delta_is_source,
     ckpt,
     ckpt_file,
+    cut_operations,
     delta_commits,
     delta_df,
     delta_dir,
@@ -56,6 +57,7 @@ from tests.fixtures.lake import (
     verified,
 )
 from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
+from tests.fixtures.readers import delta_rows as delta_rs_rows
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import (
     REPO,
@@ -63,6 +65,7 @@ from tests.harness import (
     cdc,
     cdc_popen,
     flush_wal,
+    source_rows,
     sql,
     verify,
     write_pipeline,
@@ -534,6 +537,37 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         assert cut_rows(pipe, cut) == 1, f"{fault}: _cdc_cuts rows of cut {cut}"
         for t in tables:
             assert_delta_is_source(spark, pipe, pg_db, t)
+
+    # A cut of inserts alone is appended, not merged (sinks/delta/sink.py _appends), with the same
+    # transaction id: killed between the tables, the rerun appends the second one and Delta skips the
+    # first one's append. Key 50 was deleted in an earlier cut: the table lacks it, it is appended too.
+    # b's cut deletes and inserts one key in one transaction and changes a key: it MERGEs.
+    sql(
+        pg_db,
+        "INSERT INTO a VALUES (50, 'again')",
+        "INSERT INTO a SELECT g, 'new' FROM generate_series(2000, 2099) g",
+        "BEGIN",
+        "DELETE FROM b WHERE id = 1",
+        "INSERT INTO b VALUES (1, 'deleted and inserted')",
+        "COMMIT",
+        "UPDATE b SET id = 3000 WHERE id = 2",
+    )
+    stream(pipe)
+    apply_crashing(pipe.file, spark, "apply:between-tables")
+    cut = ckpt(pipe)["pending"]["cut_id"]
+    assert sorted(len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables) == [0, 1]
+    (rerun,) = apply_ok(pipe, spark)
+    assert rerun.cut_id == cut
+    operations = {t: cut_operations(delta_dir(pipe, t), cut) for t in tables}
+    assert operations == {"public.a": ["WRITE"], "public.b": ["MERGE"]}, operations
+    # the key b's change freed, inserted again in the next cut: appended
+    sql(pg_db, "INSERT INTO b VALUES (2, 'freed key taken again')")
+    stream(pipe)
+    (run,) = apply_ok(pipe, spark)
+    assert cut_operations(delta_dir(pipe, "public.b"), run.cut_id) == ["WRITE"]
+    for t in tables:  # read with delta-rs, which fails on a key held twice
+        held = {r["id"]: r["v"] for r in delta_rs_rows(spark, delta_dir(pipe, t)).values()}
+        assert held == {int(r["id"]): r["v"] for r in source_rows(pg_db, t, ("id",)).values()}, t
     verified(pipe, spark)
 
 
@@ -561,17 +595,26 @@ def test_compacted_log_and_values_spark_cannot_hold(pg_db: str, tmp_path: Path, 
         "DELETE FROM p WHERE id > 90",
         "INSERT INTO p SELECT g, 'new' FROM generate_series(200, 210) g",
         "DELETE FROM p WHERE id = 205",
+        # r: a key deleted and inserted again; compaction keeps the insert alone (the newest event)
+        "DELETE FROM r WHERE id = 3",
+        "INSERT INTO r VALUES (3, '2024-01-03', 3.5, '2024-01-03 00:00:00+00')",
     )
     stream(pipe)
     ok("log", "compact", pipe.file, "--tombstone-retention", "0s")
+    assert [e[3] for e in log_events(pipe, "public.r")] == ["c"], "r's delete was to be compacted away"
     report = apply_fails(pipe, spark)
     assert "public.p" in report and f"`cdc snapshot {pipe.file} --tables public.p`" in report, report
     assert ckpt(pipe) == before, "a failed apply moved the checkpoint"
     ok("snapshot", pipe.file, "--no-progress", "--tables", "public.p")  # the remedy, as printed
     stream(pipe)
-    apply_ok(pipe, spark)
+    (run,) = apply_ok(pipe, spark)
     verified(pipe, spark)
     assert_delta_is_source(spark, pipe, pg_db, "public.p")
+    # r's range holds one insert where it had two events: a gap, so it MERGEs (an append would
+    # hold key 3 twice: the follower had it before the compacted delete)
+    assert cut_operations(delta_dir(pipe, "public.r"), run.cut_id) == ["MERGE"]
+    held = delta_rs_rows(spark, delta_dir(pipe, "public.r"))  # delta-rs: fails on a key held twice
+    assert sorted(r["id"] for r in held.values()) == list(range(1, 11))
 
     # Values Spark cannot hold, next to an ordinary change of another table in the same batch.
     versions = {t: delta_version(delta_dir(pipe, t)) for t in ("public.p", "public.r")}

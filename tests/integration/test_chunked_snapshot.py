@@ -17,6 +17,7 @@ import pytest
 
 from cdc.ground.tables import TableName
 from cdc.log.local import LocalLog
+from tests.fixtures.lake import cut_operations
 from tests.fixtures.readers import delta_rows
 from tests.harness import (
     apply_once,
@@ -297,13 +298,22 @@ def test_chunked_snapshot_holds_no_long_transaction_and_resumes_after_kill(pg_db
 
 def test_chunked_snapshot_while_streaming_and_writing(pg_db: str, tmp_path: Path, spark):
     """`cdc snapshot --tables` copies a live table again in chunks while `cdc stream` runs and the
-    table is written to; the follower ends as the source (cdc verify 0, delta-rs, the log replayed)."""
+    table is written to; the follower ends as the source (cdc verify 0, delta-rs, the log replayed).
+    A Delta follower appends a cut of inserts alone (sinks/delta/sink.py _appends), before the
+    chunked snapshot and after it; the cut that takes the chunks as the table's new base (their
+    snapshot rows and the stream's changes of the same keys, the appended ones among them) MERGEs."""
     make_table(pg_db, "b", 300)
     lake = tmp_path / "lake"
+    lake_b = lake / "public" / "b"
     sinks = [{"name": "lake", "delta": {"path": str(lake)}}]
     snap = {"tables": {"public.b": "exported"}, "chunk_rows": 25}
     pipe = write_pipeline(tmp_path, pg_db, ["public.b"], sinks=sinks, snapshot=snap)
     assert cdc("snapshot", pipe, "--no-progress").code == 0  # the slot, and b's first base (exported)
+    apply_once(pipe, spark)
+    sql(pg_db, "INSERT INTO b SELECT g, 0, 'appended' FROM generate_series(1000, 1009) g")
+    stream_changes(pipe, pg_db)
+    (run,) = apply_once(pipe, spark)
+    assert cut_operations(lake_b, run.cut_id) == ["WRITE"]
     stream = cdc_popen("stream", pipe)
     writer = Writer(pg_db, "b", seed=3, key_space=330)
     try:
@@ -330,12 +340,21 @@ def test_chunked_snapshot_while_streaming_and_writing(pg_db: str, tmp_path: Path
     stream_changes(pipe, pg_db)
     expected = source_rows(pg_db, "public.b", ["id"])
     assert materialize(state / "log")["public.b"] == expected
-    apply_once(pipe, spark)
+    (run,) = apply_once(pipe, spark)
+    assert cut_operations(lake_b, run.cut_id) == ["MERGE"]  # the new base
     code, report = verify(pipe, spark)
     assert code == 0, report
-    lake_b = delta_rows(spark, lake / "public" / "b")
-    assert {k: (r["n"], r["big"]) for k, r in lake_b.items()} == {
+    held = delta_rows(spark, lake_b)  # delta-rs: fails on a key held twice
+    assert {k: (r["n"], r["big"]) for k, r in held.items()} == {
         k: (int(r["n"]), r["big"]) for k, r in expected.items()
+    }
+    sql(pg_db, "INSERT INTO b SELECT g, 0, 'appended' FROM generate_series(2000, 2009) g")
+    stream_changes(pipe, pg_db)
+    (run,) = apply_once(pipe, spark)
+    assert cut_operations(lake_b, run.cut_id) == ["WRITE"]
+    held = delta_rows(spark, lake_b)
+    assert {k: r["n"] for k, r in held.items()} == {
+        k: int(r["n"]) for k, r in source_rows(pg_db, "public.b", ["id"]).items()
     }
 
 

@@ -73,6 +73,7 @@ from tests.fixtures.kafka_log import (
     wait_gone,
     wait_published,
 )
+from tests.fixtures.lake import cut_operations
 from tests.fixtures.readers import delta_rows
 from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as raw_records
@@ -210,16 +211,31 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     (lake_status,) = status["followers"]
     assert lake_status["sink"] == "lake" and lake_status["events_behind_log"] == 0, lake_status
     applied_lsn = lake_status["position"]
-    sql(pg_db, "UPDATE items SET n = 9 WHERE id = 1", "DELETE FROM pairs WHERE a = 3")
+    sql(
+        pg_db,
+        "UPDATE items SET n = 9 WHERE id = 1",
+        "DELETE FROM pairs WHERE a = 3",
+        "INSERT INTO gone VALUES (11, 'inserted')",
+    )
     stream_until_current(pipe)
     status = status_json(pipe)
     (lake_status,) = status["followers"]
     assert lake_status["position"] == applied_lsn
-    assert lake_status["events_behind_log"] == 3, lake_status  # an update; a delete and its tombstone
+    # an update; a delete and its tombstone; an insert
+    assert lake_status["events_behind_log"] == 4, lake_status
     assert status["log"]["cut"]["lsn"] == format_lsn(latest_cut(pipe)["lsn"])
     text = ok("status", pipe.file).out
     assert f"log (kafka): cut {status['log']['cut']['id']} at {status['log']['cut']['lsn']}" in text, text
-    assert f"follower lake (delta): at {applied_lsn}" in text and "3 events behind the log" in text, text
+    assert f"follower lake (delta): at {applied_lsn}" in text and "4 events behind the log" in text, text
+
+    # A table's cut of inserts alone is appended on the Kafka log too (sinks/delta/sink.py _appends:
+    # its range has as many records as offsets); the others MERGE
+    (run,) = apply_ok(pipe, spark)
+    lake = tmp_path / "lake" / "public"
+    operations = {t: cut_operations(lake / t, run.cut_id) for t in ("items", "pairs", "gone")}
+    assert operations == {"items": ["MERGE"], "pairs": ["MERGE"], "gone": ["WRITE"]}, operations
+    held = delta_rows(spark, lake / "gone")  # delta-rs: fails on a key held twice
+    assert {r["id"]: r["v"] for r in held.values()} == {10: "after", 11: "inserted"}
 
 
 def status_json(pipe: KPipe) -> dict:
@@ -740,6 +756,85 @@ def test_a_publisher_killed_while_the_stream_rings_it_stops_the_stream_cleanly(
     assert "Kafka publisher of this stream stopped" in out + err, out + err
     no_traceback((out, err))
     assert writer.error is None and len(writer.txns) > 0
+
+
+def test_the_publisher_publishes_when_the_stream_rings_not_when_its_wait_ends(
+    pg_db: str, tmp_path: Path, kafka
+) -> None:
+    """The stream rings its publisher after each cut it commits (cdc/log/kafka/doorbell.py), wired as
+    `cdc stream` wires it (log.on_commit), both in this process. The publisher's wait is an hour,
+    first wait included: once it waits, only a ring can make it look again, so the row written
+    after that reaching Kafka at all proves the ring woke it (no time is measured)."""
+    import multiprocessing
+
+    from cdc.log import open_log
+    from cdc.log.kafka import publisher as kpub
+    from cdc.log.kafka.doorbell import Doorbell, wait_for_ring
+    from cdc.reader import StreamReader
+    from sinks.registry import load_pipeline
+
+    make_table(pg_db, "t", 3)
+    pipe = make_kpipe(tmp_path, pg_db, ["public.t"], kafka.bootstrap)
+    snapshot(pipe)  # publishes the snapshot itself
+    topic = pipe.topic("public.t")
+    before = end_offset(kafka.bootstrap, topic)
+    pipeline = load_pipeline(pipe.file)
+    bell = Doorbell(multiprocessing.get_context("spawn"))
+    waiting, stop = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def idle(seconds: float) -> bool:
+        waiting.set()
+        return wait_for_ring(bell.receiver, seconds)
+
+    def guarded(target) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    staging = open_log(pipeline)
+    publisher = kpub.Publisher(pipeline, staging, say=lambda _m: None)
+    log = open_log(pipeline)
+    log.on_commit = lambda _cut: bell.ring()  # as `cdc stream` rings its publisher child (cdc/reader.py)
+    reader = StreamReader(
+        pipeline,
+        log,
+        say=lambda _m: None,
+        install_signal_handlers=False,
+        ack_limit=lambda: kpub.published_lsn(log),
+    )
+    publishing = guarded(lambda: publisher.run(stop.is_set, idle_s=3600, busy_s=3600, idle=idle))
+    streaming = guarded(reader.run)
+    try:
+        assert waiting.wait(60), f"the publisher never waited: {failures}"
+        sql(pg_db, "INSERT INTO t VALUES (100, 'rung')")
+        deadline = time.monotonic() + 60  # a hang guard far below the publisher's hour
+        while end_offset(kafka.bootstrap, topic) <= before:
+            assert not failures, f"a thread failed: {failures[0]!r}"
+            assert time.monotonic() < deadline, (
+                "the row did not reach Kafka: the ring did not wake the publisher"
+            )
+            time.sleep(0.1)
+    finally:
+        reader.request_stop()
+        streaming.join(30)
+        stop.set()
+        bell.ring()  # out of its hour-long wait
+        publishing.join(30)
+        publisher.close()
+        bell.close()
+        log.close()
+        staging.close()
+    assert not streaming.is_alive() and not publishing.is_alive()
+    assert not failures, failures
+    records = table_records(kafka.bootstrap, topic)
+    assert [r.key["id"] for r in records if r.op == "c"] == [100]
 
 
 # ---- verify when the slot lags behind Kafka ----------------------------------------------------------

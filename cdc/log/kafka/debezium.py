@@ -98,6 +98,10 @@ def debezium_topic(prefix: str, table: TableName) -> str:
 
 class DebeziumLogView:
     value_kind = "envelope"
+    # No promise that an insert's key was absent before it (sinks.changes.TableBatch.inserts_new):
+    # positions are derived from the records (pipelines/apply/readers/debezium.py) and incremental
+    # snapshot rows come between the stream's events
+    inserts_are_new = False
     # A follower past the topics' retention cannot be repaired by `cdc snapshot` (Debezium owns
     # the slot): rebuild it from the topics, which hold the compacted state.
     rebuild_hint = (

@@ -53,6 +53,7 @@ CUT_KEY = b"cut"
 BATCH_BYTES = 1 << 20  # record batch (and Produce request) size
 PART_EVENTS = 20_000  # a render task: this many events, or
 PART_BYTES = 8 << 20  # this much of a snapshot segment file
+BUSY_S = 0.005  # the first wait after a look that published something (Publisher.run)
 
 
 def default_workers() -> int:
@@ -263,14 +264,20 @@ class Publisher:
         idle_s: float = 0.2,
         pause: Callable[[float], object] = time.sleep,
         idle: Callable[[float], object] | None = None,
+        busy_s: float = BUSY_S,
     ) -> bool:
         """Publish until should_stop(); a broker that goes away is retried with backoff (the
         events wait in the staging log, and the slot is not acknowledged past them). `pause`
         sleeps between attempts and returns early on a stop request; `idle` (default: `pause`)
-        waits up to idle_s when nothing was new, and returns early when the stream says it
-        committed a cut (child.py: the doorbell). Returns whether the broker answered last
-        (False: stopped while it was away)."""
+        waits when nothing was new, and returns early when the stream says it committed a cut
+        (child.py: the doorbell). That wait adapts: `busy_s` after a look that published
+        something, twice as long after each look that found nothing, up to `idle_s`. So a
+        writer that does not ring (`cdc snapshot` or `cdc log remove-table` beside a running
+        stream, in another process) is seen within milliseconds while it writes, and an idle
+        publisher looks only every `idle_s`. Returns whether the broker answered last (False:
+        stopped while it was away)."""
         giving_up = stop_after_delay(3600)
+        wait = min(busy_s, idle_s)
 
         def sleep(seconds: float) -> None:  # tenacity's sleep returns nothing; a pause may say it was woken
             pause(seconds)
@@ -297,8 +304,11 @@ class Publisher:
                 if should_stop():
                     return False
                 raise
-            if not produced:
-                (idle or pause)(idle_s)
+            if produced:
+                wait = min(busy_s, idle_s)
+            else:
+                (idle or pause)(wait)
+                wait = min(wait * 2, idle_s)
         return True
 
 

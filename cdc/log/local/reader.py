@@ -163,6 +163,9 @@ class LocalReader(CutStore, LogReader):
 
     # ---- for followers (Spark reads the events: pipelines.apply.readers.local) --------------------
     value_kind = "pgtext"  # values are PostgreSQL text output (see sinks.sparktypes)
+    # An insert ('c') is of a key the table did not hold just before it: the log holds every change
+    # of the table in position order (sinks.changes.TableBatch.inserts_new)
+    inserts_are_new = True
 
     def count_events(self, table: TableName, after: int, upto: int, below_lsn: int) -> int:
         """Events (snapshot markers included) in (after, upto] committed before `below_lsn`."""
