@@ -43,15 +43,13 @@ def _run(
     report: Callable[[str, str, int], None],
 ) -> int:
     from cdc import health
-    from pipelines import logformat
+    from cdc.ground import logsetup
     from snapshot.runner import run_snapshot
 
     # /readyz (pipelines/endpoint.py): not ready until the stream runs
     health.register("snapshot", lambda: {"live": True, "ready": False, "reason": "taking the snapshot"})
     try:
-        result = run_snapshot(
-            pipeline, say=say, progress=not logformat.is_json()
-        )  # no bar between JSON lines
+        result = run_snapshot(pipeline, say=say, progress=not logsetup.is_json())  # no bar between JSON lines
     finally:
         health.unregister("snapshot")
     if not result.skipped:
@@ -59,7 +57,7 @@ def _run(
     command = [sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)]
     if child_port is not None:
         command += ["--metrics-port", str(child_port), "--metrics-child"]
-    child = subprocess.Popen(command, env=logformat.child_env())
+    child = subprocess.Popen(command, env=logsetup.child_env())
     if child_port is not None:  # the stream's health, read from the child's private endpoint
         from pipelines.endpoint import child_check
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from cdc.ground import logsetup
 from cdc.ground.errors import ExitCode
-from pipelines import logformat
 from pipelines.cli.common import LOG_FORMAT, METRICS_PORT, PIPELINE, load
 from pipelines.cli.failures import handle_errors
 from pipelines.cli.output import err, report_error, say
@@ -53,7 +53,7 @@ def snapshot(
     only = [t.strip() for t in _split_tables(tables)] if tables else None
     loaded = load(pipeline)
     with serving(loaded, "snapshot", metrics_port, say, one_shot=True):
-        progress = not no_progress and not logformat.is_json()  # no bar between JSON lines
+        progress = not no_progress and not logsetup.is_json()  # no bar between JSON lines
         result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
     if not result.skipped:
         rate = result.total_rows / max(result.seconds, 1e-6)
