@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 import yaml
 
+from cdc.ground import logsetup
 from cdc.ground.errors import ServiceError
 from cdc.session import run_sql
 from pipelines.devservices.postgres import LocalPostgres
@@ -117,9 +118,8 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
             say(f"      {label}")
         log = open_log(pipeline)
         try:
-            stats = StreamReader(
-                pipeline, log, until="current", say=lambda m: say(f"      {m}"), install_signal_handlers=False
-            ).run()
+            with logsetup.prefixed("      "):
+                stats = StreamReader(pipeline, log, until="current", install_signal_handlers=False).run()
         finally:
             log.close()
 

@@ -78,7 +78,7 @@ def _publish(pipeline: Pipeline, log, say: Callable[[str], None]) -> None:
         if not held:
             say("a running `cdc stream` publishes the new cut to Kafka")
             return
-        publisher = Publisher(pipeline, log, say)
+        publisher = Publisher(pipeline, log)
         try:
             publisher.publish_once()
         finally:

@@ -27,6 +27,7 @@ from cdc import metrics
 from cdc.filters import CaptureFilter, publication_drift, refused, set_filters
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import LogError, SourceError, UsageError
+from cdc.ground.logsetup import prefixed
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
@@ -320,7 +321,8 @@ def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
             continue
         say(f"no stream is running: streaming up to {format_lsn(lsn)}")
         try:
-            run_stream(pipeline, until=lsn + 1, say=lambda m: say(f"catch-up: {m}"))
+            with prefixed("catch-up: "):
+                run_stream(pipeline, until=lsn + 1)
         except SourceError:
             slot = _slot(conn, pipeline.slot)
             if slot is None or slot[2] is None:
@@ -338,7 +340,7 @@ def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None
             say("a running `cdc stream` publishes the snapshot to Kafka")
             return
         bar = RowProgress(f"publish {pipeline.name} to Kafka", result.total_rows or None, enabled=progress)
-        publisher = Publisher(pipeline, log, say)
+        publisher = Publisher(pipeline, log)
         try:
             started = time.monotonic()
             n = publisher.publish_once(bar.advance)

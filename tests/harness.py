@@ -271,7 +271,7 @@ def stream_in_process(pipeline_file: Path):
     from cdc.reader import run_stream
     from sinks.registry import load_pipeline
 
-    return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)
+    return run_stream(load_pipeline(pipeline_file), until="current")
 
 
 def stream_changes(pipeline_file: Path, dsn: str):

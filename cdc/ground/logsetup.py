@@ -1,7 +1,8 @@
 """The lines the tool prints, through the standard library's logging (docs/development.md, "Logging").
 
-Every module logs to its own logger, `log = logging.getLogger(__name__)`: `log.info` for what it is
-doing (progress, results), `log.warning` for what the user must act on. Nothing is shown until the
+Every module logs to its own logger, `logger = logging.getLogger(__name__)` (not `log`: that is
+the change log here): `logger.info` for what it is doing (progress, results), `logger.warning` for
+what the user must act on, `logger.debug` for detail nobody sees by default. Nothing is shown until the
 CLI calls `configure()`: then the loggers of the tool's packages (cdc, snapshot, sinks, pipelines)
 print INFO and up on stdout, in one of two forms (docs/monitoring.md):
 
@@ -15,8 +16,8 @@ print INFO and up on stdout, in one of two forms (docs/monitoring.md):
   (an error's `fix` and `exit_code`, a stage's `stage`, `seconds` and `status`; a module may add
   its own with `extra={"fields": {...}}`).
 
-Passwords are masked in both (cdc/ground/secrets.py). Library use (tests, the Airflow tasks, Spark
-executors) prints nothing: the records go to whatever handlers the host set up (pytest's caplog).
+Passwords are masked in both (cdc/ground/secrets.py). Library use (tests, Spark executors, a
+host of its own) prints nothing: the records go to the handlers the host sets up (pytest's caplog).
 Two context managers shape the lines of the code run inside them, in this thread (and in the
 threads started with `carried()`): `prefixed()` puts a prefix before each line (`catch-up: ` on the
 stream a snapshot runs to catch up), `to_stderr()` sends them to stderr (notes printed while a verb
@@ -68,9 +69,12 @@ def install() -> None:
             logger.addHandler(CliHandler())
 
 
-def installed() -> bool:
-    """True once the CLI shows the log lines (a child process it starts shows them too)."""
-    return any(isinstance(h, CliHandler) for h in logging.getLogger(PACKAGES[0]).handlers)
+def shown() -> str | None:
+    """The form this process shows its log lines in ("text" or "json"), None when it shows none: what
+    a child process it starts (multiprocessing) passes to `configure` to print the same way."""
+    if not any(isinstance(h, CliHandler) for h in logging.getLogger(PACKAGES[0]).handlers):
+        return None
+    return "json" if _json else "text"
 
 
 def child_env() -> dict[str, str]:

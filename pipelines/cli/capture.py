@@ -113,7 +113,7 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
     loaded = load(pipeline)
     with serving(loaded, "stream", metrics_port, say, internal=metrics_child, one_shot=until is not None):
         # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
-        stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
+        stats = run_stream(loaded, until=target, rebaser=ThreadRebaser(loaded, say))
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
     # a bounded run (--until) stopped before its target did not do its job: exit 130.
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground import logsetup
 from sinks.registry import load_pipeline
 from tests.fixtures.capture import Pipe, log_read, make_pipe, no_traceback
 from tests.fixtures.readers import delta_rows
@@ -57,9 +58,9 @@ def _stream(pipe: Pipe) -> str:
     from snapshot.rebase import ThreadRebaser
 
     flush_wal(pipe.dsn)
-    lines: list[str] = []
     pipeline = load_pipeline(pipe.file)
-    run_stream(pipeline, until="current", say=lines.append, rebaser=ThreadRebaser(pipeline, lines.append))
+    with logsetup.collected() as lines:
+        run_stream(pipeline, until="current", rebaser=ThreadRebaser(pipeline, lines.append))
     return "\n".join(lines)
 
 
