@@ -109,7 +109,8 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         pipeline = load_pipeline(pipeline_file)
 
         step("snapshot into the log (exported snapshot + parallel COPY)")
-        snap = run_snapshot(pipeline, progress=False, say=lambda m: say(f"      {m}"))
+        with logsetup.prefixed("      "):
+            snap = run_snapshot(pipeline, progress=False)
         say(f"      {snap.total_rows:,} rows in {snap.seconds:.1f}s")
 
         step("a burst of changes on the source, then `cdc stream --until current`")

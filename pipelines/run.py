@@ -49,7 +49,7 @@ def _run(
     # /readyz (pipelines/endpoint.py): not ready until the stream runs
     health.register("snapshot", lambda: {"live": True, "ready": False, "reason": "taking the snapshot"})
     try:
-        result = run_snapshot(pipeline, say=say, progress=not logsetup.is_json())  # no bar between JSON lines
+        result = run_snapshot(pipeline, progress=not logsetup.is_json())  # no bar between JSON lines
     finally:
         health.unregister("snapshot")
     if not result.skipped:

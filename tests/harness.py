@@ -225,7 +225,7 @@ def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
     from pipelines.apply.job import ApplyJob
     from sinks.registry import load_pipeline
 
-    job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
+    job = ApplyJob(load_pipeline(pipeline_file), spark)
     runs = job.run_once(sink)
     for run in runs:
         if run.error is not None:

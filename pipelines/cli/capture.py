@@ -54,7 +54,7 @@ def snapshot(
     loaded = load(pipeline)
     with serving(loaded, "snapshot", metrics_port, say, one_shot=True):
         progress = not no_progress and not logsetup.is_json()  # no bar between JSON lines
-        result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
+        result = run_snapshot(loaded, only, parallel, progress=progress)
     if not result.skipped:
         rate = result.total_rows / max(result.seconds, 1e-6)
         say(
@@ -113,7 +113,7 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
     loaded = load(pipeline)
     with serving(loaded, "stream", metrics_port, say, internal=metrics_child, one_shot=until is not None):
         # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
-        stats = run_stream(loaded, until=target, rebaser=ThreadRebaser(loaded, say))
+        stats = run_stream(loaded, until=target, rebaser=ThreadRebaser(loaded))
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
     # a bounded run (--until) stopped before its target did not do its job: exit 130.
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:

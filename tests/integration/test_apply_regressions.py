@@ -22,7 +22,7 @@ def _pipeline(tmp_path: Path, dsn: str) -> Path:
 
 
 def _snapshot(file: Path) -> None:
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
 
 
 def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) -> None:

@@ -60,7 +60,7 @@ def _stream(pipe: Pipe) -> str:
     flush_wal(pipe.dsn)
     pipeline = load_pipeline(pipe.file)
     with logsetup.collected() as lines:
-        run_stream(pipeline, until="current", rebaser=ThreadRebaser(pipeline, lines.append))
+        run_stream(pipeline, until="current", rebaser=ThreadRebaser(pipeline))
     return "\n".join(lines)
 
 
@@ -92,7 +92,7 @@ def test_columns_and_row_filters_end_to_end(pg_db: str, tmp_path: Path, spark) -
     assert "captures columns (tenant_id, id, email) and rows WHERE tenant_id = 7" in _validate(pipe)
     from snapshot.runner import run_snapshot
 
-    run_snapshot(load_pipeline(pipe.file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(pipe.file), progress=False)
     sql(
         pg_db,
         "INSERT INTO users VALUES (7, 100, 'new@x', 'secret'), (8, 100, 'other@x', 'secret')",
