@@ -108,4 +108,4 @@ def _maintain_iceberg(
     catalog = register(spark, cfg, pipeline)
     where = warehouse(iceberg_settings(cfg), pipeline)
     hours = retention_hours(spark, where, retain_hours, keep_cuts)  # type: ignore[arg-type]
-    maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire, say)
+    maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire)

@@ -215,7 +215,6 @@ class ApplyJob:
     def sink_for(self, log, sink_cfg: SinkConfig) -> Sink:
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
-        sink.set_output(self.say)
         return sink
 
     def lost_while_idle(
