@@ -16,6 +16,7 @@ import psycopg2
 import yaml
 from psycopg2 import sql as pgsql
 
+from cdc.ground import logsetup
 from cdc.log.base import LogRecord
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
@@ -260,8 +261,8 @@ def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, st
     from pipelines.verify import run_verify
     from sinks.registry import load_pipeline
 
-    lines: list[str] = []
-    code = run_verify(load_pipeline(pipeline_file), spark, sink, 0, lines.append)
+    with logsetup.collected() as lines:
+        code = run_verify(load_pipeline(pipeline_file), spark, sink, 0)
     return code, "\n".join(lines)
 
 

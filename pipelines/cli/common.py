@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from cdc.ground import logsetup
-from pipelines.cli.output import err
 
 PIPELINE = click.argument("pipeline", type=click.Path(dir_okay=False, path_type=Path))
 # docs/monitoring.md: JSON lines for log shippers, and the Prometheus endpoint
@@ -38,5 +37,6 @@ def load(path: Path, check_state_dir: bool = True, upgrade: bool = True):
         if upgrade:  # docs/upgrades.md: an older state is stamped in place, a newer one refused (exit 5)
             from pipelines.upgrade import upgrade_state
 
-            upgrade_state(pipeline, err)
+            with logsetup.to_stderr():  # notes beside the verb's own answer
+                upgrade_state(pipeline)
     return pipeline

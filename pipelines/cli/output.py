@@ -1,5 +1,5 @@
-"""The lines a verb prints: answers on stdout, problems on stderr, as text or JSON lines
-(cdc/ground/logsetup.py), secrets redacted."""
+"""A verb's problems on stderr (`error:` and `fix:` lines), as text or JSON lines, secrets redacted;
+its answers and progress are log records the CLI prints on stdout (cdc/ground/logsetup.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ def err(message: str) -> None:
         logsetup.emit(redact(message), sys.stderr, level="error")
         return
     click.echo(redact(message), err=True)
-
-
-def say(message: str) -> None:
-    if logsetup.is_json():
-        logsetup.emit(redact(message))
-        return
-    click.echo(redact(message))
 
 
 def report_error(problem: str, fix: str | None, code: int) -> None:

@@ -47,8 +47,8 @@ def _validate(pipe: Pipe) -> str:
     """`cdc validate` in-process (the CLI's exit codes and messages: test_bad_options_refused_before_any_change)."""
     from pipelines.validate import run_validate
 
-    lines: list[str] = []
-    assert run_validate(load_pipeline(pipe.file), lines.append) == 0, lines
+    with logsetup.collected() as lines:
+        assert run_validate(load_pipeline(pipe.file)) == 0, lines
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cdc.ground import logsetup
 from cdc.ground.errors import PipelineFileError
 from pipelines.apply.job import ApplyJob
 from sinks.registry import load_pipeline
@@ -159,8 +160,8 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
         "UPDATE users SET email = 'again' || id || '@example.net' WHERE id IN (2, 31)",
     )
     stream_changes(f, pg_db)
-    lines: list[str] = []
-    runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+    with logsetup.collected() as lines:
+        runs = ApplyJob(load_pipeline(f), spark).run_once()
     assert all(r.error is None and not r.up_to_date for r in runs), runs
     # markers are found under the renamed names: no follower looks as if it lost its data
     assert not any("lost data" in line for line in lines), lines
@@ -245,8 +246,8 @@ def test_changed_table_options_rebuild_the_follower(
         return write_pipeline(tmp_path, pg_db, ["public.members"], sinks=[{"name": "cache", "redis": cache}])
 
     def applied(f: Path) -> list[str]:
-        lines: list[str] = []
-        runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+        with logsetup.collected() as lines:
+            runs = ApplyJob(load_pipeline(f), spark).run_once()
         assert all(r.error is None for r in runs), runs
         return lines
 
