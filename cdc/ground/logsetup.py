@@ -21,7 +21,7 @@ host of its own) prints nothing: the records go to the handlers the host sets up
 Two context managers shape the lines of the code run inside them, in this thread (and in the
 threads started with `carried()`): `prefixed()` puts a prefix before each line (`catch-up: ` on the
 stream a snapshot runs to catch up), `to_stderr()` sends them to stderr (notes printed while a verb
-loads its pipeline file). The format is set once per process and passed to child processes through
+loads its pipeline file); a record logged with `extra=STDERR` goes there too. The format is set once per process and passed to child processes through
 CDC_LOG_FORMAT (`child_env`).
 """
 
@@ -47,6 +47,9 @@ _pipeline: str | None = None
 _prefix: contextvars.ContextVar[str] = contextvars.ContextVar("cdc_log_prefix", default="")
 _stderr: contextvars.ContextVar[bool] = contextvars.ContextVar("cdc_log_stderr", default=False)
 _LEADS = {logging.WARNING: "warning: ", logging.ERROR: "error: ", logging.CRITICAL: "error: "}
+# `logger.warning(..., extra=STDERR)`: a record the CLI prints on stderr wherever it is logged from
+# (a server's notes beside its answers, an alarm of the log writer)
+STDERR = {"stderr": True}
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -122,7 +125,7 @@ class CliHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             event = redact(text(record))
-            stderr = _stderr.get()
+            stderr = _stderr.get() or bool(getattr(record, "stderr", False))
             if _json:
                 fields = getattr(record, "fields", None) or {}
                 out = sys.stderr if stderr else sys.stdout
