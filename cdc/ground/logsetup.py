@@ -120,22 +120,24 @@ def text(record: logging.LogRecord) -> str:
 
 class CliHandler(logging.Handler):
     """Prints each record as the CLI shows it, on the stream of the moment (click's test runner
-    swaps sys.stdout): text through click.echo (as the CLI's own lines), JSON through `emit`."""
+    swaps sys.stdout): text through click.echo (as the CLI's own lines), JSON through `emit`. A
+    stream that fails (the reader of `cdc status | head` gone) raises at the logging call, as a
+    print would: pipelines/cli/failures.py turns that into exit 141."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             event = redact(text(record))
-            stderr = _stderr.get() or bool(getattr(record, "stderr", False))
-            if _json:
-                fields = getattr(record, "fields", None) or {}
-                out = sys.stderr if stderr else sys.stdout
-                emit(event, out, record.levelname.lower(), **fields)
-            else:
-                import click
-
-                click.echo(event, err=stderr)
-        except Exception:
+        except Exception:  # a record that cannot be formatted: logging's report, the verb goes on
             self.handleError(record)
+            return
+        stderr = _stderr.get() or bool(getattr(record, "stderr", False))
+        if _json:
+            fields = getattr(record, "fields", None) or {}
+            emit(event, sys.stderr if stderr else sys.stdout, record.levelname.lower(), **fields)
+        else:
+            import click
+
+            click.echo(event, err=stderr)
 
 
 class _Lines(logging.Handler):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -136,3 +137,16 @@ def test_collected_lines_from_threads_carrying_the_prefix() -> None:
         plain.join()
     log.info("after the block")
     assert lines == ["      in this thread", "      warning: in a worker", "in a thread of its own"]
+
+
+def test_a_reader_gone_reaches_the_verb(cli_logging: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdc status | head -1`: the write's BrokenPipeError raises at the logging call, as a print
+    would (pipelines/cli/failures.py makes it exit 141), not a "Logging error" report."""
+
+    class Gone(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    with pytest.raises(BrokenPipeError):
+        logging.getLogger("pipelines.status").info("pipeline shop (slot cdc_shop, publication cdc_shop)")
