@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -149,25 +150,37 @@ class _Lines(logging.Handler):
         self.lines.append(text(record))
 
 
+_listening: dict[str, tuple[int, int | None]] = {}  # logger -> (blocks of collected(), level to restore)
+_listening_lock = threading.Lock()
+
+
 @contextmanager
 def collected(*names: str) -> Iterator[list[str]]:
     """The lines logged while the block runs (from any thread), as the text form prints them but
     unredacted: for tests, and code that reports what the code it calls said. `names`: the loggers
-    to listen to (default: the tool's packages), at INFO for the block."""
+    to listen to (default: the tool's packages), at INFO while any such block runs."""
     lines: list[str] = []
     handler = _Lines(lines)
     loggers = [logging.getLogger(n) for n in names or PACKAGES]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        if lg.getEffectiveLevel() > logging.INFO:
-            lg.setLevel(logging.INFO)
+    with _listening_lock:
+        for lg in loggers:
+            blocks, restore = _listening.get(lg.name, (0, None))
+            if blocks == 0 and lg.getEffectiveLevel() > logging.INFO:
+                restore = lg.level
+                lg.setLevel(logging.INFO)
+            _listening[lg.name] = (blocks + 1, restore)
+            lg.addHandler(handler)
     try:
         yield lines
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
+        with _listening_lock:
+            for lg in loggers:
+                lg.removeHandler(handler)
+                blocks, restore = _listening.pop(lg.name)
+                if blocks > 1:
+                    _listening[lg.name] = (blocks - 1, restore)
+                elif restore is not None:
+                    lg.setLevel(restore)
 
 
 @contextmanager

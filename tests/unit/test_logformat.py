@@ -150,3 +150,14 @@ def test_a_reader_gone_reaches_the_verb(cli_logging: None, monkeypatch: pytest.M
     monkeypatch.setattr(sys, "stdout", Gone())
     with pytest.raises(BrokenPipeError):
         logging.getLogger("pipelines.status").info("pipeline shop (slot cdc_shop, publication cdc_shop)")
+
+
+def test_collected_blocks_that_overlap() -> None:
+    """A block that ends while another still listens (threads of a test) leaves it hearing INFO."""
+    log = logging.getLogger("sinks.somewhere")
+    first = logsetup.collected()
+    early = first.__enter__()
+    with logsetup.collected("sinks") as late:
+        first.__exit__(None, None, None)
+        log.info("still heard")
+    assert late == ["still heard"] and early == []
