@@ -89,18 +89,18 @@ def cli_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_module_records_as_the_cli_prints_them(cli_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """A module's log.info is the line as is on stdout, log.warning starts with `warning: `, a
+    """A module's logger.info is the line as is on stdout, logger.warning starts with `warning: `, a
     password is masked, prefixed() and to_stderr() shape what is logged inside them; debug detail
     and other libraries' records are not shown."""
-    log = logging.getLogger("snapshot.somewhere")
-    log.info("sink lake: up to date")
-    log.warning("the pipeline file changed\n  fix: restart")
-    log.debug("not shown")
+    logger = logging.getLogger("snapshot.somewhere")
+    logger.info("sink lake: up to date")
+    logger.warning("the pipeline file changed\n  fix: restart")
+    logger.debug("not shown")
     logging.getLogger("py4j.clientserver").info("not ours")
     with logsetup.prefixed("catch-up: "), logsetup.prefixed("re-base public.t: "):
-        log.info("connecting to postgresql://cdc:hunter2@db/shop")
+        logger.info("connecting to postgresql://cdc:hunter2@db/shop")
     with logsetup.to_stderr():
-        log.info("upgraded the state_dir")
+        logger.info("upgraded the state_dir")
     out, err = capsys.readouterr()
     assert out == (
         "sink lake: up to date\n"
@@ -113,9 +113,9 @@ def test_module_records_as_the_cli_prints_them(cli_logging: None, capsys: pytest
 def test_module_records_as_json(cli_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
     logsetup.configure("json")
     logsetup.set_pipeline("shop")
-    log = logging.getLogger("cdc.somewhere")
-    log.info("streamed 3 changes", extra={"fields": {"events": 3}})
-    log.warning("the slot is behind")
+    logger = logging.getLogger("cdc.somewhere")
+    logger.info("streamed 3 changes", extra={"fields": {"events": 3}})
+    logger.warning("the slot is behind")
     first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert set(first) == {"time", "level", "pipeline", "event", "fields"}
     assert first["level"] == "info" and first["event"] == "streamed 3 changes"
@@ -126,16 +126,16 @@ def test_module_records_as_json(cli_logging: None, capsys: pytest.CaptureFixture
 def test_collected_lines_from_threads_carrying_the_prefix() -> None:
     """collected(): the lines as the text form prints them, from other threads too; carried() runs
     a function in another thread with the caller's prefix."""
-    log = logging.getLogger("pipelines.somewhere")
+    logger = logging.getLogger("pipelines.somewhere")
     with logsetup.collected() as lines, logsetup.prefixed("      "):
-        log.info("in this thread")
-        worker = threading.Thread(target=logsetup.carried(lambda: log.warning("in a worker")))
+        logger.info("in this thread")
+        worker = threading.Thread(target=logsetup.carried(lambda: logger.warning("in a worker")))
         worker.start()
         worker.join()
-        plain = threading.Thread(target=lambda: log.info("in a thread of its own"))
+        plain = threading.Thread(target=lambda: logger.info("in a thread of its own"))
         plain.start()
         plain.join()
-    log.info("after the block")
+    logger.info("after the block")
     assert lines == ["      in this thread", "      warning: in a worker", "in a thread of its own"]
 
 
@@ -154,10 +154,10 @@ def test_a_reader_gone_reaches_the_verb(cli_logging: None, monkeypatch: pytest.M
 
 def test_collected_blocks_that_overlap() -> None:
     """A block that ends while another still listens (threads of a test) leaves it hearing INFO."""
-    log = logging.getLogger("sinks.somewhere")
+    logger = logging.getLogger("sinks.somewhere")
     first = logsetup.collected()
     early = first.__enter__()
     with logsetup.collected("sinks") as late:
         first.__exit__(None, None, None)
-        log.info("still heard")
+        logger.info("still heard")
     assert late == ["still heard"] and early == []
