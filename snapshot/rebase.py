@@ -14,6 +14,7 @@ import shlex
 import threading
 import time
 
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError
 from cdc.ground.logsetup import prefixed
 from cdc.ground.lsn import format_lsn
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 class ThreadRebaser:
-    def __init__(self, pipeline):
+    def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self._threads: dict[TableName, threading.Thread] = {}
 
