@@ -370,7 +370,7 @@ def tables_cost(b: Bench) -> dict:
         parallel = b.args.parallelism or auto_parallelism(spark.sparkContext.defaultParallelism)
         row = {"tables": n, "changes": written, "parallelism": parallel}
         for sink, parallelism in (("seq", 1), ("par", parallel)):
-            job = ApplyJob(with_parallelism(pipe, parallelism), spark, say=lambda _m: None)
+            job = ApplyJob(with_parallelism(pipe, parallelism), spark)
             t0 = time.monotonic()
             (run,) = job.run_once(sink)
             row[f"{sink}_s"] = round(time.monotonic() - t0, 2)

@@ -48,6 +48,8 @@ from harness.main import main
 from harness.report import Report
 from harness.services import say
 
+from cdc.ground import logsetup
+
 TABLES = """
 DROP TABLE IF EXISTS orders, customers;
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, city text);
@@ -289,8 +291,7 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
     load_s = load(b, customers, orders)
     pipe = pipeline(b, name)
     b.cdc(f"{name}_snapshot", "snapshot", pipe, "--no-progress")
-    lines: list[str] = []
-    spark, job = apply_job(pipe, say=lines.append)
+    spark, job = apply_job(pipe)
     timer = StageTimer()
     t0 = time.monotonic()
     runs = job.run_once()
@@ -303,23 +304,23 @@ def size_run(b: Bench, orders: int) -> dict[str, Any]:
     written = sum(counts.values())
     say(f"  cut: {written:,} row changes ({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
 
-    lines.clear()
-    timer.reset()
-    profiler = cProfile.Profile() if b.args.profile else None
-    t0, j0, c0 = time.monotonic(), spark_jobs(spark), cpu_s(spark)
-    if profiler is not None:
-        profiler.enable()
-    runs = job.run_once()
-    if profiler is not None:
-        profiler.disable()
-        profiler.dump_stats(f"{b.args.profile}.{orders}")
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
-    cut_s, cut_jobs, cut_cpu = time.monotonic() - t0, spark_jobs(spark) - j0, cpu_s(spark) - c0
-    timer.close()
-    assert not any(r.error for r in runs), [r.error for r in runs]
-    assert not any(v.error for v in job.view_runs), [v.line() for v in job.view_runs]
-    modes = {v.view: v.mode for v in job.view_runs}
-    job.report(runs)
+    with logsetup.collected() as lines:  # the apply's output, kept in the result
+        timer.reset()
+        profiler = cProfile.Profile() if b.args.profile else None
+        t0, j0, c0 = time.monotonic(), spark_jobs(spark), cpu_s(spark)
+        if profiler is not None:
+            profiler.enable()
+        runs = job.run_once()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{b.args.profile}.{orders}")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        cut_s, cut_jobs, cut_cpu = time.monotonic() - t0, spark_jobs(spark) - j0, cpu_s(spark) - c0
+        timer.close()
+        assert not any(r.error for r in runs), [r.error for r in runs]
+        assert not any(v.error for v in job.view_runs), [v.line() for v in job.view_runs]
+        modes = {v.view: v.mode for v in job.view_runs}
+        job.report(runs)
 
     state_dir = b.state(name)
     bases = base_paths(state_dir)

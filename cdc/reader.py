@@ -3,18 +3,19 @@ publisher child) and runs a `StreamReader` (cdc/stream/) over it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from cdc.ground.errors import CdcError
 from cdc.rebase import Rebaser
 from cdc.stream.reader import StreamReader, StreamStats
+
+logger = logging.getLogger(__name__)
 
 
 def run_stream(
     pipeline,
     *,
     until: str | int | None = None,
-    say: Callable[[str], None] = print,
     rebaser: Rebaser | None = None,
 ) -> StreamStats:
     """`cdc stream`. With `log: kafka` a publisher child process turns the staging log into
@@ -37,7 +38,7 @@ def run_stream(
             publisher.start()
             log.on_commit = publisher.wake  # each cut is published as soon as it is durable
             ack_limit = lambda: published_lsn(log)  # noqa: E731
-            watch = PublishWatch(pipeline, log, say)  # says when the broker is away, and when it is back
+            watch = PublishWatch(pipeline, log)  # says when the broker is away, and when it is back
 
             def check_publisher() -> None:
                 publisher.check()
@@ -47,7 +48,6 @@ def run_stream(
             pipeline,
             log,
             until=until,
-            say=say,
             ack_limit=ack_limit,
             check_publisher=check_publisher,
             rebaser=rebaser,

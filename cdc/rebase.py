@@ -27,10 +27,10 @@ restarted before a re-base finished (it starts it again).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +40,8 @@ from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
 from cdc.log.base import TableSchema
 from cdc.schema import RelationCatalog, table_catalog
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "rebase.json"
 _lock = threading.Lock()
@@ -101,14 +103,12 @@ class RewriteWatch:
         log,
         state_dir: Path,
         rebaser: Rebaser | None,
-        say: Callable[[str], None],
         command: Command = placeholder,
     ):
         self.log = log
         self.command = command  # `cdc VERB <pipeline file> ...` for the printed fix (cdc/ground/remedy.py)
         self.state_dir = Path(state_dir)
         self.rebaser = rebaser
-        self.say = say
         # table id -> (table, reason, filenodes, WAL position when the catalog was read): a storage
         # change is only a rewrite once the stream passed that position without decoding a TRUNCATE
         # of the table (a lagging stream reads the catalog before it gets to the TRUNCATE).
@@ -219,13 +219,13 @@ class RewriteWatch:
     def _rebase(self, table: TableName, reason: str) -> None:
         if self.rebaser is None:
             save_state(self.state_dir, table, state="needed", reason=reason)
-            self.say(
-                f"warning: {table}: {reason}: its rows may have changed without change events, so followers may be stale; "
+            logger.warning(
+                f"{table}: {reason}: its rows may have changed without change events, so followers may be stale; "
                 f"fix: run `{self.command('snapshot', '--tables', shlex.quote(str(table)))}` (`cdc stream` from the CLI "
                 "does this by itself)"
             )
             return
-        self.say(
+        logger.info(
             f"{table}: {reason}: re-basing the table (a new snapshot of it into the log, as `cdc snapshot --tables {table}`)"
         )
         save_state(self.state_dir, table, state="running", reason=reason, started_ms=now_ms())

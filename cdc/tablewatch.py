@@ -21,6 +21,7 @@ nothing more. The log records the OID of every table it captures (`tables.relid`
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from cdc.ground.tables import TableName
 from cdc.keyless import keyless_problems
 from cdc.log.base import TableSchema
 from cdc.source import CheckReport, check_source, flushed_wal_lsn, table_info
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 10.0  # how often a running stream looks for captured tables gone from the source
 _FOLLOWED = ("live", "dropped")  # states whose rows followers have
@@ -92,9 +95,8 @@ def gone_from_source(pipeline, conn) -> set[TableName]:
 
 
 class TableWatch:
-    def __init__(self, log, say: Callable[[str], None] = print, command: Command = placeholder):
+    def __init__(self, log, command: Command = placeholder):
         self.log = log
-        self.say = say
         self.command = command  # `cdc VERB <pipeline file> ...` for remedies (cdc/ground/remedy.py)
         # dropped tables (by log id) waiting for the log to be durable past _until
         self._pending: dict[int, TableName] = {}
@@ -134,7 +136,7 @@ class TableWatch:
                 # marked dropped before, or renamed (its OID lives on under another name)
                 absent.add(st.table)
                 if st.state == "live":
-                    self.say(
+                    logger.info(
                         f"table {st.table} was renamed in the source: the stream follows it when it gets there"
                     )
         return absent
@@ -154,7 +156,7 @@ class TableWatch:
         self._pending.update(new)
         self._until = max(self._until, flushed_wal_lsn(conn))
         names = ", ".join(map(str, new.values()))
-        self.say(
+        logger.info(
             f"table(s) {names} dropped in the source: their changes up to {format_lsn(self._until)} go into the log, "
             "then they are marked dropped there"
         )
@@ -170,14 +172,14 @@ class TableWatch:
             ids = [tid for tid, (_t, at) in self._at.items() if at == lsn]
             self.log.mark_dropped(ids, lsn)
             names = ", ".join(str(self._at.pop(tid)[0]) for tid in ids)
-            self.say(
+            logger.info(
                 f"marked dropped in the log: {names} at {format_lsn(lsn)}, the DROP's commit (DDL capture; followers keep "
                 f"their copy; `{self.command('log remove-table', '--table', 'TABLE', '--yes')}` takes a table out of the log)"
             )
         if self._pending and durable >= self._until:
             self.log.mark_dropped(list(self._pending), self._until)
             names = ", ".join(map(str, self._pending.values()))
-            self.say(
+            logger.info(
                 f"marked dropped in the log: {names} (every change up to {format_lsn(self._until)} is in; followers keep "
                 f"their copy; `{self.command('log remove-table', '--table', 'TABLE', '--yes')}` takes a table out of the log)"
             )
@@ -213,8 +215,8 @@ class TableWatch:
             )
         if owner is None:
             if selected:
-                self.say(
-                    f"warning: {table} is captured but has no snapshot in the log yet: its changes wait there and no "
+                logger.warning(
+                    f"{table} is captured but has no snapshot in the log yet: its changes wait there and no "
                     f"follower gets them until `{self._cmd('snapshot', '--tables', table)}`"
                 )
             return table
@@ -230,7 +232,7 @@ class TableWatch:
                 f"source.postgres.tables and run `{self._cmd('log remove-table', '--table', owner.table, '--yes')}`",
             )
         self.log.rename_table(owner.id, table)
-        self.say(
+        logger.info(
             f"table {owner.table} was renamed to {table} in the source (same table, OID {relid}): the log follows it "
             f"under the new name with its history; followers build {table} from the log and keep {owner.table} as it was"
         )

@@ -3,7 +3,7 @@ into the WAL (cdc/ddl.py), installed only when the user asks for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 import psycopg2
 
@@ -11,6 +11,8 @@ from cdc import ddl
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError
 from cdc.source import connect
+
+logger = logging.getLogger(__name__)
 
 
 def _no_right(pipeline: Pipeline, user: str, action: str) -> SourceError:
@@ -23,7 +25,7 @@ def _no_right(pipeline: Pipeline, user: str, action: str) -> SourceError:
     )
 
 
-def run_install(pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def run_install(pipeline: Pipeline) -> None:
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc ddl install")
     try:
         _, user = ddl.can_create_event_trigger(conn)
@@ -35,7 +37,7 @@ def run_install(pipeline: Pipeline, say: Callable[[str], None]) -> None:
             raise _no_right(pipeline, user, "install") from None
         ddl.save_installed(pipeline.state_path, True)
         names = ", ".join(ddl.trigger_names(pipeline.name).values())
-        say(
+        logger.info(
             f"installed event triggers {names} (function public.{ddl.function_name(pipeline.name)}): each DDL of a "
             f"table in publication {pipeline.publication} now writes its new columns into the WAL in its own "
             "transaction; `cdc stream` makes them the table's new schema version at that point"
@@ -44,15 +46,15 @@ def run_install(pipeline: Pipeline, say: Callable[[str], None]) -> None:
         conn.close()
 
 
-def run_remove(pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def run_remove(pipeline: Pipeline) -> None:
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc ddl remove")
     try:
-        remove(conn, pipeline, say)
+        remove(conn, pipeline)
     finally:
         conn.close()
 
 
-def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def remove(conn, pipeline: Pipeline) -> None:
     """Drop the triggers and their function (also from `cdc teardown --drop-slot`)."""
     state = ddl.trigger_state(conn, pipeline.name)
     with conn.cursor() as cur:
@@ -62,7 +64,7 @@ def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
         has_function = bool(cur.fetchone()[0])
     if state.absent and not has_function:
         ddl.save_installed(pipeline.state_path, False)
-        say("no DDL capture event trigger to remove")
+        logger.info("no DDL capture event trigger to remove")
         return
     _, user = ddl.can_create_event_trigger(conn)
     try:
@@ -72,7 +74,7 @@ def remove(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
     except psycopg2.errors.InsufficientPrivilege:
         raise _no_right(pipeline, user, "remove") from None
     ddl.save_installed(pipeline.state_path, False)
-    say(
+    logger.info(
         f"removed the DDL capture event triggers of pipeline {pipeline.name}: schema changes now reach the log with each table's next change"
     )
 

@@ -9,19 +9,22 @@ demo writes stays under --dir (default .cdc/demo) so it can be looked at afterwa
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import yaml
 
+from cdc.ground import logsetup
 from cdc.ground.errors import ServiceError
 from cdc.session import run_sql
 from pipelines.devservices.postgres import LocalPostgres
 from sinks.registry import load_pipeline
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = (Path(__file__).parent / "examples" / "shop.sql").read_text()
 
@@ -48,7 +51,7 @@ BURST = [
 ]
 
 
-def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> int:
+def run_demo(directory: Path, keep_server: bool) -> int:
     from cdc.log import open_log
     from cdc.reader import StreamReader
     from pipelines.apply.job import ApplyJob
@@ -58,7 +61,7 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
     from snapshot.runner import run_snapshot
 
     started = time.monotonic()
-    step = _Steps(say, 7)
+    step = _Steps(7)
     directory = directory.resolve()
     if directory.exists():
         shutil.rmtree(directory)
@@ -73,13 +76,13 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         admin = server.dsn()
         run_sql(admin, "CREATE DATABASE shop")
         dsn = server.dsn("shop")
-        say(f"      PostgreSQL listening on port {server.port}; data in {server_dir}")
+        logger.info(f"      PostgreSQL listening on port {server.port}; data in {server_dir}")
         try:
             local_redis.start()
-            say(f"      Redis listening on port {local_redis.port}")
+            logger.info(f"      Redis listening on port {local_redis.port}")
         except ServiceError as exc:
             redis = None
-            say(f"      no Redis, so the demo skips the cache follower: {exc}")
+            logger.info(f"      no Redis, so the demo skips the cache follower: {exc}")
 
         step("creating the shop schema: customers (2,000), products (200), orders (10,000)")
         run_sql(dsn, SCHEMA)
@@ -108,63 +111,67 @@ def run_demo(directory: Path, keep_server: bool, say: Callable[[str], None]) -> 
         pipeline = load_pipeline(pipeline_file)
 
         step("snapshot into the log (exported snapshot + parallel COPY)")
-        snap = run_snapshot(pipeline, progress=False, say=lambda m: say(f"      {m}"))
-        say(f"      {snap.total_rows:,} rows in {snap.seconds:.1f}s")
+        with logsetup.prefixed("      "):
+            snap = run_snapshot(pipeline, progress=False)
+        logger.info(f"      {snap.total_rows:,} rows in {snap.seconds:.1f}s")
 
         step("a burst of changes on the source, then `cdc stream --until current`")
         for label, stmt in BURST:
             run_sql(dsn, stmt)
-            say(f"      {label}")
+            logger.info(f"      {label}")
         log = open_log(pipeline)
         try:
-            stats = StreamReader(
-                pipeline, log, until="current", say=lambda m: say(f"      {m}"), install_signal_handlers=False
-            ).run()
+            with logsetup.prefixed("      "):
+                stats = StreamReader(pipeline, log, until="current", install_signal_handlers=False).run()
         finally:
             log.close()
 
         step("Spark applies the log to every follower (`cdc apply --once`)")
         spark = spark_session(pipeline)
-        job = ApplyJob(pipeline, spark, lambda m: say(f"      {m}"))
-        runs = job.run_once()
-        job.report(runs)
+        job = ApplyJob(pipeline, spark)
+        with logsetup.prefixed("      "):
+            runs = job.run_once()
+            job.report(runs)
         if any(r.error for r in runs):
             return 4
 
         step("`cdc verify`: every follower against the source")
-        code = run_verify(pipeline, spark, None, 0, lambda m: say(f"      {m}"))
+        with logsetup.prefixed("      "):
+            code = run_verify(pipeline, spark, None, 0)
 
         step("reading the followers: a search and a cache lookup")
-        _show_followers(pipeline, redis.url if redis else None, say)
+        _show_followers(pipeline, redis.url if redis else None)
 
         lake = directory / "lake"
-        say("")
-        say(
+        logger.info("")
+        logger.info(
             f"done in {time.monotonic() - started:.0f}s: {stats.events:,} changes streamed, verify exit code {code}"
         )
-        say(f"  pipeline file: {pipeline_file}")
-        say(
+        logger.info(f"  pipeline file: {pipeline_file}")
+        logger.info(
             f"  log:           {pipeline.local_log_path} (try: cdc log read {pipeline_file} --table public.orders --limit 3)"
         )
         for table in ("customers", "products", "orders"):
             path = lake / "public" / table
             rows = spark.read.format("delta").load(str(path)).count()
-            say(f"  Delta table public.{table}: {rows:,} rows at {path}")
+            logger.info(f"  Delta table public.{table}: {rows:,} rows at {path}")
         query = f"SELECT status, count(*) AS orders FROM delta.`{lake}/public/orders` GROUP BY status ORDER BY status"
-        say("  query it with Spark SQL:")
-        say(
+        logger.info("  query it with Spark SQL:")
+        logger.info(
             f"""    .venv/bin/python -c 'from pipelines.spark import spark_session; spark_session().sql("{query}").show()'"""
         )
-        say("  or without Spark, with delta-rs / Polars (docs/reading-the-lake.md):")
-        say(f"""    .venv/bin/python -c 'import polars; print(polars.read_delta("{lake}/public/orders"))'""")
+        logger.info("  or without Spark, with delta-rs / Polars (docs/reading-the-lake.md):")
+        logger.info(
+            f"""    .venv/bin/python -c 'import polars; print(polars.read_delta("{lake}/public/orders"))'"""
+        )
         return code
     finally:
         if keep_server:
-            say(
+            logger.info(
                 f"PostgreSQL keeps running: SHOP_DSN={server.dsn('shop')} (stop: pg_ctl -D {server.data_dir} stop as user postgres)"
             )
             if redis:
-                say(f"Redis keeps running: REDIS_URL={redis.url} (stop: kill {redis.pid()})")
+                logger.info(f"Redis keeps running: REDIS_URL={redis.url} (stop: kill {redis.pid()})")
         else:
             if redis:
                 redis.stop()
@@ -191,12 +198,12 @@ def _sinks(redis_url: str | None) -> list[dict]:
     return sinks
 
 
-def _show_followers(pipeline, redis_url: str | None, say: Callable[[str], None]) -> None:
+def _show_followers(pipeline, redis_url: str | None) -> None:
     from sinks.search.query import run_search
 
-    say('      $ cdc search shop.yml public.products "oak lamp" --limit 3')
+    logger.info('      $ cdc search shop.yml public.products "oak lamp" --limit 3')
     for line in run_search(pipeline, "public.products", "oak lamp", "search", 3):
-        say(f"      {line}")
+        logger.info(f"      {line}")
     if redis_url:
         import redis as redis_client
 
@@ -205,10 +212,10 @@ def _show_followers(pipeline, redis_url: str | None, say: Callable[[str], None])
             value = client.get("public.customers:100")
         finally:
             client.close()
-        say(
+        logger.info(
             "      $ redis-cli GET public.customers:100   (renamed; its long bio is a TOAST value the update left unchanged)"
         )
-        say(f"      {_shorten(value)}")
+        logger.info(f"      {_shorten(value)}")
 
 
 def _shorten(value: bytes | str | None) -> str:
@@ -223,9 +230,9 @@ def _shorten(value: bytes | str | None) -> str:
 
 
 class _Steps:
-    def __init__(self, say: Callable[[str], None], total: int):
-        self.say, self.total, self.n, self.t = say, total, 0, time.monotonic()
+    def __init__(self, total: int):
+        self.total, self.n, self.t = total, 0, time.monotonic()
 
     def __call__(self, text: str) -> None:
         self.n += 1
-        self.say(f"[{self.n}/{self.total}] {text}  (+{time.monotonic() - self.t:.0f}s)")
+        logger.info(f"[{self.n}/{self.total}] {text}  (+{time.monotonic() - self.t:.0f}s)")

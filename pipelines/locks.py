@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from cdc.ground.errors import CdcError
 from cdc.ground.private import private_dir, private_fd
 from pipelines.stages import beat
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
 
@@ -51,9 +54,7 @@ def _holder(path: Path) -> str:
 
 
 @contextmanager
-def sink_lock(
-    state_path: Path, sink: str, wait_s: float = 0.0, say: Callable[[str], None] | None = None
-) -> Iterator[bool]:
+def sink_lock(state_path: Path, sink: str, wait_s: float = 0.0) -> Iterator[bool]:
     """Hold the sink's apply lock for the block (yields whether it had to wait for another run);
     LockBusy if another process still holds it after `wait_s`."""
     path = lock_path(state_path, sink)
@@ -74,8 +75,8 @@ def sink_lock(
                         "nothing to do: that run applies the log up to its cut and the next run takes the rest; "
                         "pass --lock-wait SECONDS to wait for it instead (lock file: " + str(path) + ")",
                     ) from None
-                if say is not None and not told:
-                    say(f"sink {sink}: waiting up to {wait_s:g}s for another cdc apply ({holder})")
+                if not told:
+                    logger.info(f"sink {sink}: waiting up to {wait_s:g}s for another cdc apply ({holder})")
                     told = True
                 beat()  # a wait asked for, not a stall (pipelines/apply/stall.py)
                 time.sleep(POLL_S)

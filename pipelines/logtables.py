@@ -4,7 +4,7 @@ pipeline no longer captures). Followers keep what they have; later cuts no longe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import UsageError
@@ -14,8 +14,10 @@ from cdc.source import connect
 from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid
 
+logger = logging.getLogger(__name__)
 
-def remove_table(pipeline: Pipeline, text: str, say: Callable[[str], None] = print) -> None:
+
+def remove_table(pipeline: Pipeline, text: str) -> None:
     try:
         table = TableName.parse(text)
     except ValueError as exc:
@@ -41,9 +43,9 @@ def remove_table(pipeline: Pipeline, text: str, say: Callable[[str], None] = pri
             )
         _check_removable(pipeline, table, state.state, exists)
         cut = log.remove_table(table)
-        say(f"removed {table} from the log (cut {cut.id}); followers keep their copy of it")
+        logger.info(f"removed {table} from the log (cut {cut.id}); followers keep their copy of it")
         if pipeline.log_config.kafka is not None:
-            _publish(pipeline, log, say)
+            _publish(pipeline, log)
     finally:
         log.close()
 
@@ -70,17 +72,17 @@ def _check_removable(pipeline: Pipeline, table: TableName, state: str, exists: b
             )
 
 
-def _publish(pipeline: Pipeline, log, say: Callable[[str], None]) -> None:
+def _publish(pipeline: Pipeline, log) -> None:
     """The Kafka log's next cut leaves the table out (its topic stays; delete it with Kafka's tools)."""
     from cdc.log.kafka.publisher import Publisher, publisher_lock
 
     with publisher_lock(log, wait=False) as held:
         if not held:
-            say("a running `cdc stream` publishes the new cut to Kafka")
+            logger.info("a running `cdc stream` publishes the new cut to Kafka")
             return
-        publisher = Publisher(pipeline, log, say)
+        publisher = Publisher(pipeline, log)
         try:
             publisher.publish_once()
         finally:
             publisher.close()
-    say("the Kafka log's latest cut no longer lists it (its topic is left as it is)")
+    logger.info("the Kafka log's latest cut no longer lists it (its topic is left as it is)")

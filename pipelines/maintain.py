@@ -5,7 +5,7 @@ orphan removal of the Iceberg followers' tables (sinks/iceberg/maintain.py); bes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from pyspark.sql import SparkSession
 
@@ -20,6 +20,8 @@ from sinks.delta.maintain import (
     retention_hours,
 )
 from sinks.delta.settings import delta_settings
+
+logger = logging.getLogger(__name__)
 
 MAINTAINED = ("delta", "iceberg")
 
@@ -53,39 +55,40 @@ def run_maintain(
     keep_cuts: int,
     do_optimize: bool,
     do_vacuum: bool,
-    say: Callable[[str], None],
 ) -> int:
     sinks = lake_sinks(pipeline, sink_names)
     if retain_hours is not None and retain_hours < SAFE_RETENTION_HOURS:
-        say(
+        logger.info(
             f"note: --retain-hours {retain_hours:g} is below Delta's safety default ({SAFE_RETENTION_HOURS:g} h): "
             "run it only while no `cdc apply` of these sinks runs (VACUUM and Iceberg's orphan file removal "
             "could delete files a MERGE has written but not committed yet), and readers lose time travel past it"
         )
     for cfg in sinks:
         if cfg.kind == "iceberg":
-            _maintain_iceberg(pipeline, spark, cfg, retain_hours, keep_cuts, do_optimize, do_vacuum, say)
+            _maintain_iceberg(pipeline, spark, cfg, retain_hours, keep_cuts, do_optimize, do_vacuum)
             continue
         base = pipeline.path(delta_settings(cfg).path)
         tables = delta_tables(base) if base.is_dir() else []
         if not tables:
-            say(f"sink {cfg.name}: no Delta tables under {base} yet")
+            logger.info(f"sink {cfg.name}: no Delta tables under {base} yet")
             continue
         hours = retention_hours(spark, base, retain_hours, keep_cuts)
-        say(f"sink {cfg.name}: {len(tables)} table(s) under {base}; VACUUM retention {hours:.3g} h")
+        logger.info(f"sink {cfg.name}: {len(tables)} table(s) under {base}; VACUUM retention {hours:.3g} h")
         totals = [0, 0, 0, 0]
         for path in tables:
             if is_cuts_table(base, path) and do_vacuum:
                 forgotten = prune_cuts(spark, base, hours)
                 if forgotten:
-                    say(f"sink {cfg.name}: _cdc_cuts: {forgotten} cut(s) older than the retention forgotten")
+                    logger.info(
+                        f"sink {cfg.name}: _cdc_cuts: {forgotten} cut(s) older than the retention forgotten"
+                    )
             done = maintain_table(spark, base, path, hours, do_optimize, do_vacuum)
-            say(f"sink {cfg.name}: {done.line()}")
+            logger.info(f"sink {cfg.name}: {done.line()}")
             totals[0] += done.before.data
             totals[1] += done.after.data
             totals[2] += done.before.log_json
             totals[3] += done.after.log_json
-        say(
+        logger.info(
             f"sink {cfg.name}: data files {totals[0]} -> {totals[1]}, _delta_log json files {totals[2]} -> {totals[3]}"
         )
     return 0
@@ -99,7 +102,6 @@ def _maintain_iceberg(
     keep_cuts: int,
     do_optimize: bool,
     do_expire: bool,
-    say: Callable[[str], None],
 ) -> None:
     from sinks.iceberg.catalog import register, warehouse
     from sinks.iceberg.maintain import maintain_sink
@@ -108,4 +110,4 @@ def _maintain_iceberg(
     catalog = register(spark, cfg, pipeline)
     where = warehouse(iceberg_settings(cfg), pipeline)
     hours = retention_hours(spark, where, retain_hours, keep_cuts)  # type: ignore[arg-type]
-    maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire, say)
+    maintain_sink(spark, catalog, pipeline.name, cfg.name, where, hours, do_optimize, do_expire)

@@ -11,9 +11,10 @@ pipeline file names another `metrics.host`. One scrape returns:
 
 from __future__ import annotations
 
+import logging
 import socket
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,6 +26,8 @@ from cdc.ground.config import Pipeline
 from cdc.ground.errors import UsageError
 from cdc.ground.lsn import parse_lsn
 from pipelines import endpoint
+
+logger = logging.getLogger(__name__)
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -247,7 +250,6 @@ def serving(
     pipeline: Pipeline,
     component: str,
     port: int | None,
-    say: Callable[[str], None],
     *,
     child_port: int | None = None,
     internal: bool = False,
@@ -265,7 +267,7 @@ def serving(
         and pipeline.metrics.port is not None
         and _in_use(pipeline.metrics.host, pipeline.metrics.port)
     ):
-        say(
+        logger.info(
             f"metrics: port {pipeline.metrics.port} (metrics.port) is in use, by a running `cdc run` or `cdc stream`"
             " of this pipeline it seems: this command serves no metrics (pass --metrics-port to serve them)"
         )
@@ -290,7 +292,7 @@ def serving(
             "choose a free port with --metrics-port or metrics.port in the pipeline file",
         ) from None
     if not internal:
-        say(f"metrics: http://{host}:{port}/metrics")
+        logger.info(f"metrics: http://{host}:{port}/metrics")
     try:
         yield port
     finally:

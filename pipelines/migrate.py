@@ -23,7 +23,7 @@ when PostgreSQL counts such row changes in the transaction (pg_stat_xact_user_ta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from pathlib import Path
 
 import psycopg2
@@ -34,6 +34,8 @@ from cdc.ground.config import Pipeline
 from cdc.ground.errors import SourceError, UsageError
 from cdc.ground.tables import TableName
 from cdc.source import connect
+
+logger = logging.getLogger(__name__)
 
 
 def _columns(cur, table: TableName) -> list[str]:
@@ -59,7 +61,7 @@ def _row_changes(cur, tables: list[TableName]) -> dict[TableName, int]:
     return out
 
 
-def run_migrate(pipeline: Pipeline, sql_file: Path, say: Callable[[str], None]) -> None:
+def run_migrate(pipeline: Pipeline, sql_file: Path) -> None:
     try:
         text = sql_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -127,10 +129,12 @@ def run_migrate(pipeline: Pipeline, sql_file: Path, say: Callable[[str], None]) 
     finally:
         conn.close()
     if not narrowed:
-        say(
+        logger.info(
             f"migration {sql_file} done (no table of publication {publication} has a column list or row filter)"
         )
         return
     for f in restored:
-        say(f"publication {publication}: {f.table} set again: captures {f.describe()}")
-    say(f"migration {sql_file} done in one transaction with the publication's column lists and row filters")
+        logger.info(f"publication {publication}: {f.table} set again: captures {f.describe()}")
+    logger.info(
+        f"migration {sql_file} done in one transaction with the publication's column lists and row filters"
+    )

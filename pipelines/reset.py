@@ -17,7 +17,7 @@ apply is never rewound under its feet.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, LogError, UsageError
@@ -25,10 +25,10 @@ from cdc.log import open_log_view
 from pipelines.checkpoints import Checkpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from pipelines.locks import sink_lock
 
+logger = logging.getLogger(__name__)
 
-def run_reset(
-    pipeline: Pipeline, sink: str, to_cut: int | None, rebuild: bool, say: Callable[[str], None]
-) -> None:
+
+def run_reset(pipeline: Pipeline, sink: str, to_cut: int | None, rebuild: bool) -> None:
     pipeline.sink(sink)  # an unknown sink is exit 2
     if rebuild == (to_cut is not None):
         raise UsageError(
@@ -43,7 +43,7 @@ def run_reset(
             except CdcError:
                 was = "its checkpoint was unreadable"
             save_checkpoint(state, Checkpoint(sink, clear=True))
-            say(
+            logger.info(
                 f"sink {sink}: reset ({was}); the next `cdc apply` clears its tables and rebuilds them from the log's base"
             )
             return
@@ -79,7 +79,7 @@ def run_reset(
             markers=ckpt.markers,
         )
         save_checkpoint(state, rewound)
-        say(
+        logger.info(
             f"sink {sink}: rewound from cut {ckpt.cut_id} to cut {cut.id} (log {log_id or '?'}); "
             f"the next `cdc apply` applies the changes after it again ({checkpoint_path(state, sink)})"
         )

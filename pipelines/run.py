@@ -9,6 +9,7 @@ passed on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -18,11 +19,12 @@ from pathlib import Path
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, ExitCode
 
+logger = logging.getLogger(__name__)
+
 
 def run_pipeline(
     pipeline: Pipeline,
     pipeline_file: Path,
-    say: Callable[[str], None],
     report: Callable[[str, str, int], None],  # an error line and its fix (pipelines/cli.py report_error)
     metrics_port: int | None = None,
 ) -> int:
@@ -31,40 +33,37 @@ def run_pipeline(
     port = metrics_port or pipeline.metrics.port
     # the stream child serves its own series on a private port; ours merges them in (one endpoint)
     child_port = free_port() if port else None
-    with serving(pipeline, "run", port, say, child_port=child_port):
-        return _run(pipeline, pipeline_file, say, child_port, report)
+    with serving(pipeline, "run", port, child_port=child_port):
+        return _run(pipeline, pipeline_file, child_port, report)
 
 
 def _run(
     pipeline: Pipeline,
     pipeline_file: Path,
-    say: Callable[[str], None],
     child_port: int | None,
     report: Callable[[str, str, int], None],
 ) -> int:
     from cdc import health
-    from pipelines import logformat
+    from cdc.ground import logsetup
     from snapshot.runner import run_snapshot
 
     # /readyz (pipelines/endpoint.py): not ready until the stream runs
     health.register("snapshot", lambda: {"live": True, "ready": False, "reason": "taking the snapshot"})
     try:
-        result = run_snapshot(
-            pipeline, say=say, progress=not logformat.is_json()
-        )  # no bar between JSON lines
+        result = run_snapshot(pipeline, progress=not logsetup.is_json())  # no bar between JSON lines
     finally:
         health.unregister("snapshot")
     if not result.skipped:
-        say(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
+        logger.info(f"snapshot: {result.total_rows:,} rows in {result.seconds:.1f}s")
     command = [sys.executable, "-m", "pipelines.cli", "stream", str(pipeline_file)]
     if child_port is not None:
         command += ["--metrics-port", str(child_port), "--metrics-child"]
-    child = subprocess.Popen(command, env=logformat.child_env())
+    child = subprocess.Popen(command, env=logsetup.child_env())
     if child_port is not None:  # the stream's health, read from the child's private endpoint
         from pipelines.endpoint import child_check
 
         health.register("stream", child_check(child_port))
-    say(
+    logger.info(
         f"streaming in process {child.pid}; applying every {pipeline.spark.trigger_interval_s:g}s (Ctrl-C stops both)"
     )
     # Caught from here on: a SIGTERM while Spark starts (tens of seconds) used to kill this
@@ -81,7 +80,7 @@ def _run(
             from pipelines.apply.job import ApplyJob
             from pipelines.spark import spark_session
 
-            job = ApplyJob(pipeline, spark_session(pipeline), say)
+            job = ApplyJob(pipeline, spark_session(pipeline))
             job.guard_stalls(report, before_exit=lambda: _stop(child))  # the stream must not outlive us
             if not stopping:
                 job.run_forever(keep_going=lambda: child.poll() is None and not stopping)
@@ -96,7 +95,7 @@ def _run(
         for s, h in old.items():
             signal.signal(s, h)
     if code not in (0, -signal.SIGTERM, -signal.SIGINT):
-        say(f"the stream stopped with exit code {code}")
+        logger.info(f"the stream stopped with exit code {code}")
         return code if code > 0 else int(ExitCode.RUNTIME)
     return int(ExitCode.OK)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from pipelines import logformat
+from cdc.ground import logsetup
 
 _active: Stages | None = None
 _steps = 0  # stages begun and ended, reported or not: what pipelines/apply/stall.py sees move
@@ -48,7 +48,7 @@ class Stages:
     def __init__(self, stream: TextIO | None = None, every_s: float = 10.0, tty: bool | None = None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.tty = self.tty and not logformat.is_json()  # JSON lines: no live line
+        self.tty = self.tty and not logsetup.is_json()  # JSON lines: no live line
         self.every_s = every_s
         self.spark: Any = None
         self._stack: list[tuple[str, float]] = []
@@ -83,7 +83,7 @@ class Stages:
         if self._console is not None:
             self._console.print(text, highlight=False, markup=False)
         else:
-            logformat.emit(text, self.stream, **fields)
+            logsetup.emit(text, self.stream, **fields)
 
     def begin(self, text: str) -> tuple[str, float]:
         entry = (text, time.monotonic())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
-from collections.abc import Callable
 from typing import Any
 
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables
@@ -19,6 +19,8 @@ from pipelines.checkpoints import Checkpoint, load_checkpoint
 from pipelines.ddl import describe as describe_ddl
 from pipelines.follower_errors import last_error
 from pipelines.selfcheck import check_follower, self_check_line, without_lost
+
+logger = logging.getLogger(__name__)
 
 
 def collect_status(pipeline: Pipeline) -> dict[str, Any]:
@@ -223,63 +225,63 @@ def _lost_line(sink: str, lost: dict[str, Any]) -> str:
     )
 
 
-def print_status(
-    data: dict[str, Any], say: Callable[[str], None], snapshot_cmd: str = "cdc snapshot PIPELINE"
-) -> None:
+def print_status(data: dict[str, Any], snapshot_cmd: str = "cdc snapshot PIPELINE") -> None:
     """`snapshot_cmd`: `cdc snapshot <pipeline file>`, so the fix hints run as printed."""
-    say(f"pipeline {data['pipeline']} (slot {data['slot']}, publication {data['publication']})")
+    logger.info(f"pipeline {data['pipeline']} (slot {data['slot']}, publication {data['publication']})")
     src = data.get("source", {})
     if "error" in src:
-        say(f"  source: unreachable: {src['error']}")
+        logger.info(f"  source: unreachable: {src['error']}")
     else:
         slot = src.get("slot")
         if slot is None:
-            say(f"  source: at {src['current_wal_lsn']}, slot does not exist (run `{snapshot_cmd}`)")
+            logger.info(f"  source: at {src['current_wal_lsn']}, slot does not exist (run `{snapshot_cmd}`)")
         else:
             active = f"streaming (pid {slot['active_pid']})" if slot["active_pid"] else "not streaming"
-            say(
+            logger.info(
                 f"  source: at {src['current_wal_lsn']}; slot confirmed {slot['confirmed_flush_lsn']}, "
                 f"lag {slot['lag_bytes']:,} bytes, retains {slot['retained_wal_bytes']:,} bytes of WAL, {active}"
             )
         ddl = src.get("ddl_capture")
         if ddl:
-            say(f"  {ddl['line']}" + (f"\n    fix: {ddl['fix']}" if ddl["fix"] else ""))
+            logger.info(f"  {ddl['line']}" + (f"\n    fix: {ddl['fix']}" if ddl["fix"] else ""))
     log = data["log"]
     if "error" in log:
-        say(f"  log ({log['kind']}): {log['error']}")
+        logger.info(f"  log ({log['kind']}): {log['error']}")
     else:
         cut = log.get("cut")
-        say(
+        logger.info(
             f"  log ({log['kind']}): "
             + (f"cut {cut['id']} at {cut['lsn']} ({cut['age_s']}s ago)" if cut else "empty")
         )
         for t in log.get("tables", []):
-            say(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
+            logger.info(f"    {t['table']}: {t['state']}, offsets {t['base']}..{t['end']}")
         for line in retention_lines(log):
-            say(f"    {line}")
+            logger.info(f"    {line}")
     for table, r in sorted(data.get("rebases", {}).items()):
-        say(f"  {_rebase_line(table, r, snapshot_cmd)}")
+        logger.info(f"  {_rebase_line(table, r, snapshot_cmd)}")
     for f in data["followers"]:
         if "error" in f:
-            say(
+            logger.info(
                 f"  follower {f['sink']} ({f['kind']}): ERROR: {f['error']}"
                 + (f"; fix: {f['fix']}" if f.get("fix") else "")
             )
             continue
         if f.get("lost"):
-            say(f"  {_lost_line(f['sink'], f['lost'])}")
+            logger.info(f"  {_lost_line(f['sink'], f['lost'])}")
         check_line = self_check_line(f)
         if check_line:
-            say(f"  {check_line}")
+            logger.info(f"  {check_line}")
         if f.get("last_error"):
-            say(f"  {failing_line(f['sink'], f['last_error'])}")
+            logger.info(f"  {failing_line(f['sink'], f['last_error'])}")
         backlog = backlog_text(f)
         if f["position"] is None:
-            say(f"  follower {f['sink']} ({f['kind']}): never applied; {backlog}")
+            logger.info(f"  follower {f['sink']} ({f['kind']}): never applied; {backlog}")
         else:
-            say(f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}")
+            logger.info(
+                f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}"
+            )
     for srv in data.get("servers", []):
-        say(
+        logger.info(
             f"  serve: {srv['url']} (pid {srv['pid']}, {srv['tables']} table(s), since {_when(srv['started'] * 1000)})"
         )
 

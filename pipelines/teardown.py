@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from psycopg2 import sql
 
@@ -15,30 +15,30 @@ from cdc.source.slots import _slot
 from pipelines.ddl import remove as remove_ddl_capture
 from pipelines.teardown_data import find_topics, finish_topics, left_in_place, remove_captured
 
+logger = logging.getLogger(__name__)
 
-def run_teardown(
-    pipeline: Pipeline, drop_slot: bool, say: Callable[[str], None], delete_topics: bool = False
-) -> None:
+
+def run_teardown(pipeline: Pipeline, drop_slot: bool, delete_topics: bool = False) -> None:
     topics = find_topics(pipeline, delete_topics)  # before any change: --delete-topics needs the broker
     if drop_slot:
         conn = connect(pipeline.source.postgres.dsn, application_name="cdc teardown")
         try:
-            _drop_source_objects(conn, pipeline, say)
+            _drop_source_objects(conn, pipeline)
         finally:
             conn.close()
     # the log, the kafka staging log, snapshot segments, checkpoints, view state, scratch: every
     # captured byte under state_dir but a follower's own directory (pipelines/teardown_data.py)
-    remove_captured(pipeline, say)
-    finish_topics(topics, delete_topics, say)
+    remove_captured(pipeline)
+    finish_topics(topics, delete_topics)
     if not drop_slot:
-        say(
+        logger.info(
             f"kept replication slot {pipeline.slot} and publication {pipeline.publication} on the source: the slot "
             "holds back WAL until it is dropped (`cdc teardown --drop-slot`)"
         )
-    say(left_in_place(pipeline))
+    logger.info(left_in_place(pipeline))
 
 
-def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def _drop_source_objects(conn, pipeline: Pipeline) -> None:
     """Check every right first and change nothing unless all steps can be done; then drop the
     publication before the slot, so that a run stopped half-way is finished by running it again
     (a missing publication or slot is skipped)."""
@@ -90,14 +90,14 @@ def _drop_source_objects(conn, pipeline: Pipeline, say: Callable[[str], None]) -
             " ".join(f for _, f in problems) + " Then run the same `cdc teardown --drop-slot` again.",
         )
     if not ddl.trigger_state(conn, pipeline.name).absent:
-        remove_ddl_capture(conn, pipeline, say)  # its triggers name the publication about to go
+        remove_ddl_capture(conn, pipeline)  # its triggers name the publication about to go
     with conn.cursor() as cur:
         if publication is not None:
             cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pipeline.publication)))
-            say(f"dropped publication {pipeline.publication}")
+            logger.info(f"dropped publication {pipeline.publication}")
         if inserts_pub is not None:
             cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(inserts)))
-            say(f"dropped publication {inserts}")
+            logger.info(f"dropped publication {inserts}")
         if slot is not None:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
-            say(f"dropped replication slot {pipeline.slot}")
+            logger.info(f"dropped replication slot {pipeline.slot}")

@@ -10,8 +10,8 @@ the pipeline's own Kafka security settings; otherwise they are named as left.
 
 from __future__ import annotations
 
+import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,8 @@ from cdc.ground.log_config import KafkaLog
 from sinks.delta.settings import DeltaSettings
 from sinks.iceberg.settings import IcebergSettings
 from sinks.search.settings import SearchSettings
+
+logger = logging.getLogger(__name__)
 
 
 def follower_paths(pipeline: Pipeline) -> dict[str, Path]:
@@ -50,7 +52,7 @@ def _inside(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def remove_captured(pipeline: Pipeline) -> None:
     """Delete the log (and the staging log) and everything of the pipeline's under state_dir,
     keeping followers' directories; say what went."""
     state = pipeline.state_path.resolve()
@@ -62,7 +64,7 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
     )
     if (log_dir / "log.db").exists() or (log_dir / "segments").exists():
         shutil.rmtree(log_dir)
-        say(f"deleted the {kind} at {log_dir} (its database and snapshot segment files)")
+        logger.info(f"deleted the {kind} at {log_dir} (its database and snapshot segment files)")
     if not state.is_dir():
         return
     keep = [p for p in follower_paths(pipeline).values() if _inside(p, state)]
@@ -73,11 +75,11 @@ def remove_captured(pipeline: Pipeline, say: Callable[[str], None]) -> None:
         own = [p for p in state.iterdir() if p.name in OWN_ENTRIES or p.name.startswith(OWN_PREFIXES)]
     removed = _remove_tree(state, keep, own)
     if removed:
-        say(f"deleted under {state}: {', '.join(sorted(removed))}")
+        logger.info(f"deleted under {state}: {', '.join(sorted(removed))}")
     if own is not None:
         others = sorted(p.name for p in state.iterdir() if not any(_inside(p.resolve(), k) for k in keep))
         if others:
-            say(
+            logger.info(
                 f"left under {state}, which also holds the pipeline file, what cdc did not write: {', '.join(others)}"
             )
     if not keep and state.is_dir() and not any(state.iterdir()):
@@ -176,19 +178,19 @@ def find_topics(pipeline: Pipeline, delete: bool) -> Topics | None:
     return Topics(cfg, prefix, servers, names)
 
 
-def finish_topics(topics: Topics | None, delete: bool, say: Callable[[str], None]) -> None:
+def finish_topics(topics: Topics | None, delete: bool) -> None:
     """Delete the topics found (`delete`), or say they are left, with their names and broker."""
     if topics is None:
         return
     if topics.names is None:
-        say(f"left the Kafka topics {topics.prefix}.* at {topics.servers} ({topics.why})")
+        logger.info(f"left the Kafka topics {topics.prefix}.* at {topics.servers} ({topics.why})")
         return
     if not topics.names:
-        say(f"no topics {topics.prefix}.* in Kafka at {topics.servers}")
+        logger.info(f"no topics {topics.prefix}.* in Kafka at {topics.servers}")
         return
     listed = ", ".join(topics.names)
     if not delete:
-        say(
+        logger.info(
             f"left {len(topics.names)} Kafka topic(s) at {topics.servers}, holding the captured rows: {listed} "
             "(delete them with `cdc teardown --delete-topics`)"
         )
@@ -206,7 +208,7 @@ def finish_topics(topics: Topics | None, delete: bool, say: Callable[[str], None
         ) from None
     finally:
         client.close()
-    say(f"deleted {len(topics.names)} Kafka topic(s) at {topics.servers}: {listed}")
+    logger.info(f"deleted {len(topics.names)} Kafka topic(s) at {topics.servers}: {listed}")
 
 
 def left_in_place(pipeline: Pipeline) -> str:

@@ -11,7 +11,8 @@ going back to 0.1.0, which refuses records with keys it does not know.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from cdc.ground.config import Pipeline
@@ -20,6 +21,8 @@ from cdc.ground.formats import FORMATS, LOCAL_LOG, RELEASES, STATE, VERSION, che
 from cdc.ground.private import private_open
 from pipelines.checkpoints import STATE_KEY, WRITER_KEY, checkpoint_dir, write_record
 from pipelines.views.state import views_dir
+
+logger = logging.getLogger(__name__)
 
 ROLLBACK_TO = "0.1.0"  # the one older release whose formats `cdc upgrade --rollback` writes
 
@@ -36,7 +39,7 @@ def state_records(state_path: Path) -> Iterator[tuple[Path, dict]]:
                 yield path, data
 
 
-def upgrade_state(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+def upgrade_state(pipeline: Pipeline) -> int:
     """Stamp 0.1.0's records with state format 1; FormatTooNew if any is newer. Returns how many
     were migrated (0: nothing to do, nothing said)."""
     records = list(state_records(pipeline.state_path))
@@ -46,14 +49,14 @@ def upgrade_state(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     for path, data in old:
         write_record(path.parent, path, data)
     if old:
-        say(
+        logger.info(
             f"upgraded {len(old)} state file(s) under {pipeline.state_path} from state format 0 (cdc {ROLLBACK_TO}) "
             f"to {STATE.version} (cdc {VERSION}), in place; `cdc upgrade --rollback` undoes it"
         )
     return len(old)
 
 
-def rollback_state(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+def rollback_state(pipeline: Pipeline) -> int:
     """Take the stamps out, so cdc 0.1.0 reads the records again; refuses when anything is in a
     format 0.1.0 cannot read."""
     target = RELEASES[ROLLBACK_TO]
@@ -71,7 +74,7 @@ def rollback_state(pipeline: Pipeline, say: Callable[[str], None]) -> int:
     for path, data in stamped:
         plain = {k: v for k, v in data.items() if k not in (STATE_KEY, WRITER_KEY)}
         _write_plain(path, plain)
-    say(
+    logger.info(
         f"rolled back {len(stamped)} state file(s) under {pipeline.state_path} to state format 0: cdc {ROLLBACK_TO} "
         "reads this state_dir now (its log, markers and Kafka records need no change)"
     )
@@ -106,16 +109,16 @@ def _local_log_format(pipeline: Pipeline) -> int | None:
     return check_version(LOCAL_LOG, row[0] if row else None, f"the log at {pipeline.local_log_path}")
 
 
-def describe(pipeline: Pipeline, say: Callable[[str], None]) -> None:
+def describe(pipeline: Pipeline) -> None:
     """What `cdc upgrade` found, format by format (after upgrading)."""
-    say(f"cdc {VERSION} writes " + ", ".join(f"{f.name} {f.version}" for f in FORMATS))
+    logger.info(f"cdc {VERSION} writes " + ", ".join(f"{f.name} {f.version}" for f in FORMATS))
     versions = sorted({data.get(STATE_KEY, 0) for _, data in state_records(pipeline.state_path)})
-    say(
+    logger.info(
         f"state under {pipeline.state_path}: format {', '.join(map(str, versions)) if versions else '- (no records yet)'}"
     )
     log_format = _local_log_format(pipeline)
     where = "staging log" if pipeline.log_config.local is None else "log"
-    say(
+    logger.info(
         f"{where} at {pipeline.local_log_path}: "
         + (f"format {log_format}" if log_format is not None else "none yet")
     )

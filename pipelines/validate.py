@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2
@@ -23,6 +23,8 @@ from pipelines.validate_services import check_services
 from sinks.cache.settings import RedisSettings
 from snapshot.watermarks import watermark_right
 
+logger = logging.getLogger(__name__)
+
 OK, BAD, WARN = "ok  ", "FAIL", "warn"
 
 
@@ -34,28 +36,28 @@ def private_paths(pipeline: Pipeline) -> dict[str, Path]:
     return {k: p for k, p in paths.items() if p.is_dir()}
 
 
-def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bool = False) -> int:
+def run_validate(pipeline: Pipeline, spark_views: bool = False) -> int:
     """`spark_views`: every derived view analysed by Spark too (else only those sqlglot cannot resolve)."""
     sinks = ", ".join(f"{s.name} ({s.kind})" for s in pipeline.sinks) or "none"
     log = "kafka" if pipeline.log_config.kafka else f"local at {pipeline.local_log_path}"
-    say(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
+    logger.info(f"{OK} pipeline file: {pipeline.name}, log {log}, sinks: {sinks}")
     dir_problems = pipeline.state_dir_problems()
     for what, fix in dir_problems:
-        say(f"{BAD} {what}\n       fix: {fix}")
+        logger.info(f"{BAD} {what}\n       fix: {fix}")
     if not dir_problems:
-        say(
+        logger.info(
             f"{OK} state_dir {pipeline.state_path} can be {'written' if pipeline.state_path.is_dir() else 'created'}"
         )
     for key, path in private_paths(pipeline).items():
         why = exposed(path)
         if why:  # a warning, not a failure: the operator may share it on purpose
-            say(
+            logger.info(
                 f"{WARN} {key} {path}: {why}, so other local users can read the captured rows in it\n"
                 f"       fix: chmod -R go-rwx {shlex.quote(str(path))}"
             )
     tls = tls_warning(pipeline.source.postgres.dsn, pipeline.source.postgres.min_sslmode)
     if tls:  # a warning: the exit code stays (a private network may be trusted on purpose)
-        say(f"{WARN} {tls[0]}\n       fix: {tls[1]}")
+        logger.info(f"{WARN} {tls[0]}\n       fix: {tls[1]}")
     conn = connect(pipeline.source.postgres.dsn, application_name="cdc validate")
     try:
         gone = gone_from_source(pipeline, conn)  # dropped in the source, last changes still to stream: a note
@@ -78,7 +80,7 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
         if wm is not None and "chunked" in modes:
             report.problems.append(Problem(*wm))
         elif wm is not None:  # auto: a table chunked only once it is big
-            say(
+            logger.info(
                 f"{WARN} snapshot.mode auto: {wm[0]} (tables of {pipeline.snapshot.auto_min_rows:,} rows or more)\n       fix: {wm[1]}"
             )
         drift: dict = {}
@@ -95,14 +97,16 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
         conn.close()
     info = report.server
     assert info is not None
-    say(f"{OK} connected to {info.database} as {info.user}: {info.version_text.split(',')[0]}")
-    say(f"{OK if info.wal_level == 'logical' else BAD} wal_level = {info.wal_level}")
-    say(
+    logger.info(f"{OK} connected to {info.database} as {info.user}: {info.version_text.split(',')[0]}")
+    logger.info(f"{OK if info.wal_level == 'logical' else BAD} wal_level = {info.wal_level}")
+    logger.info(
         f"{OK} replication slots {info.used_slots}/{info.max_replication_slots} used, WAL senders {info.used_wal_senders}/{info.max_wal_senders}"
     )
     if keep is not None:
-        say(slot_safety_line(keep, pipeline.slot, pipeline.command("snapshot")))
-    say(f"{OK} {ddl_mode[0]}" if ddl_mode[1] is None else f"{WARN} {ddl_mode[0]}\n       fix: {ddl_mode[1]}")
+        logger.info(slot_safety_line(keep, pipeline.slot, pipeline.command("snapshot")))
+    logger.info(
+        f"{OK} {ddl_mode[0]}" if ddl_mode[1] is None else f"{WARN} {ddl_mode[0]}\n       fix: {ddl_mode[1]}"
+    )
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         if t.insert_only:
@@ -117,48 +121,50 @@ def run_validate(pipeline: Pipeline, say: Callable[[str], None], spark_views: bo
                 "are two rows; an update or delete changes one of them)"
             )
         mark = OK if (t.key_columns or t.insert_only or t.multiset) and t.can_select else BAD
-        say(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
+        logger.info(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
         captured = report.filters.get(t.table)
         if captured is not None and captured.active:
-            say(f"{OK} table {t.table}: captures {captured.describe()} (source.postgres.table_options)")
-            say(
+            logger.info(
+                f"{OK} table {t.table}: captures {captured.describe()} (source.postgres.table_options)"
+            )
+            logger.info(
                 f"{WARN} table {t.table}: its publication column list / row filter makes PostgreSQL refuse "
                 "ALTER COLUMN ... TYPE (and DROP, RENAME) of the columns it names\n"
                 f"       fix: run such migrations with `{pipeline.command('migrate', '--sql', 'FILE')}`: one transaction "
                 "takes the table out of the publication, runs FILE, and puts it back with its column list and row filter"
             )
         if t.table in drift:
-            say(
+            logger.info(
                 f"note: table {t.table}: source.postgres.table_options changed: {drift[t.table]}; the next `cdc stream` "
                 f"(or `{pipeline.command('snapshot')}`) sets the publication again and snapshots {t.table} again, "
                 "so followers get it as the pipeline file says"
             )
         if generated[t.table]:
-            say(
+            logger.info(
                 f"note: table {t.table}: generated column(s) {', '.join(generated[t.table])} are not captured: PostgreSQL does not "
                 "publish generated columns (before 18; on 18 the publication keeps publish_generated_columns = none), so the log and every "
                 "follower leave them out and `cdc verify` names them as not compared; compute them in a view (`views:`) "
                 "if a follower needs them"
             )
-    view_problems = check_views(pipeline, schemas, say, spark_views)
+    view_problems = check_views(pipeline, schemas, spark_views)
     for note in report.notes:
-        say(f"note: {note}")
+        logger.info(f"note: {note}")
     for p in report.problems:
-        say(f"{BAD} {p.what}\n       fix: {p.fix}")
+        logger.info(f"{BAD} {p.what}\n       fix: {p.fix}")
     shape_problems = sink_shape_problems(pipeline, report)
     for p in shape_problems:
-        say(f"{BAD} {p.what}\n       fix: {p.fix}")
-    engine_problems = check_engines(pipeline, say)
+        logger.info(f"{BAD} {p.what}\n       fix: {p.fix}")
+    engine_problems = check_engines(pipeline)
     # the Kafka log (sign-in, topic rights), OpenSearch sinks and the Spark master (validate_services.py)
-    engine_problems += check_services(pipeline, [t.table for t in report.tables], say)
+    engine_problems += check_services(pipeline, [t.table for t in report.tables])
     if report.problems or dir_problems or engine_problems or shape_problems or view_problems:
         count = (
             len(report.problems) + len(dir_problems) + engine_problems + len(shape_problems) + view_problems
         )
-        say(f"{count} problem(s) found; nothing was changed")
+        logger.info(f"{count} problem(s) found; nothing was changed")
         # the source's (and engines') problems first (3); a state_dir problem alone is the pipeline file's (2)
         return int(ExitCode.SOURCE if report.problems or engine_problems else ExitCode.USAGE)
-    say("all checks passed; nothing was changed")
+    logger.info("all checks passed; nothing was changed")
     return int(ExitCode.OK)
 
 
@@ -207,9 +213,7 @@ def captured_schemas(conn, report) -> dict:
     return schemas
 
 
-def check_views(
-    pipeline: Pipeline, schemas: dict, say: Callable[[str], None], spark_check: bool = False
-) -> int:
+def check_views(pipeline: Pipeline, schemas: dict, spark_check: bool = False) -> int:
     """Each derived view analysed (pipelines/views/sql.py) and its columns resolved against the
     captured schemas (no source row is read): a line per view saying whether it is maintained
     incrementally or recomputed each cut and why; FAIL lines (the count returned) for views that
@@ -232,7 +236,7 @@ def check_views(
             plans.append(analyse(view, captured, columns))
         except UsageError as exc:
             problems += 1
-            say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
+            logger.info(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
     spark = None
     for plan in plans:
         followers = [s.name for s in pipeline.sinks if plan.name in s.settings.views] or [
@@ -240,7 +244,7 @@ def check_views(
         ]
         unusable = [str(t) for t in plan.tables if t not in schemas]
         if unusable:
-            say(
+            logger.info(
                 f"note: view {plan.name}: not checked: {', '.join(unusable)} cannot be used at the source (above)"
             )
             continue
@@ -261,9 +265,9 @@ def check_views(
                 names = view_schema(spark, plan, structs).fieldNames()
             except UsageError as exc:
                 problems += 1
-                say(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
+                logger.info(f"{BAD} {exc.problem}\n       fix: {exc.fix}")
                 continue
-        say(
+        logger.info(
             f"{OK} {plan.describe()} ({len(names)} columns, key {', '.join(plan.key)}; sinks: {', '.join(followers)})"
         )
     return problems
@@ -294,7 +298,7 @@ def sink_shape_problems(pipeline: Pipeline, report) -> list[Problem]:
     return problems
 
 
-def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
+def check_engines(pipeline: Pipeline) -> int:
     """Followers' engines set up to lose data (a Redis that may evict keys): FAIL lines, their count.
     An engine that cannot be reached is a note here (`cdc apply` reports it when it runs)."""
     redis = [
@@ -316,13 +320,13 @@ def check_engines(pipeline: Pipeline, say: Callable[[str], None]) -> int:
             finally:
                 client.close()
         except Exception as exc:  # redis-py errors: unreachable, auth, INFO not allowed
-            say(f"note: {where}: not checked ({describe(exc)})")
+            logger.info(f"note: {where}: not checked ({describe(exc)})")
             continue
         if problem is None:
-            say(f"{OK} {where}: keys are not evicted")
+            logger.info(f"{OK} {where}: keys are not evicted")
         elif settings.allow_eviction:
-            say(f"note: {where}: {problem} (accepted: allow_eviction: true)")
+            logger.info(f"note: {where}: {problem} (accepted: allow_eviction: true)")
         else:
             problems += 1
-            say(f"{BAD} {where}: {problem}\n       fix: {EVICTION_FIX}")
+            logger.info(f"{BAD} {where}: {problem}\n       fix: {EVICTION_FIX}")
     return problems

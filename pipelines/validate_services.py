@@ -9,8 +9,8 @@ settings, not their values.
 
 from __future__ import annotations
 
+import logging
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from cdc.ground.config import Pipeline
@@ -19,8 +19,9 @@ from cdc.ground.log_config import KafkaLog
 from cdc.ground.tables import TableName
 from sinks.search.settings import SearchSettings
 
+logger = logging.getLogger(__name__)
+
 OK, BAD = "ok  ", "FAIL"
-Say = Callable[[str], None]
 
 # What the log does with each of its topics (docs/kafka-debezium.md): `cdc stream`
 # creates missing ones, checks their cleanup.policy and writes; apply, status and verify read.
@@ -28,17 +29,13 @@ WRITER_NEEDS = ("DESCRIBE", "WRITE", "READ", "DESCRIBE_CONFIGS")
 READER_NEEDS = ("DESCRIBE", "READ")  # format: debezium: the connector writes, we only read
 
 
-def check_services(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
+def check_services(pipeline: Pipeline, tables: list[TableName]) -> int:
     """FAIL lines for the Kafka log, OpenSearch sinks and Spark master; their count."""
-    return (
-        check_kafka(pipeline, tables, say)
-        + check_opensearch(pipeline, say)
-        + check_spark_master(pipeline, say)
-    )
+    return check_kafka(pipeline, tables) + check_opensearch(pipeline) + check_spark_master(pipeline)
 
 
-def _fail(say: Say, problem: str, fix: str | None) -> int:
-    say(f"{BAD} {problem}\n       fix: {fix or 'see docs/security.md'}")
+def _fail(problem: str, fix: str | None) -> int:
+    logger.info(f"{BAD} {problem}\n       fix: {fix or 'see docs/security.md'}")
     return 1
 
 
@@ -54,7 +51,7 @@ def log_topics(pipeline: Pipeline, cfg: KafkaLog, tables: list[TableName]) -> li
     return [*topics, cuts_topic(prefix), schemas_topic(prefix)]
 
 
-def check_kafka(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
+def check_kafka(pipeline: Pipeline, tables: list[TableName]) -> int:
     cfg = pipeline.log_config.kafka
     if cfg is None:
         return 0
@@ -67,13 +64,12 @@ def check_kafka(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
     try:
         client = admin(cfg)  # connects and signs in; a refused login or TLS names its setting
     except CdcError as exc:
-        return _fail(say, exc.problem, exc.fix)
+        return _fail(exc.problem, exc.fix)
     try:
-        say(f"{OK} {where}: connected ({cfg.security_protocol}){who}")
-        return _kafka_rights(client, pipeline, cfg, tables, where, say)
+        logger.info(f"{OK} {where}: connected ({cfg.security_protocol}){who}")
+        return _kafka_rights(client, pipeline, cfg, tables, where)
     except Exception as exc:  # kafka-python raises many kinds; each is a FAIL line
         return _fail(
-            say,
             f"{where}: the topic check failed: {type(exc).__name__}: {exc}",
             "check the broker and the user's rights",
         )
@@ -81,9 +77,7 @@ def check_kafka(pipeline: Pipeline, tables: list[TableName], say: Say) -> int:
         client.close()
 
 
-def _kafka_rights(
-    client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[TableName], where: str, say: Say
-) -> int:
+def _kafka_rights(client: Any, pipeline: Pipeline, cfg: KafkaLog, tables: list[TableName], where: str) -> int:
     topics = log_topics(pipeline, cfg, tables)
     if not topics:
         return 0
@@ -104,18 +98,16 @@ def _kafka_rights(
         elif code == 29:  # TOPIC_AUTHORIZATION_FAILED: not even DESCRIBE
             denied.append(name)
         elif code:
-            problems += _fail(say, f"{where}: topic {name}: error code {code}", "check the broker's log")
+            problems += _fail(f"{where}: topic {name}: error code {code}", "check the broker's log")
         else:
             allowed = set(topic.get("authorized_operations") or needs)
             lacking = [op for op in needs if op not in allowed and "ALL" not in allowed]
             if lacking:
                 denied.append(f"{name} (lacks {', '.join(lacking)})")
     if denied:
-        problems += _fail(
-            say, f"{where}: {user} may not use topic(s) the log needs: {', '.join(denied)}", acl_fix
-        )
+        problems += _fail(f"{where}: {user} may not use topic(s) the log needs: {', '.join(denied)}", acl_fix)
     if missing and cfg.format == "debezium":
-        say(
+        logger.info(
             f"note: {where}: topic(s) {', '.join(missing)} do not exist yet (the Debezium connector creates them)"
         )
     elif missing:
@@ -131,19 +123,21 @@ def _kafka_rights(
         ]
         if refused:
             problems += _fail(
-                say, f"{where}: {user} may not create topic(s) the log needs: {', '.join(refused)}", acl_fix
+                f"{where}: {user} may not create topic(s) the log needs: {', '.join(refused)}", acl_fix
             )
         else:
-            say(f"{OK} {where}: {len(missing)} topic(s) to be created by `cdc stream` (CREATE allowed)")
+            logger.info(
+                f"{OK} {where}: {len(missing)} topic(s) to be created by `cdc stream` (CREATE allowed)"
+            )
     if not problems and len(topics) > len(missing):
-        say(
+        logger.info(
             f"{OK} {where}: {user} may {'read' if cfg.format == 'debezium' else 'write and read'} the log's {len(topics) - len(missing)} existing topic(s)"
         )
     return problems
 
 
 # --- OpenSearch -----------------------------------------------------------------------------------
-def check_opensearch(pipeline: Pipeline, say: Say) -> int:
+def check_opensearch(pipeline: Pipeline) -> int:
     problems = 0
     for sink in pipeline.sinks:
         if not isinstance(sink.settings, SearchSettings) or sink.settings.engine != "opensearch":
@@ -157,15 +151,15 @@ def check_opensearch(pipeline: Pipeline, say: Say) -> int:
             with follower.calls("the cluster check (cluster:monitor/main)"):
                 info = follower.client().info()
         except CdcError as exc:
-            problems += _fail(say, exc.problem, exc.fix)
+            problems += _fail(exc.problem, exc.fix)
             continue
         version = (info.get("version") or {}).get("number", "?") if isinstance(info, dict) else "?"
-        say(f"{OK} {where}: reachable, signed in (version {version})")
+        logger.info(f"{OK} {where}: reachable, signed in (version {version})")
     return problems
 
 
 # --- Spark ----------------------------------------------------------------------------------------
-def check_spark_master(pipeline: Pipeline, say: Say) -> int:
+def check_spark_master(pipeline: Pipeline) -> int:
     """A standalone master (spark://host:port[,host2:port2]) accepts connections; other masters
     (local, yarn, k8s://) are not checked here."""
     master = pipeline.spark.master
@@ -180,10 +174,9 @@ def check_spark_master(pipeline: Pipeline, say: Say) -> int:
         except (OSError, ValueError) as exc:
             failures.append(f"{address} ({getattr(exc, 'strerror', None) or exc})")
     if answered:
-        say(f"{OK} spark.master {master}: {', '.join(answered)} accepts connections")
+        logger.info(f"{OK} spark.master {master}: {', '.join(answered)} accepts connections")
         return 0
     return _fail(
-        say,
         f"spark.master {master}: no master answers: {', '.join(failures)}",
         "start the cluster (`cdc dev up spark` for a local one) or correct spark.master in the pipeline file",
     )

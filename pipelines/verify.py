@@ -24,10 +24,10 @@ source at the point (verify_source.py), the follower's position and what is excu
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -53,13 +53,14 @@ from pipelines.verify_views import ViewCheck, view_columns, view_plans, view_sch
 from sinks.registry import make_sink
 from sinks.shaping import shape_of
 
+logger = logging.getLogger(__name__)
+
 
 def run_verify(
     pipeline: Pipeline,
     spark: SparkSession,
     sink_name: str | list[str] | None,
     wait_s: float,
-    say: Callable[[str], None],
 ) -> int:
     names = [sink_name] if isinstance(sink_name, str) else list(sink_name or [])
     sinks = [pipeline.sink(n) for n in names] if names else list(pipeline.sinks)
@@ -95,7 +96,7 @@ def run_verify(
         assert server is not None  # check_pipeline_source reads it before anything else
         with stage(f"reading {len(schemas)} source table(s) at one snapshot"):
             source = copy_source(pipeline, server.version, schemas, workdir, report.filters)
-        say(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
+        logger.info(f"source read at {format_lsn(source.point)} ({len(source.files)} table(s))")
         out_of_memory_point("verify:compare", spark)
         views = ViewCheck(pipeline, spark, reader, plans)
         verdicts = [_verify_sink(pipeline, spark, conn, log, reader, s, source, wait_s, views) for s in sinks]
@@ -108,7 +109,7 @@ def run_verify(
         log.close()
         conn.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    _print(verdicts, say, pipeline)
+    _print(verdicts, pipeline)
     return int(ExitCode.OK if all(v.identical for v in verdicts) else ExitCode.DIFFERENCE)
 
 

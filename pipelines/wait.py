@@ -19,14 +19,16 @@ its commit).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
 
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError, UsageError, WaitTimeout
 from cdc.ground.lsn import format_lsn, parse_lsn
 from cdc.source import connect, flushed_wal_lsn, slot_state
 from pipelines.checkpoints import Checkpoint, load_checkpoint
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 0.1  # a checkpoint read is one small file: polling often keeps the wait close to the apply
 
@@ -51,9 +53,7 @@ def target_lsn(pipeline: Pipeline, lsn: str | None, current: bool) -> int:
         conn.close()
 
 
-def run_wait(
-    pipeline: Pipeline, target: int, sinks: list[str] | None, timeout_s: float, say: Callable[[str], None]
-) -> int:
+def run_wait(pipeline: Pipeline, target: int, sinks: list[str] | None, timeout_s: float) -> int:
     names = sinks or [s.name for s in pipeline.sinks]
     if not names:
         raise UsageError(
@@ -67,7 +67,7 @@ def run_wait(
         ckpts = {name: load_checkpoint(pipeline.state_path, name, pipeline.file) for name in names}
         behind = {name: c for name, c in ckpts.items() if c.lsn < target}
         if not behind:
-            say(
+            logger.info(
                 f"every follower ({', '.join(names)}) has applied everything committed up to {format_lsn(target)} "
                 f"(after {time.monotonic() - started:.1f}s)"
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,14 +45,8 @@ class Sink(ABC):
         self.name = config.name
         self.pipeline = pipeline
         self.spark = spark
-        # a line of the apply output (e.g. a Delta table taking on a table feature): set_output
-        self.say: Callable[[str], None] = print
 
     log_id: str = ""  # set by the apply job: which log the cut ids belong to
-
-    def set_output(self, say: Callable[[str], None]) -> None:
-        """Where the sink's lines go: the apply job's output (its `say`) instead of stdout."""
-        self.say = say
 
     @property
     def app_id(self) -> str:

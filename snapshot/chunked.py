@@ -49,6 +49,7 @@ chunk reconciled in the log (chunk_reconcile.py, by the rule of reconcile.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -73,6 +74,8 @@ from snapshot.copier import count_lines
 from snapshot.keyranges import InOrder, Key, KeyRange, range_from, throttle_delay
 from snapshot.progress import RowProgress
 from snapshot.watermarks import emit_watermark, stream_covers
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
@@ -143,14 +146,12 @@ class ChunkedSnapshot:
         *,
         resume: bool,
         progress: bool,
-        say: Callable[[str], None],
         catch_up: Callable[[int], None],
         readers: int = 1,
     ) -> None:
         self.pipeline = pipeline
         self.log = log
         self.t = target
-        self.say = say
         self.progress = progress
         self.catch_up = catch_up  # streams the log up to an LSN when no stream is running
         self.options = pipeline.snapshot
@@ -183,7 +184,7 @@ class ChunkedSnapshot:
                 bar.close()
             last_high = max((c.high for c in cp.chunks), default=None)
             if last_high is not None and not stream_covers(self.log, last_high):
-                self.say(
+                logger.info(
                     f"{t.table}: waiting for the stream to pass the last high watermark {format_lsn(last_high)}"
                 )
                 self.catch_up(last_high)
@@ -328,7 +329,7 @@ class ChunkedSnapshot:
         running = {sid for sid, tid, _lsn, _v in self.log.running_snapshots() if tid == t.table_id}
         if cp is not None and self.resume and cp.snapshot_id in running and cp.table == str(t.table):
             result.resumed_at = len(cp.chunks)
-            self.say(
+            logger.info(
                 f"{t.table}: resuming the chunked snapshot at chunk {len(cp.chunks)} ({cp.rows:,} rows copied before)"
             )
             return cp
@@ -341,7 +342,7 @@ class ChunkedSnapshot:
         cp.chunks = []
         cp.save()
         self._latest = (first_low, after)  # the first chunk's low watermark
-        self.say(
+        logger.info(
             f"{t.table}: chunked snapshot from {format_lsn(first_low)}, {self.options.chunk_rows:,} rows a chunk"
             f" (~{t.estimated_rows:,} rows)"
         )

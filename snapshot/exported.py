@@ -5,6 +5,7 @@ table's ctid chunks inside it (snapshot/copier.py) into the log, biggest tables 
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import threading
 
@@ -23,15 +24,17 @@ from snapshot.plan import SnapshotResult, connections, plan_tables, record_new_b
 from snapshot.progress import RowProgress
 from snapshot.slots import slot_with_snapshot
 
+logger = logging.getLogger(__name__)
+
 
 def copy_exported(
-    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, say, filters=None
+    pipeline, log, conn, server_version, targets, info, slot_exists, parallel, progress, filters=None
 ) -> SnapshotResult:
     dsn = pipeline.source.postgres.dsn
     slot = pipeline.slot if not slot_exists else f"cdc_tmp_{secrets.token_hex(4)}"
     workers = connections(parallel)
     types = TypeCache()
-    say(
+    logger.info(
         f"creating {'temporary ' if slot_exists else ''}replication slot {slot} with an exported snapshot "
         "(waits for transactions open right now to finish)"
     )
@@ -80,7 +83,7 @@ def copy_exported(
             pool.wait_imported()  # if a worker failed to import, its error is waiting on pool.results
     # The exported snapshot is now held by the workers' transactions; a temporary slot is gone.
     result = SnapshotResult(consistent_point=snap.consistent_point, created_slot=not slot_exists)
-    say(
+    logger.info(
         f"consistent point {format_lsn(snap.consistent_point)}: copying {len(plans)} table(s) in {n_jobs} chunk(s) with {pool.ready.parties - 1} worker(s)"
     )
     # Biggest tables first so workers finish together.
@@ -121,12 +124,12 @@ def copy_exported(
     return result
 
 
-def create_slot(pipeline: Pipeline, server_version: int, say) -> SnapshotResult:
+def create_slot(pipeline: Pipeline, server_version: int) -> SnapshotResult:
     pg = pipeline.source.postgres
     with slot_with_snapshot(
         pg.dsn, pipeline.slot, temporary=False, server_version=server_version, failover=pg.failover
     ) as snap:
-        say(f"created replication slot {pipeline.slot} at {format_lsn(snap.consistent_point)}")
+        logger.info(f"created replication slot {pipeline.slot} at {format_lsn(snap.consistent_point)}")
     return SnapshotResult(consistent_point=snap.consistent_point, created_slot=True)
 
 

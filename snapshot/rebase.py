@@ -9,21 +9,24 @@ than it follow it; followers notice the new base and rebuild the table from it.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import threading
 import time
-from collections.abc import Callable
 
+from cdc.ground.config import Pipeline
 from cdc.ground.errors import CdcError
+from cdc.ground.logsetup import prefixed
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
 from cdc.rebase import save_state
 
+logger = logging.getLogger(__name__)
+
 
 class ThreadRebaser:
-    def __init__(self, pipeline, say: Callable[[str], None] = print):
+    def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.say = say
         self._threads: dict[TableName, threading.Thread] = {}
 
     def busy(self, table: TableName) -> bool:
@@ -47,24 +50,24 @@ class ThreadRebaser:
         state_dir = self.pipeline.state_path
         started = time.monotonic()
         try:
-            result = run_snapshot(
-                self.pipeline,
-                only=[str(table)],
-                progress=False,
-                say=lambda m: self.say(f"re-base {table}: {m}"),
-                mode="exported",  # chunks would wait for this very stream, which a --until stream stops
-            )
+            with prefixed(f"re-base {table}: "):
+                result = run_snapshot(
+                    self.pipeline,
+                    only=[str(table)],
+                    progress=False,
+                    mode="exported",  # chunks would wait for this very stream, which a --until stream stops
+                )
         except Exception as exc:  # reported, and left for the next stream or the user
             problem = exc.problem if isinstance(exc, CdcError) else f"{type(exc).__name__}: {exc}"
             snap = self.pipeline.command("snapshot", "--tables", shlex.quote(str(table)))
             fix = f"run `{snap}` (a restarted `{self.pipeline.command('stream')}` also tries again)"
             save_state(state_dir, table, state="failed", error=problem, fix=fix)
-            self.say(
-                f"warning: re-base of {table} failed: {problem}; followers may be stale until it is done\n  fix: {fix}"
+            logger.warning(
+                f"re-base of {table} failed: {problem}; followers may be stale until it is done\n  fix: {fix}"
             )
             return
         rows = result.rows.get(table, 0)  # the runner marked the re-base done in the state file
-        self.say(
+        logger.info(
             f"re-base {table}: done: {rows:,} rows at {format_lsn(result.consistent_point)} in "
             f"{time.monotonic() - started:.1f}s; followers rebuild the table from it at their next apply"
         )

@@ -18,8 +18,8 @@ both read of a table and the result.
 from __future__ import annotations
 
 import functools
+import logging
 import time
-from collections.abc import Callable
 
 import psycopg2
 
@@ -27,6 +27,7 @@ from cdc import metrics
 from cdc.filters import CaptureFilter, publication_drift, refused, set_filters
 from cdc.ground.config import Pipeline
 from cdc.ground.errors import LogError, SourceError, UsageError
+from cdc.ground.logsetup import prefixed
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName, TableSelector
 from cdc.log import open_log
@@ -49,6 +50,8 @@ from snapshot.progress import RowProgress
 from snapshot.reconcile import choose_mode
 from snapshot.watermarks import stream_covers
 
+logger = logging.getLogger(__name__)
+
 
 def bind_log_to_source(log, system_id: str, database: str, slot: str) -> None:
     """A log belongs to one database and slot; refuse to mix histories."""
@@ -69,7 +72,6 @@ def run_snapshot(
     parallel: int | None = None,
     *,
     progress: bool = True,
-    say: Callable[[str], None] = print,
     mode: str | None = None,
 ) -> SnapshotResult:
     """`mode` overrides the pipeline's snapshot.mode (a re-base inside a stream takes "exported")."""
@@ -88,27 +90,25 @@ def run_snapshot(
         try:
             bind_log_to_source(log, server.system_id, server.database, pipeline.slot)
             slot_exists = _slot(conn, pipeline.slot) is not None
-            targets = _targets(conn, pipeline, log, all_tables, only, slot_exists, say)
+            targets = _targets(conn, pipeline, log, all_tables, only, slot_exists)
             try:  # column lists / row filters changed since the publication got them: those tables need a new base
                 drift = publication_drift(conn, pipeline.publication, report.filters)
             except psycopg2.Error as exc:
                 raise refused(exc, pipeline.publication) from None
             for table, reason in drift.items():
-                say(
+                logger.info(
                     f"{table}: source.postgres.table_options changed ({reason}): the publication is set again and {table} snapshotted again"
                 )
                 if table not in targets:
                     targets.append(table)
             result = SnapshotResult()
             if not targets:
-                say(
+                logger.info(
                     "nothing to snapshot: every table of the pipeline is already in the log (use --tables to snapshot again)"
                 )
                 result.skipped = True
                 if pipeline.log_config.kafka is not None:
-                    _publish(
-                        pipeline, log, result, progress, say
-                    )  # finish an earlier, interrupted publication
+                    _publish(pipeline, log, result, progress)  # finish an earlier, interrupted publication
                 return result
             for table in targets:
                 log.ensure_table(table)  # before the publication: a running stream must know the table
@@ -129,8 +129,8 @@ def run_snapshot(
             except psycopg2.Error as exc:
                 raise refused(exc, pipeline.publication) from None
             if added:
-                say(f"publication {pipeline.publication}: added {', '.join(map(str, added))}")
-            chunked = _chunked_tables(conn, pipeline, targets, info, mode, say)
+                logger.info(f"publication {pipeline.publication}: added {', '.join(map(str, added))}")
+            chunked = _chunked_tables(conn, pipeline, targets, info, mode)
             exported = [t for t in targets if t not in chunked]
             for snapshot_id, table_id, _lsn, _v in log.running_snapshots():
                 if any(log.table_id(t) == table_id for t in exported):
@@ -146,11 +146,10 @@ def run_snapshot(
                     slot_exists,
                     parallel,
                     progress,
-                    say,
                     report.filters,
                 )
             elif not slot_exists:  # chunked tables only: the slot must exist before their first watermark
-                result = create_slot(pipeline, server.version, say)
+                result = create_slot(pipeline, server.version)
             if chunked:
                 _copy_chunked(
                     pipeline,
@@ -162,11 +161,10 @@ def run_snapshot(
                     slot_exists,
                     result,
                     progress,
-                    say,
                     parallel,
                 )
             if pipeline.log_config.kafka is not None:
-                _publish(pipeline, log, result, progress, say)
+                _publish(pipeline, log, result, progress)
             result.seconds = time.monotonic() - started
             metrics.SNAP_SUCCESS.labels(pipeline.name).set(time.time())
             return result
@@ -177,7 +175,7 @@ def run_snapshot(
 
 
 def _targets(
-    conn, pipeline: Pipeline, log, all_tables: list[TableName], only: list[str] | None, slot_exists: bool, say
+    conn, pipeline: Pipeline, log, all_tables: list[TableName], only: list[str] | None, slot_exists: bool
 ) -> list[TableName]:
     if only:
         try:
@@ -198,7 +196,7 @@ def _targets(
     if not slot_exists:
         live = [t.table for t in log.tables() if t.state == "live"]
         if live:
-            say(
+            logger.info(
                 f"replication slot {pipeline.slot} does not exist: the log's history has a gap; snapshotting every table again"
             )
         return list(all_tables)
@@ -228,7 +226,7 @@ def _no_unread_publication(conn, pipeline: Pipeline, tables: list) -> None:
 
 
 def _chunked_tables(
-    conn, pipeline: Pipeline, targets: list[TableName], info, forced: str | None, say
+    conn, pipeline: Pipeline, targets: list[TableName], info, forced: str | None
 ) -> list[TableName]:
     """The targets a chunked snapshot copies (snapshot.mode, per table; docs/snapshot-big-tables.md)."""
     chunked = []
@@ -246,7 +244,7 @@ def _chunked_tables(
         if choose_mode(mode, ordered, reltuples, pipeline.snapshot.auto_min_rows) == "chunked":
             chunked.append(table)
         elif mode == "chunked":
-            say(
+            logger.info(
                 f"{table}: no orderable key (a primary key or a unique btree index on its key): exported snapshot instead of chunks"
             )
     return chunked
@@ -262,7 +260,6 @@ def _copy_chunked(
     resume: bool,
     result: SnapshotResult,
     progress,
-    say,
     parallel=None,
 ) -> None:
     """Each table in watermark chunks (snapshot/chunked.py), one table after the other, each read by
@@ -294,13 +291,12 @@ def _copy_chunked(
             target,
             resume=resume,
             progress=progress,
-            say=say,
-            catch_up=lambda lsn: _catch_up(pipeline, conn, log, lsn, say),
+            catch_up=lambda lsn: _catch_up(pipeline, conn, log, lsn),
             readers=readers,
         ).run()
         result.rows[plan.table] = done.rows
         record_new_base(pipeline, log, plans, plan.table, done.first_low, done.rows)
-        say(
+        logger.info(
             f"{plan.table}: {done.rows:,} rows in {done.chunks} chunk(s) in {time.monotonic() - started:.1f}s"
             f" ({done.readers} reader(s); {done.dropped:,} chunk rows superseded by changes inside their window"
             + (f"; resumed at chunk {done.resumed_at}" if done.resumed_at is not None else "")
@@ -308,7 +304,7 @@ def _copy_chunked(
         )
 
 
-def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
+def _catch_up(pipeline: Pipeline, conn, log, lsn: int) -> None:
     """Wait until the log holds the stream up to `lsn`: a running `cdc stream` gets there by
     itself; with none running, stream here up to it (as `cdc stream --until` would)."""
     from cdc.reader import run_stream
@@ -318,9 +314,10 @@ def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
         if slot is not None and slot[2] is not None:
             time.sleep(0.2)  # a running stream holds the slot
             continue
-        say(f"no stream is running: streaming up to {format_lsn(lsn)}")
+        logger.info(f"no stream is running: streaming up to {format_lsn(lsn)}")
         try:
-            run_stream(pipeline, until=lsn + 1, say=lambda m: say(f"catch-up: {m}"))
+            with prefixed("catch-up: "):
+                run_stream(pipeline, until=lsn + 1)
         except SourceError:
             slot = _slot(conn, pipeline.slot)
             if slot is None or slot[2] is None:
@@ -328,21 +325,21 @@ def _catch_up(pipeline: Pipeline, conn, log, lsn: int, say) -> None:
             # a `cdc stream` took the slot meanwhile: it gets there
 
 
-def _publish(pipeline, log, result: SnapshotResult, progress: bool, say) -> None:
+def _publish(pipeline, log, result: SnapshotResult, progress: bool) -> None:
     """With `log: kafka`: publish the snapshot to the topics now, unless a running stream's
     publisher holds the pipeline (it publishes the snapshot as part of its next cut)."""
     from cdc.log.kafka.publisher import Publisher, publisher_lock
 
     with publisher_lock(log, wait=False) as held:
         if not held:
-            say("a running `cdc stream` publishes the snapshot to Kafka")
+            logger.info("a running `cdc stream` publishes the snapshot to Kafka")
             return
         bar = RowProgress(f"publish {pipeline.name} to Kafka", result.total_rows or None, enabled=progress)
-        publisher = Publisher(pipeline, log, say)
+        publisher = Publisher(pipeline, log)
         try:
             started = time.monotonic()
             n = publisher.publish_once(bar.advance)
-            say(f"published {n:,} records to Kafka in {time.monotonic() - started:.1f}s")
+            logger.info(f"published {n:,} records to Kafka in {time.monotonic() - started:.1f}s")
         finally:
             bar.close()
             publisher.close()

@@ -16,6 +16,7 @@ import psycopg2
 import yaml
 from psycopg2 import sql as pgsql
 
+from cdc.ground import logsetup
 from cdc.log.base import LogRecord
 from cdc.log.local import LocalLog
 from cdc.pgoutput import UNCHANGED
@@ -225,7 +226,7 @@ def apply_once(pipeline_file: Path, spark, sink: str | None = None) -> list:
     from pipelines.apply.job import ApplyJob
     from sinks.registry import load_pipeline
 
-    job = ApplyJob(load_pipeline(pipeline_file), spark, say=lambda _m: None)
+    job = ApplyJob(load_pipeline(pipeline_file), spark)
     runs = job.run_once(sink)
     for run in runs:
         if run.error is not None:
@@ -260,8 +261,8 @@ def verify(pipeline_file: Path, spark, sink: str | None = None) -> tuple[int, st
     from pipelines.verify import run_verify
     from sinks.registry import load_pipeline
 
-    lines: list[str] = []
-    code = run_verify(load_pipeline(pipeline_file), spark, sink, 0, lines.append)
+    with logsetup.collected() as lines:
+        code = run_verify(load_pipeline(pipeline_file), spark, sink, 0)
     return code, "\n".join(lines)
 
 
@@ -271,7 +272,7 @@ def stream_in_process(pipeline_file: Path):
     from cdc.reader import run_stream
     from sinks.registry import load_pipeline
 
-    return run_stream(load_pipeline(pipeline_file), until="current", say=lambda _m: None)
+    return run_stream(load_pipeline(pipeline_file), until="current")
 
 
 def stream_changes(pipeline_file: Path, dsn: str):

@@ -9,9 +9,9 @@ from typing import Any
 MASTER = "local[2]"
 
 
-def apply_job(pipe: Path, confs: dict[str, str] | None = None, say=lambda _m: None) -> tuple[Any, Any]:
+def apply_job(pipe: Path, confs: dict[str, str] | None = None) -> tuple[Any, Any]:
     """(spark, ApplyJob) of the pipeline file; runtime SQL confs (e.g. spark.sql.shuffle.partitions)
-    set first; `say` gets the job's output lines."""
+    set first; the job's lines are log records (cdc/ground/logsetup.py), not shown here."""
     from pipelines.apply.job import ApplyJob
     from pipelines.spark import spark_session
     from sinks.registry import load_pipeline
@@ -19,4 +19,4 @@ def apply_job(pipe: Path, confs: dict[str, str] | None = None, say=lambda _m: No
     spark = spark_session(master=MASTER)
     for key, value in (confs or {}).items():
         spark.conf.set(key, value)
-    return spark, ApplyJob(load_pipeline(pipe), spark, say=say)
+    return spark, ApplyJob(load_pipeline(pipe), spark)

@@ -8,6 +8,7 @@ set-up, the run with its reconnects, acknowledgements to PostgreSQL, health and 
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from cdc.stream.slot import (
 )
 from cdc.tablewatch import TableWatch, check_pipeline_source
 
+logger = logging.getLogger(__name__)
+
 # /healthz: the read loop moves at least every second while idle, per batch while busy; a loop
 # still for this long is hung (a slow Kafka commit or a catalog query stays well below it)
 STREAM_LIVE_S = 120.0
@@ -73,7 +76,6 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         log: LocalLog,
         *,
         until: str | int | None = None,
-        say: Callable[[str], None] = print,
         progress_every_s: float = 10.0,
         install_signal_handlers: bool = True,
         ack_limit: Callable[[], int] | None = None,
@@ -83,7 +85,6 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         self.pipeline = pipeline
         self.log = log
         self.until = until
-        self.say = say
         self.progress_every_s = progress_every_s
         self.cfg = pipeline.stream
         self.selectors = [TableSelector.parse(t) for t in pipeline.source.postgres.tables]
@@ -97,10 +98,10 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         # captured tables renamed or dropped in the source; remedies name the pipeline file as given
-        self._watch = TableWatch(log, say, pipeline.command)
+        self._watch = TableWatch(log, pipeline.command)
         self._rebaser = rebaser
         # tables changed without change events
-        self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, say, pipeline.command)
+        self._rewrites = RewriteWatch(log, pipeline.state_path, rebaser, pipeline.command)
         self._filter_drift: dict[TableName, str] = {}
         self._acked = 0
         self._beat = health.Heartbeat(STREAM_LIVE_S)  # /healthz and /readyz (cdc/health.py)
@@ -143,7 +144,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         report.raise_if_problems()
         check_slot(conn, self.pipeline, self.log)
         if pg.failover and make_failover_slot(pg.dsn, self.pipeline.slot):
-            self.say(
+            logger.info(
                 f"replication slot {self.pipeline.slot} is now a failover slot (source.postgres.failover)"
             )
         for t in report.tables:
@@ -252,7 +253,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
                 "run `cdc stream` again once the server is reachable: it resumes from the slot (nothing is lost); "
                 "set stream.reconnect_timeout_s in the pipeline file to reconnect by itself",
             )
-        self.say(
+        logger.info(
             f"lost the connection to the source ({lost}); reconnecting for up to {limit:g}s "
             "(stream.reconnect_timeout_s); the slot keeps the WAL, nothing is lost"
         )
@@ -265,14 +266,14 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
             return self._start_replication()
 
         try:
-            cur, attempts = retry_connecting(attempt, limit, self.say, self._pause)
+            cur, attempts = retry_connecting(attempt, limit, self._pause)
         except Stopped:
             return None
         self._rels.clear()  # the new walsender sends every relation again before its first change
         self._acked = 0  # acknowledge again on the new connection
         self._limit_checked = 0.0
         at = confirmed_position(self._conn, self.pipeline.slot)
-        self.say(
+        logger.info(
             f"reconnected after {time.monotonic() - started:.1f}s ({attempts} attempt(s)); resuming from the slot at {at}"
         )
         return cur
@@ -293,7 +294,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         rate = s.events / max(s.seconds, 1e-6)
         target = f" of {format_lsn(s.target_lsn)}" if s.target_lsn else ""
         prefix = "streamed" if final else "streaming:"
-        self.say(
+        logger.info(
             f"{prefix} {s.events:,} events in {s.transactions:,} transactions ({rate:,.0f} events/s), "
             f"log durable at {format_lsn(s.flushed_lsn)}{target}"
         )

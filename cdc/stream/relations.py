@@ -7,6 +7,7 @@ at its own commit, among the rows), and, without DDL capture, an idle-time check
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from cdc.rebase import RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
 from cdc.source import table_info
 from cdc.tablewatch import TableWatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,7 +59,6 @@ class RelationTracking:
 
     pipeline: Any
     log: LocalLog
-    say: Callable[[str], None]
     selectors: list[TableSelector]
     _rels: dict[int, Rel | None]
     _keys: dict[TableName, tuple[str, ...]]
@@ -144,9 +146,9 @@ class RelationTracking:
                 self.pipeline.command("ddl remove"),
             )
             if fix:
-                self.say(f"warning: {line}\n  fix: {fix}")
+                logger.warning(f"{line}\n  fix: {fix}")
             elif start or on:
-                self.say(line)
+                logger.info(line)
         self._ddl_on = on
 
     def _ddl_message(self, conn, content: bytes, commit_lsn: int, flush: Callable[[], None]) -> None:
@@ -154,9 +156,7 @@ class RelationTracking:
         try:
             event = ddl.parse(content)
         except ddl.DdlMessageError as exc:
-            self.say(
-                f"warning: a DDL capture message at commit {format_lsn(commit_lsn)} was not read ({exc})"
-            )
+            logger.warning(f"a DDL capture message at commit {format_lsn(commit_lsn)} was not read ({exc})")
             return
         owner = next(
             (s for s in self.log.tables() if s.relid == event.oid and s.state in ("live", "snapshotting")),
@@ -244,7 +244,7 @@ class RelationTracking:
             new = self._previous_schema(table)
             if new is not None and previous is not None:
                 self._rewrites.check(conn, table, table_id, previous, new, catalog, flushed)
-            self.say(
+            logger.info(
                 f"{table}: its columns changed in the source with no change since (no DDL capture): the log has them "
                 f"at {format_lsn(flushed)} ({', '.join(c.name for c in event.columns)})"
             )

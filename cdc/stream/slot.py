@@ -7,6 +7,7 @@ Slot problems are exit 3 (docs/concepts.md, exit codes): they raise `SourceError
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ from cdc.ground.lsn import format_lsn
 from cdc.log.local import LocalLog
 from cdc.source import connect, publication_names, slot_holder, slot_state, stream_application_name
 from cdc.source.slots import _slot
+
+logger = logging.getLogger(__name__)
 
 
 class Stopped(Exception):
@@ -124,7 +127,7 @@ def is_disconnected(exc: BaseException, *conns) -> bool:
 
 
 def retry_connecting(
-    attempt: Callable[[], Any], limit: float, say: Callable[[str], None], pause: Callable[[float], None]
+    attempt: Callable[[], Any], limit: float, pause: Callable[[float], None]
 ) -> tuple[Any, int]:
     """(what `attempt` returned, attempts made): `attempt` retried with bounded exponential backoff
     for up to `limit` seconds while the server is unreachable or the slot still busy; `pause` sleeps
@@ -138,7 +141,7 @@ def retry_connecting(
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        say(
+        logger.info(
             f"  reconnect attempt {state.attempt_number} failed ({one_line(error)}); next in {state.upcoming_sleep:.1f}s"
         )
 

@@ -12,6 +12,7 @@ class are the rules they apply, so the sequence reads in one file.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -44,6 +45,8 @@ from sinks.marker import Marker
 from sinks.shaping import shape_batch, shape_of, shape_record
 from sinks.viewbatch import ViewBatch, view_table
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -70,7 +73,6 @@ class CutRunner(Protocol):
     pipeline: Pipeline
     spark: SparkSession
 
-    def say(self, line: str) -> None: ...
     def wanted_tables(self, sink_cfg: SinkConfig, latest: Cut) -> list[str]: ...
     def sink_for(self, log, sink_cfg: SinkConfig) -> Sink: ...
     def parallelism(self, sink: Sink) -> int: ...
@@ -197,7 +199,7 @@ class SinkCut:
         """`cdc reset --rebuild`: start from nothing (changed rows would survive a replay)."""
         if not self.ckpt.clear:
             return
-        self.job.say(f"sink {self.sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
+        logger.info(f"sink {self.sink_cfg.name}: clearing its tables for the rebuild (cdc reset --rebuild)")
         for name in self.wanted:
             if name in self.by_name:
                 sink.clear_table(self.by_name[name])
@@ -209,7 +211,7 @@ class SinkCut:
         """A table whose table_options (columns, masks, rename, mask_key) changed since it was applied
         holds values shaped the old way: it is cleared and rebuilt from the log's base in this cut.
         The new shapes are recorded with the cut (saved with its pending checkpoint)."""
-        sink_cfg, ckpt, by_name, say = self.sink_cfg, self.ckpt, self.by_name, self.job.say
+        sink_cfg, ckpt, by_name = self.sink_cfg, self.ckpt, self.by_name
         shapes = {name: shape_record(sink_cfg, by_name[name]) for name in self.wanted if name in by_name}
         if ckpt.shapes is not None:
             for name, shape in shapes.items():
@@ -218,12 +220,12 @@ class SinkCut:
                     continue
                 # new options with a typo stop here (exit 2), before the follower is cleared
                 shape_of(sink_cfg, by_name[name], self.log.schema(by_name[name]))
-                say(
+                logger.info(
                     f"sink {sink_cfg.name}: {name}: its table_options changed since it was applied"
                     f" ({before or 'none'} -> {shape or 'none'}): rebuilding it from the log's base"
                 )
                 if _renamed(before, shape):
-                    say(
+                    logger.info(
                         f"sink {sink_cfg.name}: {name}: the follower under its old name is left as it was;"
                         " remove it if it holds values the new options leave out or mask"
                     )
@@ -251,7 +253,7 @@ class SinkCut:
             raise SinkError(
                 f"sink {sink_cfg.name}: the follower lost data it had applied ({what}); on_lost: stop", fix
             )
-        self.job.say(
+        logger.info(
             f"sink {sink_cfg.name}: the follower lost data it had applied ({what}): rebuilding from the log's base"
         )
         for name in lost:

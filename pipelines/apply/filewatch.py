@@ -7,11 +7,14 @@ publication, cdc/stream/relations.py.) Other changes of the file need a restart;
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from cdc.ground.errors import CdcError
 from sinks.registry import load_pipeline
+
+logger = logging.getLogger(__name__)
 
 
 def _stamp(path: str) -> int | None:
@@ -23,7 +26,7 @@ def _stamp(path: str) -> int | None:
 
 def follow_file_tables(job: Any) -> None:
     """Take `job.pipeline`'s source tables (and their table_options) from the file when it changed
-    since the last round; `job` is the apply job (pipeline, say)."""
+    since the last round; `job` is the apply job (pipeline)."""
     stamp = _stamp(job.pipeline.file)
     seen = getattr(job, "_file_stamp", None)
     job._file_stamp = stamp
@@ -32,12 +35,12 @@ def follow_file_tables(job: Any) -> None:
     try:
         new = load_pipeline(job.pipeline.file)
     except CdcError as exc:
-        job.say(f"warning: the pipeline file changed but cannot be read ({exc.problem}); going on as before")
+        logger.warning(f"the pipeline file changed but cannot be read ({exc.problem}); going on as before")
         return
     old = job.pipeline
     rest = new.model_copy(update={"source": old.source, "file": old.file, "base_dir": old.base_dir})
     if rest != old:
-        job.say("warning: the pipeline file changed (sinks, views or settings): restart to use those changes")
+        logger.warning("the pipeline file changed (sinks, views or settings): restart to use those changes")
     if new.source == old.source:
         return
     postgres = old.source.postgres
@@ -45,7 +48,7 @@ def follow_file_tables(job: Any) -> None:
         update={"tables": postgres.tables, "table_options": postgres.table_options}
     )
     if kept != postgres:
-        job.say("warning: the pipeline file's source changed beyond its tables: restart to use it")
+        logger.warning("the pipeline file's source changed beyond its tables: restart to use it")
         return
     job.pipeline = old.model_copy(update={"source": new.source})
-    job.say(f"pipeline file: following tables {', '.join(new.source.postgres.tables)} from now on")
+    logger.info(f"pipeline file: following tables {', '.join(new.source.postgres.tables)} from now on")

@@ -12,6 +12,7 @@ Each sink has its own checkpoint; a failing sink is reported and the others go o
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -40,18 +41,18 @@ from sinks.base import Sink
 from sinks.marker import Marker, why_lost
 from sinks.registry import make_sink
 
+logger = logging.getLogger(__name__)
+
 
 class ApplyJob:
     def __init__(
         self,
         pipeline: Pipeline,
         spark: SparkSession,
-        say: Callable[[str], None] = print,
         lock_wait_s: float = 0.0,
     ):
         self.pipeline = pipeline
         self.spark = spark
-        self.say = say
         self.lock_wait_s = lock_wait_s  # how long to wait for another apply of a sink (pipelines/locks.py)
         self._stop = False
         self.view_runs: list = []  # the view stage's runs of the last run_once (pipelines/views/maintain.py)
@@ -148,7 +149,7 @@ class ApplyJob:
         confs, pipelines/apply/parallel.py), log view and reader, its Spark jobs in its FAIR pool."""
         spark = clone_session(self.spark)
         spark.sparkContext.setLocalProperty(POOL_PROPERTY, sink_cfg.name)
-        job = ApplyJob(self.pipeline, spark, self.say, self.lock_wait_s)
+        job = ApplyJob(self.pipeline, spark, self.lock_wait_s)
         job.check_every, job.checked = self.check_every, self.checked
         log = open_log_view(self.pipeline)
         try:
@@ -165,7 +166,7 @@ class ApplyJob:
         run = SinkRun(sink_cfg.name)
         try:
             # one applier per follower: a second one would write the same cut and race on the checkpoint
-            with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s, self.say):
+            with sink_lock(self.pipeline.state_path, sink_cfg.name, self.lock_wait_s):
                 pause_point("apply:locked")
                 out_of_memory_point("apply:locked", self.spark)
                 # another run may have applied a newer cut than the one read above (while this
@@ -215,7 +216,6 @@ class ApplyJob:
     def sink_for(self, log, sink_cfg: SinkConfig) -> Sink:
         sink = make_sink(sink_cfg, self.pipeline, self.spark)
         sink.log_id = getattr(log, "log_id", "")
-        sink.set_output(self.say)
         return sink
 
     def lost_while_idle(
@@ -265,15 +265,15 @@ class ApplyJob:
     def report(self, runs: list[SinkRun]) -> None:
         for run in runs:
             if run.error is not None:
-                self.say(
+                logger.info(
                     f"sink {run.sink}: FAILED: {run.error.problem}"
                     + (f"\n  fix: {run.error.fix}" if run.error.fix else "")
                 )
             elif run.up_to_date:
-                self.say(f"sink {run.sink}: up to date at {format_lsn(run.lsn or 0)}")
+                logger.info(f"sink {run.sink}: up to date at {format_lsn(run.lsn or 0)}")
             else:
                 detail = "; ".join(s.line() for s in run.tables) or "no changes"
-                self.say(
+                logger.info(
                     f"sink {run.sink}: applied cut {run.cut_id} ({format_lsn(run.lsn or 0)}) in {run.seconds:.1f}s: {detail}"
                 )
 

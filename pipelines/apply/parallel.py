@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from cdc.ground.logsetup import carried
 from sinks.jvm import driver_jvm
 
 if TYPE_CHECKING:
@@ -131,7 +132,9 @@ class _Pool:
         executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"cdc-apply-{self.pool}")
         futures: list[Future] = []
         try:
-            futures = [executor.submit(self._task, i, item, work) for i, item in enumerate(items)]
+            # each task's log lines as the caller's (cdc demo indents them: logsetup.prefixed)
+            task = carried(self._task)
+            futures = [executor.submit(task, i, item, work) for i, item in enumerate(items)]
             wait(futures)
         finally:
             with self._lock:  # interrupted while waiting: nothing new starts either

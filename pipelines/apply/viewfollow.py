@@ -17,6 +17,7 @@ of a view (Delta's idempotent writes skip a cut id seen before).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -28,6 +29,8 @@ from pipelines.checkpoints import Checkpoint
 from pipelines.views.state import ViewState, out_path, view_state
 from sinks.base import Sink
 from sinks.viewbatch import ViewBatch, view_table
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def view_batches(
             continue  # nothing new in the view
         if bootstrap:
             if done is not None:
-                sink.say(
+                logger.info(
                     f"sink {sink.name}: {table}: the view was rebuilt (epoch {target.epoch}): starting it over"
                 )
             sink.clear_table(table)

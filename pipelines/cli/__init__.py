@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from cdc.ground import logsetup
 from cdc.ground.formats import VERSION, version_line
 from pipelines.cli import capture, followers, reading, state, tools
 
@@ -28,6 +29,7 @@ def cli() -> None:
     written by a newer cdc in a format this one cannot read (`cdc --version`), 130 interrupted
     (a continuous command stopped by Ctrl-C/SIGTERM exits 0), 141 the reader of the output went away.
     """
+    logsetup.install()  # the modules' log lines on stdout (--log-format picks their form)
 
 
 for _command in (

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
 
+from cdc.ground import logsetup
 from cdc.ground.errors import ExitCode
-from pipelines import logformat
 from pipelines.cli.common import LOG_FORMAT, METRICS_PORT, PIPELINE, load
 from pipelines.cli.failures import handle_errors
-from pipelines.cli.output import err, report_error, say
+from pipelines.cli.output import err, report_error
+
+logger = logging.getLogger(__name__)
 
 
 @click.command()
@@ -26,7 +29,7 @@ def validate(pipeline: Path, spark_views: bool) -> int:
     """Check the pipeline file and the source (wal_level, slots, rights, keys). Changes nothing."""
     from pipelines.validate import run_validate
 
-    return run_validate(load(pipeline, check_state_dir=False), say, spark_views)
+    return run_validate(load(pipeline, check_state_dir=False), spark_views)
 
 
 @click.command()
@@ -52,16 +55,16 @@ def snapshot(
 
     only = [t.strip() for t in _split_tables(tables)] if tables else None
     loaded = load(pipeline)
-    with serving(loaded, "snapshot", metrics_port, say, one_shot=True):
-        progress = not no_progress and not logformat.is_json()  # no bar between JSON lines
-        result = run_snapshot(loaded, only, parallel, progress=progress, say=say)
+    with serving(loaded, "snapshot", metrics_port, one_shot=True):
+        progress = not no_progress and not logsetup.is_json()  # no bar between JSON lines
+        result = run_snapshot(loaded, only, parallel, progress=progress)
     if not result.skipped:
         rate = result.total_rows / max(result.seconds, 1e-6)
-        say(
+        logger.info(
             f"snapshot done: {result.total_rows:,} rows from {len(result.rows)} table(s) in {result.seconds:.1f}s ({rate:,.0f} rows/s)"
         )
         for table, rows in sorted(result.rows.items()):
-            say(f"  {table}: {rows:,} rows")
+            logger.info(f"  {table}: {rows:,} rows")
 
 
 def _split_tables(text: str) -> list[str]:
@@ -111,9 +114,9 @@ def stream(pipeline: Path, until: str | None, metrics_port: int | None, metrics_
     from snapshot.rebase import ThreadRebaser
 
     loaded = load(pipeline)
-    with serving(loaded, "stream", metrics_port, say, internal=metrics_child, one_shot=until is not None):
+    with serving(loaded, "stream", metrics_port, internal=metrics_child, one_shot=until is not None):
         # tables rewritten without change events (ALTER COLUMN TYPE, volatile defaults, ...) are re-based
-        stats = run_stream(loaded, until=target, say=say, rebaser=ThreadRebaser(loaded, say))
+        stats = run_stream(loaded, until=target, rebaser=ThreadRebaser(loaded))
     # Ctrl-C/SIGTERM is how a continuous stream is meant to stop (exit 0, as systemd expects);
     # a bounded run (--until) stopped before its target did not do its job: exit 130.
     if stats.target_lsn is not None and stats.acked_lsn < stats.target_lsn:
@@ -136,7 +139,7 @@ def run(pipeline: Path, metrics_port: int | None) -> int:
     """Snapshot if needed, then stream and apply continuously until Ctrl-C."""
     from pipelines.run import run_pipeline
 
-    return run_pipeline(load(pipeline), pipeline, say, report_error, metrics_port)
+    return run_pipeline(load(pipeline), pipeline, report_error, metrics_port)
 
 
 @click.command()
@@ -153,7 +156,7 @@ def migrate(pipeline: Path, sql_file: Path) -> None:
     """Run a schema migration (ALTER COLUMN ... TYPE) on tables captured with a column list or row filter."""
     from pipelines.migrate import run_migrate
 
-    run_migrate(load(pipeline), sql_file, say)
+    run_migrate(load(pipeline), sql_file)
 
 
 @click.group()
@@ -168,7 +171,7 @@ def ddl_install(pipeline: Path) -> None:
     """Install the event trigger (needs a superuser DSN); schema changes then reach the log at their commit."""
     from pipelines.ddl import run_install
 
-    run_install(load(pipeline), say)
+    run_install(load(pipeline))
 
 
 @ddl.command("remove")
@@ -178,4 +181,4 @@ def ddl_remove(pipeline: Path) -> None:
     """Remove the event trigger; schema changes then reach the log with each table's next change."""
     from pipelines.ddl import run_remove
 
-    run_remove(load(pipeline), say)
+    run_remove(load(pipeline))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import click
 
 from pipelines.cli.common import LOG_FORMAT, METRICS_PORT, PIPELINE, load
 from pipelines.cli.failures import handle_errors
-from pipelines.cli.output import report_error, say
+from pipelines.cli.output import report_error
+
+logger = logging.getLogger(__name__)
 
 
 @click.command()
@@ -46,10 +49,10 @@ def apply(
         p.sink(name)  # unknown sink: exit 2 before Spark starts
     sink_name = list(dict.fromkeys(sink_names)) or None  # each named sink once, in the given order
     with (
-        serving(p, "apply", metrics_port, say, one_shot=once),
+        serving(p, "apply", metrics_port, one_shot=once),
         reporting(),
     ):  # stage lines on stderr (pipelines/stages.py)
-        job = ApplyJob(p, spark_session(p), say, lock_wait_s=lock_wait_s)
+        job = ApplyJob(p, spark_session(p), lock_wait_s=lock_wait_s)
         job.guard_stalls(report_error)
         if not once:
             job.run_forever(sink_name)
@@ -84,7 +87,7 @@ def verify(pipeline: Path, sink_names: tuple[str, ...], wait_s: float) -> int:
     for name in sink_names:
         p.sink(name)  # unknown sink: exit 2 before Spark starts
     with reporting():  # stage lines on stderr (pipelines/stages.py)
-        return run_verify(p, spark_session(p), list(dict.fromkeys(sink_names)) or None, wait_s, say)
+        return run_verify(p, spark_session(p), list(dict.fromkeys(sink_names)) or None, wait_s)
 
 
 @click.command()
@@ -114,7 +117,7 @@ def wait(
     for name in sink_names:
         p.sink(name)  # unknown sink: exit 2 before anything else
     target = target_lsn(p, lsn, current)
-    return run_wait(p, target, list(dict.fromkeys(sink_names)) or None, timeout_s, say)
+    return run_wait(p, target, list(dict.fromkeys(sink_names)) or None, timeout_s)
 
 
 @click.command()
@@ -150,7 +153,7 @@ def reset(pipeline: Path, sink_name: str, rebuild: bool, to_cut: int | None, yes
                 "pass --yes",
             )
         click.confirm(f"sink {sink_name}: {what}?", abort=True)
-    run_reset(p, sink_name, to_cut, rebuild, say)
+    run_reset(p, sink_name, to_cut, rebuild)
 
 
 @click.command()
@@ -206,5 +209,5 @@ def maintain(
     lake_sinks(p, names)  # unknown or other kind of sink: exit 2 before Spark starts
     with reporting():
         return run_maintain(
-            p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum, say
+            p, spark_session(p), names, retain_hours, keep_cuts, not no_optimize, not no_vacuum
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import click
 
 from pipelines.cli.common import PIPELINE, load
 from pipelines.cli.failures import handle_errors
-from pipelines.cli.output import err, say
+from pipelines.cli.output import err
+
+logger = logging.getLogger(__name__)
 
 
 @click.command()
@@ -55,7 +58,7 @@ def status(pipeline: Path, as_json: bool, watch: bool, interval_s: float) -> int
 
             click.echo(json.dumps(data, indent=2, default=str))
         else:
-            print_status(data, say, snapshot_cmd)
+            print_status(data, snapshot_cmd)
         if not watch:
             return status_exit(data)
         sys.stdout.flush()
@@ -115,7 +118,7 @@ def sql(
 
         return spark_session(p)
 
-    return run_sql(p, spark, query, sink_name, cut, limit, as_json, list_only, say, err, engine)
+    return run_sql(p, spark, query, sink_name, cut, limit, as_json, list_only, logger.info, err, engine)
 
 
 @click.command()
@@ -218,5 +221,5 @@ def serve(
     options = Options(heartbeat_s=heartbeat_s, queue=queue, max_clients=max_clients)
     return run_server(
         load(pipeline), bind=bind, port=port, tokens=tokens, sink=sink, tls_cert=tls_cert, tls_key=tls_key,
-        example=example, options=options, poll_s=poll_s, ring=ring, say=say,
+        example=example, options=options, poll_s=poll_s, ring=ring,
     )  # fmt: skip

@@ -3,6 +3,7 @@ and `teardown`."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import click
 
 from pipelines.cli.common import PIPELINE, load
 from pipelines.cli.failures import handle_errors
-from pipelines.cli.output import say
+
+logger = logging.getLogger(__name__)
 
 
 @click.group()
@@ -48,7 +50,7 @@ def log_compact(pipeline: Path, tombstone_retention: str) -> None:
     from cdc.log.compact import compact_log, parse_duration
 
     report = compact_log(load(pipeline), parse_duration(tombstone_retention))
-    say(report)
+    logger.info(report)
 
 
 @log.command("remove-table")
@@ -65,7 +67,7 @@ def log_remove_table(pipeline: Path, table: str, yes: bool) -> None:
         if not sys.stdin.isatty():
             raise UsageError("cdc log remove-table deletes the table's events from the log", "pass --yes")
         click.confirm(f"remove {table} and its events from the log (followers keep their copy)?", abort=True)
-    remove_table(load(pipeline), table, say)
+    remove_table(load(pipeline), table)
 
 
 @click.command()
@@ -83,11 +85,11 @@ def upgrade(pipeline: Path, rollback: bool) -> None:
 
     p = load(pipeline, upgrade=False)
     if rollback:
-        rollback_state(p, say)
+        rollback_state(p)
         return
-    if not upgrade_state(p, say):
-        say(f"{p.state_path}: nothing to upgrade")
-    describe(p, say)
+    if not upgrade_state(p):
+        logger.info(f"{p.state_path}: nothing to upgrade")
+    describe(p)
 
 
 @click.command()
@@ -120,4 +122,4 @@ def teardown(pipeline: Path, drop_slot: bool, delete_topics: bool, yes: bool) ->
                 f"cdc teardown would delete {what}, and there is no terminal to confirm it on", "pass --yes"
             )
         click.confirm(f"delete {what}?", abort=True)
-    run_teardown(p, drop_slot, say, delete_topics)
+    run_teardown(p, drop_slot, delete_topics)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
 
 from pipelines.cli.failures import handle_errors
-from pipelines.cli.output import say
+
+logger = logging.getLogger(__name__)
 
 
 @click.command()
@@ -25,7 +27,7 @@ def demo(directory: Path, keep_server: bool) -> int:
     """The whole path on embedded defaults: throwaway PostgreSQL -> log -> Spark -> Delta, verified."""
     from pipelines.demo import run_demo
 
-    return run_demo(directory, keep_server, say)
+    return run_demo(directory, keep_server)
 
 
 @click.group()
@@ -137,7 +139,7 @@ def dev_down(services: tuple[str, ...], base: Path) -> None:
     from pipelines.devservices import registry
 
     for line in registry.down(base, services):
-        say(line)
+        logger.info(line)
 
 
 @dev.command("status")
@@ -149,4 +151,4 @@ def dev_status(services: tuple[str, ...], base: Path) -> None:
     from pipelines.devservices import registry
 
     for line in registry.status(base, services):
-        say(line)
+        logger.info(line)

@@ -5,7 +5,7 @@ token), a position, and the limit on how many at a time (the client label of the
 from __future__ import annotations
 
 import itertools
-import sys
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +13,10 @@ from pathlib import Path
 import orjson
 from starlette.responses import Response
 
+from cdc.ground.logsetup import STDERR
 from pipelines.serve import metrics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Clients:
         client = Client(f"c{next(self._ids)}", table, newest, position)
         self.active[client.id] = client
         metrics.CLIENT_LAG.clients[client.id] = client
-        print(f"cdc serve: client {client.id} follows {table}", file=sys.stderr, flush=True)
+        logger.info(f"cdc serve: client {client.id} follows {table}", extra=STDERR)
         return client
 
     def close(self, client: Client) -> None:

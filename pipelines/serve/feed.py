@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.envelope import EnvelopeRenderer
+from cdc.ground.logsetup import STDERR
 from cdc.ground.secrets import redact
 from cdc.ground.tables import TableName
 from pipelines.serve import metrics
 from pipelines.serve.logview import Access, Txn
 from pipelines.serve.shape import TableShape
+
+logger = logging.getLogger(__name__)
 
 READ_EVENTS = 5000  # events per log read: bounds one read's memory and how long it holds a thread
 
@@ -166,16 +169,12 @@ class Hub:
             try:
                 await self.poll()
                 if self.error is not None:
-                    print("cdc serve: reading the log works again", file=sys.stderr, flush=True)
+                    logger.info("cdc serve: reading the log works again", extra=STDERR)
                 self.error = None
             except Exception as exc:  # a log read failed: say so (once) and on /healthz, try again
                 error = redact(f"{type(exc).__name__}: {exc}")  # no password of a DSN or URL
                 if error != self.error:
-                    print(
-                        f"warning: cdc serve: reading the log failed, retrying: {error}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    logger.warning(f"cdc serve: reading the log failed, retrying: {error}", extra=STDERR)
                 self.error = error
             await asyncio.sleep(self.poll_s)
 

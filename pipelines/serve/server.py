@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from cdc.ground.config import Pipeline, pipeline_tables
@@ -20,6 +20,8 @@ from pipelines.serve.registry import record_server
 from pipelines.serve.shape import table_shapes
 from pipelines.serve.tokens import load_grants
 from pipelines.serve.viewfeed import ViewAccess, ViewHub
+
+logger = logging.getLogger(__name__)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve" / "index.html"
 
@@ -44,7 +46,6 @@ def serve(
     options: Options,
     poll_s: float,
     ring: int,
-    say: Callable[[str], None],
 ) -> int:
     import uvicorn
 
@@ -105,10 +106,10 @@ def serve(
     host = f"[{bind}]" if ":" in bind else bind
     url = f"{scheme}://{host}:{port}"
     if not _loopback(bind) and tls_cert is None:
-        say(
-            f"warning: serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)"
+        logger.warning(
+            f"serving on {bind} without TLS: tokens and rows cross the network in clear (pass --tls-cert/--tls-key)"
         )
-    say(
+    logger.info(
         f"serving {len(shapes)} table(s) and {len(names)} view(s) of {pipeline.name} at {url}/v1/tables"
         + (f" (example page: {url}/)" if example else "")
     )

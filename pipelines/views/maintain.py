@@ -29,7 +29,7 @@ the wording of a view's Spark failure explain.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +49,8 @@ from sinks.delta.paths import table_path
 from sinks.delta.snapshot import table_id as delta_table_id
 from sinks.delta.snapshot import table_property
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from cdc.log.base import Cut
     from pipelines.apply.readers import ChangeReader
@@ -61,7 +63,6 @@ class StageHost(Protocol):
 
     pipeline: Pipeline
     spark: SparkSession
-    say: Callable[[str], None]
     lock_wait_s: float
 
     def _run_sink(self, log: Any, reader: ChangeReader, cut: Cut, sink_cfg: SinkConfig) -> Any: ...
@@ -72,7 +73,7 @@ OUT_LOCK = "_views_out"  # one maintainer of the out tables at a time (pipelines
 
 # ---- the stage -----------------------------------------------------------------------------------
 def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: list[str]) -> list[ViewRun]:
-    """Maintain the named views to the latest cut; their lines go to job.say. A view that fails is
+    """Maintain the named views to the latest cut, a line per view that moved. A view that fails is
     recorded in its state (its followers fail naming it); the other views go on."""
     from pipelines.views.sql import analyse
 
@@ -95,18 +96,18 @@ def run_view_stage(job: StageHost, log, reader: ChangeReader, cut: Cut, names: l
                 problem = f"view {name}: its base tables could not be applied: {base_run.error.problem}"
                 runs[name] = _failed(pipeline.state_path, name, None, SinkError(problem, base_run.error.fix))
         else:
-            with sink_lock(pipeline.state_path, OUT_LOCK, job.lock_wait_s, job.say):
+            with sink_lock(pipeline.state_path, OUT_LOCK, job.lock_wait_s):
                 base = _base_at(spark, pipeline.state_path, base_run.cut_id or 0, base_run.lsn or 0, tables)
                 base = BaseAt(base.cut_id, base.lsn, base.tables, _whole_cut(log, cut, base.cut_id))
                 # one reader of the base tables for every view: each version loaded, each table's
                 # changed rows read from its feed, once per run
-                maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log, job.say)
+                maintainer = ViewMaintainer(spark, pipeline.name, pipeline.state_path, log)
                 for name, plan in plans.items():
                     runs[name] = maintainer.run(pipeline.view(name), plan, base)
     ordered = [runs[n] for n in names]
     for run in ordered:
         if not run.up_to_date:
-            job.say(run.line())
+            logger.info(run.line())
     return ordered
 
 

@@ -6,6 +6,7 @@ view's txn, and the outcome as a ViewRun; a view that fails records its error in
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from sinks.delta.cuts import table_version
 from sinks.delta.features import COLUMN_MAPPING
 from sinks.delta.idempotent import follower_write
 from sinks.delta.names import UNSAFE_CHARS
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipelines.views.plan import ViewPlan
@@ -91,11 +94,10 @@ def _failed(state: Path, name: str, cut_id: int | None, exc: CdcError) -> ViewRu
 
 # ---- one view ------------------------------------------------------------------------------------
 class ViewMaintainer:
-    def __init__(self, spark: SparkSession, pipeline: str, state: Path, log, say: Callable[[str], None]):
+    def __init__(self, spark: SparkSession, pipeline: str, state: Path, log):
         self.spark = spark
         self.state = state
         self.log = log
-        self.say = say
         self.app_prefix = f"cdc-view:{pipeline}"
         self.base = BaseTables(spark, state, log)
         self._temp: list[str] = []
@@ -109,7 +111,7 @@ class ViewMaintainer:
                 run = self._cut(current, plan, again)
                 if run.cut_id == base.cut_id:
                     return run
-                self.say(run.line())  # then on to the latest cut, like a sink's pending cut
+                logger.info(run.line())  # then on to the latest cut, like a sink's pending cut
                 current = load_view_state(self.state, view.name) or current
             missing = [str(t) for t in plan.tables if str(t) not in base.tables]
             if missing:

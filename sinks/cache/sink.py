@@ -75,6 +75,7 @@ LSNs are lower than the cached positions needs the cache (and its `__cdc:*` keys
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,8 @@ from sinks.changes import META_COLUMNS, Batch, NetChanges
 from sinks.executor_env import missing_error, provide
 from sinks.shaping import shape_of
 from sinks.sparktypes import spark_type
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -268,7 +271,7 @@ class RedisSink(Sink):
         for chunk in self._scan(client, keys):
             changed += int(self._redis("writing to", script, keys=chunk, args=[how, *quoted]))
         what = "set to null in" if how == "null" else "removed from"
-        self.say(
+        logger.info(
             f"sink {self.name}: {batch.table}: column(s) {', '.join(names)} dropped at the source: {what} {changed:,} cached row(s)"
         )
 

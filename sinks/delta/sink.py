@@ -40,6 +40,7 @@ alone (names, features, retyping, SCD2, multisets, cuts, conflicts) lives in the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,8 @@ from sinks.delta.snapshot import reader_protocol, table_property, written_rows
 from sinks.jvm import driver_jvm
 from sinks.marker import Marker
 from sinks.shaping import follower_name
+
+logger = logging.getLogger(__name__)
 
 MARKER_PROPERTY = "cdc.follower"  # the follower's marker (sinks/marker.py)
 
@@ -291,7 +294,7 @@ class DeltaSink(Sink):
         version): delta-rs's Arrow path reads it and returns NULL for renamed columns. Listing its
         reader features makes it refuse the table instead (sinks/delta/features.py)."""
         self.spark.sql(set_properties_sql(f"delta.{q(plan.path)}", LIST_READER_FEATURES))
-        self.say(
+        logger.info(
             f"sink {self.name}: {plan.batch.table}: the Delta table has column mapping; it now lists its reader "
             f"features (reader version 3), so readers without column mapping refuse it instead of reading NULLs: "
             f"{LOST_READERS['columnMapping']}"
@@ -331,7 +334,7 @@ class DeltaSink(Sink):
             rewrite_columns(self.spark, plan.path, renames, retype, batch.metadata)
             what = [f"{o!r} renamed to {n!r}" for o, n in renames]
             what += [f"{n!r} {plan.was[n].simpleString()} -> {t.simpleString()}" for n, t in retype.items()]
-            self.say(f"sink {self.name}: {batch.table}: table rewritten in one commit ({'; '.join(what)})")
+            logger.info(f"sink {self.name}: {batch.table}: table rewritten in one commit ({'; '.join(what)})")
         if mapped:
             for old, new in plan.rename:  # metadata only
                 self.spark.sql(f"ALTER TABLE {target} RENAME COLUMN {q(old)} TO {q(new)}")
@@ -352,7 +355,7 @@ class DeltaSink(Sink):
                 self.spark.sql(f"ALTER TABLE {target} ALTER COLUMN {q(name)} TYPE {dtype.simpleString()}")
 
     def _say_feature(self, batch: DeltaBatch, feature: str, why: str) -> None:
-        self.say(
+        logger.info(
             f"sink {self.name}: {batch.table}: the Delta table takes on table feature {feature} ({why}): "
             f"{LOST_READERS[feature]}"
         )
@@ -447,7 +450,7 @@ class DeltaSink(Sink):
                     if self.config.dropped_columns == "null"
                     else "dropped from the table"
                 )
-                self.say(
+                logger.info(
                     f"sink {self.name}: {batch.table}: column(s) {', '.join(done)} dropped at the source: {how}"
                 )
 

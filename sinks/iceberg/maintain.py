@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sinks.iceberg import jvm
 from sinks.iceberg.commit import APP_ID, CUT
 from sinks.iceberg.conflicts import retry_conflicts
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -192,7 +194,6 @@ def maintain_sink(
     hours: float,
     do_optimize: bool,
     do_expire: bool,
-    say: Callable[[str], None],
 ) -> None:
     """Every follower table of the sink; `hours` is the retention (the caller made it cover the
     cuts readers keep). Cut records older than it are forgotten first."""
@@ -201,14 +202,14 @@ def maintain_sink(
 
     tables = follower_tables(spark, catalog, pipeline, sink)
     if not tables:
-        say(f"sink {sink}: no Iceberg follower tables in catalog {catalog} yet")
+        logger.info(f"sink {sink}: no Iceberg follower tables in catalog {catalog} yet")
         return
-    say(f"sink {sink}: {len(tables)} table(s) in catalog {catalog}; retention {hours:.3g} h")
+    logger.info(f"sink {sink}: {len(tables)} table(s) in catalog {catalog}; retention {hours:.3g} h")
     if do_expire:
         forgotten = prune_cuts(spark, warehouse, hours)  # type: ignore[arg-type]  # a URI too
         if forgotten:
-            say(f"sink {sink}: _cdc_cuts: {forgotten} cut(s) older than the retention forgotten")
+            logger.info(f"sink {sink}: _cdc_cuts: {forgotten} cut(s) older than the retention forgotten")
     cuts = list_cuts(spark, warehouse)
     for namespace, name in tables:
         done = maintain_table(spark, catalog, namespace, name, cuts, hours, do_optimize, do_expire)
-        say(f"sink {sink}: {done.line()}")
+        logger.info(f"sink {sink}: {done.line()}")

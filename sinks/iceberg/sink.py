@@ -28,6 +28,7 @@ guarantees the Iceberg way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -48,6 +49,8 @@ from sinks.iceberg.schema import same_type, type_sql, widenable
 from sinks.iceberg.sources import source_view
 from sinks.scd2 import SCD2_COLUMNS
 from sinks.shaping import follower_name
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -246,7 +249,7 @@ class IcebergSink(Sink):
         if plan.recreate:
             self.spark.sql(f"DROP TABLE IF EXISTS {plan.ident} PURGE")
             forget_table(self.spark, self.warehouse, plan.batch.table)
-            self.say(
+            logger.info(
                 f"sink {self.name}: {plan.batch.table}: a new base with types Iceberg cannot widen to: table made again"
             )
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {q(self.catalog)}.{q(plan.batch.table.schema)}")
@@ -273,7 +276,7 @@ class IcebergSink(Sink):
             self._backfill_defaults(plan)
         for name, dtype in plan.widen:
             self.spark.sql(f"ALTER TABLE {plan.ident} ALTER COLUMN {q(name)} TYPE {type_sql(dtype)}")
-            self.say(
+            logger.info(
                 f"sink {self.name}: {plan.batch.table}: column {name!r} widened to {type_sql(dtype)} (metadata only)"
             )
 
@@ -375,7 +378,7 @@ class IcebergSink(Sink):
         else:
             self.spark.sql(f"ALTER TABLE {ident} DROP COLUMNS ({', '.join(q(c) for c in present)})")
             what = "dropped from the table (metadata only)"
-        self.say(
+        logger.info(
             f"sink {self.name}: {batch.table}: column(s) {', '.join(present)} dropped at the source: {what}"
         )
 

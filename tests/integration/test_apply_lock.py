@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground import logsetup
 from pipelines.apply.job import ApplyJob
 from pipelines.checkpoints import checkpoint_dir
 from pipelines.locks import LockBusy
@@ -107,25 +108,25 @@ def test_overlapping_applies(pg_db: str, tmp_path: Path, spark) -> None:
         wait_for_file(resumed, waiting)  # it holds the lock now (paused before writing anything)
 
         # a run waiting behind it finds the follower up to date once it is done (not applied twice)
-        behind: list[str] = []
-        job = ApplyJob(load_pipeline(pipe.file), spark, say=behind.append, lock_wait_s=600)
-        result: list = []
-        thread = threading.Thread(target=lambda: result.extend(job.run_once()), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 300
-        while not any("waiting up to 600s for another cdc apply" in line for line in behind):
-            assert thread.is_alive() and time.monotonic() < deadline, ("it did not wait", behind, result)
-            time.sleep(0.1)
-        assert any(f"pid {waiting.pid}" in line for line in behind), behind
-        resumed.unlink()  # let the waiting CLI run go on
-        out, err = waiting.communicate(timeout=600)
-        assert waiting.returncode == 0, (out, err)
-        assert "sink lake: applied cut" in out
-        applied = cut_of(state, "lake")
-        assert applied > 0
-        thread.join(timeout=600)
-        (run,) = result
-        job.report(result)
+        with logsetup.collected() as behind:  # the job's lines, from its thread
+            job = ApplyJob(load_pipeline(pipe.file), spark, lock_wait_s=600)
+            result: list = []
+            thread = threading.Thread(target=lambda: result.extend(job.run_once()), daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 300
+            while not any("waiting up to 600s for another cdc apply" in line for line in behind):
+                assert thread.is_alive() and time.monotonic() < deadline, ("it did not wait", behind, result)
+                time.sleep(0.1)
+            assert any(f"pid {waiting.pid}" in line for line in behind), behind
+            resumed.unlink()  # let the waiting CLI run go on
+            out, err = waiting.communicate(timeout=600)
+            assert waiting.returncode == 0, (out, err)
+            assert "sink lake: applied cut" in out
+            applied = cut_of(state, "lake")
+            assert applied > 0
+            thread.join(timeout=600)
+            (run,) = result
+            job.report(result)
         assert run.error is None and run.up_to_date, behind
         assert any(line.startswith("sink lake: up to date") for line in behind), behind
         assert cut_of(state, "lake") == applied

@@ -22,7 +22,7 @@ def _pipeline(tmp_path: Path, dsn: str) -> Path:
 
 
 def _snapshot(file: Path) -> None:
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
 
 
 def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) -> None:
@@ -38,7 +38,7 @@ def test_new_log_after_teardown_is_applied(pg_db: str, tmp_path: Path, spark) ->
         sql(pg_db, f"UPDATE t SET v = 'r{round_}' WHERE id = {round_ + 1}")
         stream_in_process(file)
         apply_once(file, spark)
-    run_teardown(load_pipeline(file), True, lambda _m: None)
+    run_teardown(load_pipeline(file), True)
     sql(pg_db, "INSERT INTO t VALUES (7, 'new')")
     _snapshot(file)
     apply_once(file, spark)

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.integration
 def snapshot(file: Path) -> None:
     from snapshot.runner import run_snapshot
 
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
 
 
 def dump(url: str) -> dict[bytes, tuple[bytes | None, bool]]:

@@ -570,7 +570,7 @@ def test_until_current_includes_async_commits(pg_db: str, tmp_path: Path) -> Non
                     "INSERT INTO a SELECT g FROM generate_series(%s, %s) g",
                     (round_ * 10 + 1, round_ * 10 + 10),
                 )
-            stats = run_stream(load_pipeline(pipe.file), until="current", say=lambda _m: None)
+            stats = run_stream(load_pipeline(pipe.file), until="current")
             total += stats.events
             assert total == (round_ + 1) * 10, (
                 f"round {round_}: the stream stopped before a committed transaction"

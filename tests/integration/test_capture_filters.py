@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground import logsetup
 from sinks.registry import load_pipeline
 from tests.fixtures.capture import Pipe, log_read, make_pipe, no_traceback
 from tests.fixtures.readers import delta_rows
@@ -46,8 +47,8 @@ def _validate(pipe: Pipe) -> str:
     """`cdc validate` in-process (the CLI's exit codes and messages: test_bad_options_refused_before_any_change)."""
     from pipelines.validate import run_validate
 
-    lines: list[str] = []
-    assert run_validate(load_pipeline(pipe.file), lines.append) == 0, lines
+    with logsetup.collected() as lines:
+        assert run_validate(load_pipeline(pipe.file)) == 0, lines
     return "\n".join(lines)
 
 
@@ -57,9 +58,9 @@ def _stream(pipe: Pipe) -> str:
     from snapshot.rebase import ThreadRebaser
 
     flush_wal(pipe.dsn)
-    lines: list[str] = []
     pipeline = load_pipeline(pipe.file)
-    run_stream(pipeline, until="current", say=lines.append, rebaser=ThreadRebaser(pipeline, lines.append))
+    with logsetup.collected() as lines:
+        run_stream(pipeline, until="current", rebaser=ThreadRebaser(pipeline))
     return "\n".join(lines)
 
 
@@ -91,7 +92,7 @@ def test_columns_and_row_filters_end_to_end(pg_db: str, tmp_path: Path, spark) -
     assert "captures columns (tenant_id, id, email) and rows WHERE tenant_id = 7" in _validate(pipe)
     from snapshot.runner import run_snapshot
 
-    run_snapshot(load_pipeline(pipe.file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(pipe.file), progress=False)
     sql(
         pg_db,
         "INSERT INTO users VALUES (7, 100, 'new@x', 'secret'), (8, 100, 'other@x', 'secret')",

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from cdc.ground import logsetup
 from cdc.log import open_log
 from pipelines.metrics import StateCollector
 from pipelines.status import collect_status, print_status
@@ -92,8 +93,8 @@ def test_a_lagging_follower_holds_its_cuts_and_status_shows_errors(tmp_path, pg_
     assert entry["last_error"]["count"] == 2
     assert entry["last_error"]["since_ms"] == err["since_ms"] < entry["last_error"]["last_ms"]
     assert all("last_error" not in f for f in data["followers"] if f["sink"] != "broken")
-    lines: list[str] = []
-    print_status(data, lines.append)
+    with logsetup.collected() as lines:
+        print_status(data)
     text = "\n".join(lines)
     assert "follower broken FAILING since" in text and "2 failed round(s)" in text, text
     assert "cuts kept from cut " in text

@@ -305,7 +305,7 @@ def test_ddl_reaches_search_cache_and_views_without_a_later_write(
     ((drop_lsn,),) = sql(pg_db, "SELECT pg_current_wal_lsn() - '0/0'")
     sql(pg_db, "INSERT INTO other VALUES (2)")
     out = _stream(file, "DDL capture: on", "marked dropped in the log: public.tmp at")
-    runs = {r.sink: r for r in ApplyJob(load_pipeline(file), spark, say=lambda _m: None).run_once()}
+    runs = {r.sink: r for r in ApplyJob(load_pipeline(file), spark).run_once()}
 
     # OpenSearch: the field renamed, the new one with its default, the dropped one kept (`keep`)
     docs = opensearch_docs(opensearch.url, f"{prefix}.public.doc")

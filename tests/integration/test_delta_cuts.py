@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cdc.ground import logsetup
 from pipelines.cli import cli
 from tests.fixtures.lake import LAKE, apply, apply_ok, make_pipe, snapshot, stream
 from tests.harness import source_rows, sql
@@ -219,17 +220,17 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
 
     # `cdc maintain` in a thread with its own Spark session (its own SQL confs, as its own process
     # has); apply goes on in this thread until maintenance is done and one more cut is in.
-    lines: list[str] = []
     out: list = []
     pipeline = load_pipeline(pipe.file)
-    args = (pipeline, spark.newSession(), None, None, 1, True, True, lines.append)
-    worker = threading.Thread(target=lambda: out.append(run_maintain(*args)), daemon=True)
-    worker.start()
-    i = 2
-    while worker.is_alive() or i < 3:
-        small_cut(i)
-        i += 1
-    worker.join()
+    args = (pipeline, spark.newSession(), None, None, 1, True, True)
+    with logsetup.collected("pipelines.maintain") as lines:  # maintain's lines, not apply's
+        worker = threading.Thread(target=lambda: out.append(run_maintain(*args)), daemon=True)
+        worker.start()
+        i = 2
+        while worker.is_alive() or i < 3:
+            small_cut(i)
+            i += 1
+        worker.join()
     assert out == [0], "\n".join(lines)
     report = "\n".join(lines)
     print(report)
@@ -247,8 +248,8 @@ def test_maintain_beside_a_running_apply(pg_db: str, tmp_path: Path, spark) -> N
 
     # No apply running: retention 0 (the user says so) keeps only what the newest cut needs.
     small_cut(i)
-    lines.clear()
-    assert run_maintain(pipeline, spark.newSession(), ["lake"], 0.0, 1, True, True, lines.append) == 0
+    with logsetup.collected("pipelines.maintain") as lines:
+        assert run_maintain(pipeline, spark.newSession(), ["lake"], 0.0, 1, True, True) == 0
     report = "\n".join(lines)
     print(report)
     assert "below Delta's safety default" in report, report

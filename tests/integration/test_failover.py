@@ -140,7 +140,7 @@ def test_failover_slot_survives_promotion_of_the_standby(
         "CREATE TABLE hb(n int)",
     )
     file = _pipeline(tmp_path, dsn)
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
     assert sql(dsn, "SELECT failover FROM pg_replication_slots WHERE slot_name = 'cdc_fo'") == [(True,)]
 
     # streamed from the primary

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 
+from cdc.ground import logsetup
 from pipelines.cli import cli
 from pipelines.faults import CrashPointReached
 from tests.fixtures.lake import apply, apply_ok, make_pipe, snapshot, stream, verified
@@ -63,6 +64,7 @@ VIEWS = [
     },
 ]
 VIEW_FOLLOWERS = {"items_by_region": ("ice", "icepg"), "item_notes": ("ice",)}
+MAINTAIN = ("pipelines.maintain", "sinks.iceberg.maintain")  # the loggers of `cdc maintain`'s lines
 
 
 def pg_sink(dsn: str) -> dict[str, Any]:
@@ -390,13 +392,13 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         "UPDATE users SET score = 8",
     )
     stream(pipe)
-    lines: list[str] = []
     done: list = []
-    args3 = (pipeline, spark.newSession(), ["ice"], None, 1, True, True, lines.append)
-    beside = threading.Thread(target=lambda: done.append(run_maintain(*args3)), daemon=True)
-    beside.start()
-    apply_ok(pipe, spark)
-    beside.join(600)  # a hang guard only
+    args3 = (pipeline, spark.newSession(), ["ice"], None, 1, True, True)
+    with logsetup.collected(*MAINTAIN) as lines:  # maintain's lines, not apply's
+        beside = threading.Thread(target=lambda: done.append(run_maintain(*args3)), daemon=True)
+        beside.start()
+        apply_ok(pipe, spark)
+        beside.join(600)  # a hang guard only
     assert done == [0], "\n".join(lines)
     report = "\n".join(lines)
     assert "sink ice: public.items: " in report and "retention 168 h" in report, report
@@ -410,8 +412,8 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     # No apply running: retention 0 keeps the newest cut's snapshots (and each table's newest one
     # carrying its follower's cut); older snapshots, their files and the older cut records go.
     latest = list_cuts(lake)[0]
-    lines.clear()
-    assert run_maintain(pipeline, spark.newSession(), ["ice"], 0.0, 1, True, True, lines.append) == 0
+    with logsetup.collected(*MAINTAIN) as lines:
+        assert run_maintain(pipeline, spark.newSession(), ["ice"], 0.0, 1, True, True) == 0
     report = "\n".join(lines)
     assert "_cdc_cuts: 2 cut(s) older than the retention forgotten" in report, report
     assert [c.cut_id for c in list_cuts(lake)] == [latest.cut_id], report

@@ -799,13 +799,12 @@ def test_the_publisher_publishes_when_the_stream_rings_not_when_its_wait_ends(
         return thread
 
     staging = open_log(pipeline)
-    publisher = kpub.Publisher(pipeline, staging, say=lambda _m: None)
+    publisher = kpub.Publisher(pipeline, staging)
     log = open_log(pipeline)
     log.on_commit = lambda _cut: bell.ring()  # as `cdc stream` rings its publisher child (cdc/reader.py)
     reader = StreamReader(
         pipeline,
         log,
-        say=lambda _m: None,
         install_signal_handlers=False,
         ack_limit=lambda: kpub.published_lsn(log),
     )
@@ -848,9 +847,7 @@ def stage_without_acknowledging(pipe: KPipe, upto: int) -> None:
 
     pipeline = load_pipeline(pipe.file)
     log = open_log(pipeline)
-    reader = StreamReader(
-        pipeline, log, say=lambda _m: None, install_signal_handlers=False, ack_limit=lambda: 0
-    )
+    reader = StreamReader(pipeline, log, install_signal_handlers=False, ack_limit=lambda: 0)
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -940,7 +937,7 @@ def test_render_workers_publish_what_one_process_publishes(
         staging.set_meta(
             STATE_KEY, json.dumps({"cut_id": 0, "lsn": 0, "tables": {}})
         )  # publish all of it again
-        publisher = Publisher(pipeline, staging, say=lambda _m: None)
+        publisher = Publisher(pipeline, staging)
         publisher.part_events, publisher.part_bytes = (
             97,
             4096,

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from cdc.ground import logsetup
 from pipelines.metrics import free_port, serving
 from sinks.registry import load_pipeline
 from tests.fixtures.capture import make_pipe, no_traceback, snapshot
@@ -284,9 +285,8 @@ def test_apply_metrics_follow_the_follower(pg_db: str, tmp_path: Path, spark) ->
     )
     snapshot(pipe)
     port = free_port()
-    said: list[str] = []
     labels = {"pipeline": "metrics_apply", "sink": "lake"}
-    with serving(load_pipeline(pipe.file), "apply", port, said.append):
+    with logsetup.collected() as said, serving(load_pipeline(pipe.file), "apply", port):
         assert said == [f"metrics: http://127.0.0.1:{port}/metrics"]
         page = Page(port)
         assert page.get("pgcdc_follower_lag_events", **labels) == 20  # never applied: the whole snapshot

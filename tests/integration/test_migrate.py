@@ -12,6 +12,7 @@ import psycopg2
 import pytest
 
 from cdc.filters import published
+from cdc.ground import logsetup
 from cdc.ground.tables import TableName
 from cdc.session import libpq_options
 from pipelines.validate import run_validate
@@ -63,8 +64,8 @@ def test_migrate_alters_a_column_of_a_table_with_a_column_list(tmp_path, pg_db, 
     pipe = make_pipe(tmp_path, pg_db, ["public.users"], sinks=[LAKE], postgres={"table_options": options})
     snapshot(pipe)
     apply_ok(pipe, spark)
-    lines: list[str] = []
-    assert run_validate(load_pipeline(pipe.file), lines.append) == 0, lines
+    with logsetup.collected() as lines:
+        assert run_validate(load_pipeline(pipe.file)) == 0, lines
     warned = "\n".join(lines)
     assert "warn table public.users: its publication column list" in warned and "cdc migrate" in warned, (
         warned

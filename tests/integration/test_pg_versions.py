@@ -91,7 +91,7 @@ def test_capture_snapshot_stream_apply_verify_on_each_major(pg_any_db: str, tmp_
     # ty holds values Delta has no type for (BC and infinite dates, NaN numerics): checked in the log only.
     lake = {"path": "lake", "tables": [t for t in TABLES if t != "public.ty"]}
     file = write_pipeline(tmp_path, dsn, list(TABLES), name="ver", sinks=[{"name": "lake", "delta": lake}])
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
     sql(
         dsn,
         f"INSERT INTO ty(id, {names}) SELECT id + 100, {names} FROM ty",

@@ -42,7 +42,7 @@ def _pipeline(tmp_path: Path, dsn: str, tables: list[str], *more_sinks: dict) ->
 
 
 def _snapshot(file: Path) -> None:
-    run_snapshot(load_pipeline(file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(file), progress=False)
 
 
 def stream_cli(file: Path, *needles: str) -> str:

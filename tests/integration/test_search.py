@@ -94,7 +94,7 @@ def stream(dsn: str, pipeline_file: Path) -> None:
 def snapshot(pipeline_file: Path) -> None:
     from snapshot.runner import run_snapshot
 
-    run_snapshot(load_pipeline(pipeline_file), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(pipeline_file), progress=False)
 
 
 def search_sink(engine: str, request: pytest.FixtureRequest, name: str = "s", **extra: Any) -> dict:

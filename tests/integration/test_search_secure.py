@@ -93,7 +93,7 @@ def test_tls_basic_auth_and_client_certificate(
         ],
         spark={"conf": {"spark.sql.shuffle.partitions": 2}},
     )
-    run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(f), progress=False)
     with shipped_tasks(monkeypatch) as shipped:
         apply_once(f, spark)
         sql(pg_db, "UPDATE items SET title = 'changed' WHERE id <= 5", "DELETE FROM items WHERE id > 25")
@@ -182,7 +182,7 @@ def test_aws_sigv4_signs_every_request(
                 ],
                 spark={"conf": {"spark.sql.shuffle.partitions": 2}},
             )
-            run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)
+            run_snapshot(load_pipeline(f), progress=False)
             apply_once(f, spark)
             code, report = verify(f, spark, "s")
             assert code == 0 and "identical" in report, report

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cdc.ground import logsetup
 from cdc.ground.errors import PipelineFileError
 from pipelines.apply.job import ApplyJob
 from sinks.registry import load_pipeline
@@ -144,7 +145,7 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
         " 'note ' || i, md5(i::text), 20 + i, 'x' FROM generate_series(1, 30) i",
     )
     f = pipeline(tmp_path, pg_db, redis_db)
-    run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)  # the snapshot path (bootstrap)
+    run_snapshot(load_pipeline(f), progress=False)  # the snapshot path (bootstrap)
     apply_once(f, spark)
     check_followers(tmp_path, pg_db, redis_db, spark)
 
@@ -159,8 +160,8 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
         "UPDATE users SET email = 'again' || id || '@example.net' WHERE id IN (2, 31)",
     )
     stream_changes(f, pg_db)
-    lines: list[str] = []
-    runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+    with logsetup.collected() as lines:
+        runs = ApplyJob(load_pipeline(f), spark).run_once()
     assert all(r.error is None and not r.up_to_date for r in runs), runs
     # markers are found under the renamed names: no follower looks as if it lost its data
     assert not any("lost data" in line for line in lines), lines
@@ -183,7 +184,7 @@ def test_one_log_feeds_a_full_lake_and_masked_renamed_followers(
     bad = pipeline(tmp_path, pg_db, redis_db, {"mask": {"emial": "hash"}})
     sql(pg_db, "UPDATE users SET age = age + 1 WHERE id = 1")
     stream_changes(bad, pg_db)
-    runs = ApplyJob(load_pipeline(bad), spark, say=lambda _m: None).run_once("search")
+    runs = ApplyJob(load_pipeline(bad), spark).run_once("search")
     error = runs[0].error
     assert isinstance(error, PipelineFileError) and error.exit_code == 2
     assert "sink search" in error.problem and "public.users" in error.problem and "'emial'" in error.problem
@@ -245,8 +246,8 @@ def test_changed_table_options_rebuild_the_follower(
         return write_pipeline(tmp_path, pg_db, ["public.members"], sinks=[{"name": "cache", "redis": cache}])
 
     def applied(f: Path) -> list[str]:
-        lines: list[str] = []
-        runs = ApplyJob(load_pipeline(f), spark, say=lines.append).run_once()
+        with logsetup.collected() as lines:
+            runs = ApplyJob(load_pipeline(f), spark).run_once()
         assert all(r.error is None for r in runs), runs
         return lines
 
@@ -258,7 +259,7 @@ def test_changed_table_options_rebuild_the_follower(
             client.close()
 
     f = file(None)
-    run_snapshot(load_pipeline(f), progress=False, say=lambda _m: None)
+    run_snapshot(load_pipeline(f), progress=False)
     applied(f)
     source = {k[0]: v["email"] for k, v in source_rows(pg_db, "public.members", ["id"]).items()}
     assert emails("public.members:") == source

@@ -142,13 +142,14 @@ def delta_rows(spark, path: Path) -> dict[int, str | None]:
 
 
 def apply(s: Setup, spark) -> None:
+    from cdc.ground import logsetup
     from pipelines.apply.job import ApplyJob
     from sinks.registry import load_pipeline
 
-    lines: list[str] = []
-    job = ApplyJob(load_pipeline(s.file), spark, say=lines.append)
-    runs = job.run_once()
-    job.report(runs)
+    job = ApplyJob(load_pipeline(s.file), spark)
+    with logsetup.collected() as lines:
+        runs = job.run_once()
+        job.report(runs)
     assert not [r for r in runs if r.error is not None], "apply failed:\n" + "\n".join(lines)
 
 

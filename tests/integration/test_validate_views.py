@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.ground import logsetup
 from pipelines.validate import run_validate
 from sinks.registry import load_pipeline
 from tests.fixtures.nojvm import cdc_watched
@@ -48,8 +49,8 @@ def validate(tmp_path: Path, dsn: str, views: list[dict], name: str) -> tuple[in
             }
         ],
     )
-    lines: list[str] = []
-    code = run_validate(load_pipeline(f), lines.append)
+    with logsetup.collected() as lines:
+        code = run_validate(load_pipeline(f))
     return code, lines
 
 

@@ -30,6 +30,7 @@ import time
 
 import pytest
 
+from cdc.ground import logsetup
 from pipelines.faults import CrashPointReached
 from pipelines.views.state import base_path, out_path, view_state
 from tests.fixtures.lake import make_pipe, snapshot, state_dir, stream, txn_commits
@@ -155,13 +156,13 @@ def maintain_views(pipe, spark) -> tuple[list, list[str]]:
     from pipelines.views.maintain import run_view_stage
     from sinks.registry import load_pipeline
 
-    lines: list[str] = []
-    job = ApplyJob(load_pipeline(pipe.file), spark, say=lines.append)
+    job = ApplyJob(load_pipeline(pipe.file), spark)
     log = open_log_view(job.pipeline)
     try:
         reader = change_reader(log)
         try:
-            runs = run_view_stage(job, log, reader, log.latest_cut(), list(VIEWS))
+            with logsetup.collected() as lines:
+                runs = run_view_stage(job, log, reader, log.latest_cut(), list(VIEWS))
         finally:
             reader.close()
     finally:

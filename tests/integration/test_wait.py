@@ -72,9 +72,7 @@ def test_cdc_wait_reads_your_own_writes(tmp_path: Path, pg_db: str, redis_db: st
     app = threading.Thread(target=application)
     app.start()
     try:
-        ApplyJob(load_pipeline(file), spark, say=lambda _m: None).run_forever(
-            keep_going=lambda: not done.is_set()
-        )
+        ApplyJob(load_pipeline(file), spark).run_forever(keep_going=lambda: not done.is_set())
     finally:
         done.wait(int(HANG_GUARD_S))
         app.join()

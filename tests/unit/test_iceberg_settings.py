@@ -165,6 +165,6 @@ def test_teardown_keeps_the_warehouse_and_the_sqlite_catalog_of_a_remote_warehou
     for rel in ("ice/catalog.db", "ice/public/t/data/x.parquet", "far-catalog.db", "checkpoints/ice.json"):
         (state / rel).parent.mkdir(parents=True, exist_ok=True)
         (state / rel).write_bytes(b"row")
-    remove_captured(pipeline, lambda _m: None)
+    remove_captured(pipeline)
     left = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
     assert left == ["far-catalog.db", "ice/catalog.db", "ice/public/t/data/x.parquet"], left

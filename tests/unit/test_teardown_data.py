@@ -3,6 +3,7 @@ pipeline's, except a follower's own directory kept there; a log outside state_di
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from tests.harness import write_pipeline
 pytestmark = pytest.mark.unit
 
 
-def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
+def test_everything_but_the_followers_directories_goes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     sinks = [
         {"name": "lake", "delta": {"path": "st/lake"}},
         {
@@ -45,9 +48,10 @@ def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
         (state / rel).write_bytes(b"row")
     (tmp_path / "elsewhere" / "segments").mkdir(parents=True)
     (tmp_path / "elsewhere" / "log.db").write_bytes(b"row")
-    said: list[str] = []
+    caplog.set_level(logging.INFO, logger="pipelines.teardown_data")
 
-    remove_captured(pipeline, said.append)
+    remove_captured(pipeline)
+    said = caplog.messages
     left = sorted(
         str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "test.yml"
     )
@@ -59,7 +63,9 @@ def test_everything_but_the_followers_directories_goes(tmp_path: Path) -> None:
     )
 
 
-def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(tmp_path: Path) -> None:
+def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     file = write_pipeline(tmp_path, "postgresql://x@127.0.0.1:1/x", ["public.t"], state_dir=".", sinks=[])
     pipeline = load_pipeline(file)
     for rel in (
@@ -73,9 +79,10 @@ def test_a_state_dir_holding_the_pipeline_file_keeps_what_cdc_did_not_write(tmp_
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"row")
-    said: list[str] = []
+    caplog.set_level(logging.INFO, logger="pipelines.teardown_data")
 
-    remove_captured(pipeline, said.append)
+    remove_captured(pipeline)
+    said = caplog.messages
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["mine/data", "notes.txt", "test.yml"], left
     assert (

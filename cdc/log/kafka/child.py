@@ -14,6 +14,7 @@ The child stops by itself when its parent disappears (kill -9 of `cdc stream`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -23,9 +24,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
-from cdc.ground import errors
+from cdc.ground import errors, logsetup
 from cdc.ground.errors import CdcError, LogError
 from cdc.log.kafka.doorbell import Doorbell, wait_for_ring
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
@@ -66,7 +69,6 @@ class PublishWatch:
         self,
         pipeline: Pipeline,
         staging: LocalLog,
-        say: Callable[[str], None],
         clock: Callable[[], float] | None = None,
     ) -> None:
         import time
@@ -78,7 +80,6 @@ class PublishWatch:
             s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()
         ]
         self.staging = staging
-        self.say = say
         self.clock = clock or time.monotonic
         now = self.clock()
         self._published = -1
@@ -100,7 +101,7 @@ class PublishWatch:
         if published != self._published:
             self._published, self._moved = published, now
             if self._away_since is not None:
-                self.say(
+                logger.info(
                     f"Kafka is back after {now - self._away_since:.0f}s: publishing resumed "
                     f"(Kafka holds the changes up to {format_lsn(published)})"
                 )
@@ -119,8 +120,8 @@ class PublishWatch:
         if self._away_since is None:
             self._away_since = self._moved
         self._last_warn = now
-        self.say(
-            f"warning: the Kafka broker is unreachable ({problem}); waiting for it "
+        logger.warning(
+            f"the Kafka broker is unreachable ({problem}); waiting for it "
             f"(nothing published for {now - self._moved:.0f}s). Changes stay durable in the staging log "
             f"(up to {format_lsn(staged)}) and the slot is acknowledged only up to what Kafka holds "
             f"({format_lsn(published)}): nothing is lost, but the source keeps the WAL meanwhile "
@@ -180,7 +181,7 @@ class PublisherProcess:
         self._errors, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(
             target=_child_main,
-            args=(pipeline, self._stop, child_end, os.getpid(), self._bell.receiver),
+            args=(pipeline, self._stop, child_end, os.getpid(), self._bell.receiver, logsetup.shown()),
             name="cdc-publisher",
         )
         self._child_end = child_end
@@ -232,9 +233,17 @@ class PublisherProcess:
 
 
 def _child_main(
-    pipeline: Pipeline, stop_event: StopFlag, error_pipe: Connection, parent_pid: int, bell: Connection
+    pipeline: Pipeline,
+    stop_event: StopFlag,
+    error_pipe: Connection,
+    parent_pid: int,
+    bell: Connection,
+    shown: str | None,
 ) -> None:
-    """Entry point of the child (multiprocessing, spawn)."""
+    """Entry point of the child (multiprocessing, spawn); its lines are shown as the parent's (`shown`)."""
+    if shown is not None:
+        logsetup.configure(shown)
+        logsetup.set_pipeline(pipeline.name)
     signal.signal(
         signal.SIGINT, signal.SIG_IGN
     )  # Ctrl-C reaches the whole group: the parent decides when we stop
@@ -249,9 +258,9 @@ def _child_main(
 
     why = pure_python_reason()
     if why is not None:  # the unusual case: say why publishing costs about 3x the CPU
-        print(f"publisher: rendering in pure Python ({why})", flush=True)
+        logger.info(f"publisher: rendering in pure Python ({why})")
     staging = open_log(pipeline)
-    publisher = Publisher(pipeline, staging, say=lambda m: print(m, flush=True))
+    publisher = Publisher(pipeline, staging)
     try:
         with publisher_lock(staging):
             if (

@@ -20,6 +20,7 @@ the epoch), cdc.sv (schema version of the table, to type the values).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
     from cdc.log.base import Cut
     from cdc.log.kafka.batch_producer import BatchProducer
+
+logger = logging.getLogger(__name__)
 
 STATE_KEY = "kafka_published"
 CUT_KEY = b"cut"
@@ -108,13 +111,12 @@ def published_lsn(log: LocalLog) -> int:
 
 
 class Publisher:
-    def __init__(self, pipeline: Pipeline, staging: LocalLog, say: Callable[[str], None] = print) -> None:
+    def __init__(self, pipeline: Pipeline, staging: LocalLog) -> None:
         cfg = pipeline.log_config.kafka
         assert cfg is not None
         self.cfg = cfg
         self.pipeline = pipeline
         self.staging = staging
-        self.say = say
         self.prefix = cfg.topic_prefix or pipeline.name
         self._producer: BatchProducer | None = None
         self._admin: KafkaAdminClient | None = None
@@ -295,7 +297,7 @@ class Publisher:
                         try:
                             produced = self.publish_once()
                         except (KafkaError, LogError, OSError) as exc:
-                            self.say(
+                            logger.info(
                                 f"publisher: Kafka not available ({type(exc).__name__}: {exc}); retrying"
                             )
                             self.close()

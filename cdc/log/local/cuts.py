@@ -8,17 +8,20 @@ past the bound the oldest go and an alarm names the followers that needed them.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from cdc.ground.logsetup import STDERR
 from cdc.ground.remedy import Command, placeholder
 from cdc.ground.tables import TableName
 from cdc.log.base import Cut, TableRange
 from cdc.log.local.store import LocalStore, now_ms
+
+logger = logging.getLogger(__name__)
 
 KEEP_CUTS = 200
 
@@ -114,12 +117,11 @@ class CutStore(LocalStore):
 
                 metrics.CUTS_DROPPED_HELD.labels(self._pipeline).inc()
                 who = ", ".join(f"{f} (at cut {c})" for f, c in overdue.items())
-                print(
-                    f"warning: the log dropped cuts below {below} that {who} still needed: it reached its bound"
+                logger.warning(
+                    f"the log dropped cuts below {below} that {who} still needed: it reached its bound"
                     f" (log.local.held_cuts_max {self.held_max:,} cuts / held_cuts_max_age_s {self.held_max_age_s:g} s);"
                     " such a follower is rebuilt by `cdc reset PIPELINE --sink NAME --rebuild`",
-                    file=sys.stderr,
-                    flush=True,
+                    extra=STDERR,
                 )
         self._alarmed = overdue
         self.db.execute("DELETE FROM cuts WHERE id < ?", (below,))
