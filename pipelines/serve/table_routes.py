@@ -22,6 +22,7 @@ from pipelines.serve.clients import Client, Clients, Options
 from pipelines.serve.feed import Control, Hub, Subscriber, TableFeed
 from pipelines.serve.filters import Filter, parse_filter
 from pipelines.serve.logview import Change, Txn
+from pipelines.serve.paging import one_page
 from pipelines.serve.tokens import Grant, authorize
 from pipelines.serve.viewfeed import ViewHub
 
@@ -169,16 +170,7 @@ class TableRoutes:
             lsn, position, rows = cached
         if not flt.empty:
             rows = [r for r in rows if flt.matches(r.doc)]
-        chunk = rows[page * limit : (page + 1) * limit]
-        nxt = None
-        if (page + 1) * limit < len(rows):
-            params = dict(request.query_params) | {
-                "cut": str(cut_id),
-                "page": str(page + 1),
-                "limit": str(limit),
-            }
-            params.pop("access_token", None)
-            nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
+        chunk, nxt = one_page(rows, page, limit, request, {"cut": str(cut_id)})
         body = {
             "table": feed.name,
             "key": list(self.keys[feed.name]),

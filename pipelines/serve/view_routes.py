@@ -21,6 +21,7 @@ from pipelines.serve import metrics
 from pipelines.serve.clients import Client
 from pipelines.serve.feed import Control
 from pipelines.serve.filters import Filter, parse_filter
+from pipelines.serve.paging import one_page
 from pipelines.serve.table_routes import TableRoutes, _bad, _json
 from pipelines.serve.viewfeed import SCHEMA, ViewAt, ViewFeed, parse_position
 
@@ -112,16 +113,7 @@ class ViewRoutes(TableRoutes):
             return _json(409, _view_control(feed, Control("compacted", msg)))
         if not flt.empty:
             rows = [r for r in rows if flt.matches(r.doc)]
-        chunk = rows[page * limit : (page + 1) * limit]
-        nxt = None
-        if (page + 1) * limit < len(rows):
-            params = dict(request.query_params) | {
-                "at": at.position,
-                "page": str(page + 1),
-                "limit": str(limit),
-            }
-            params.pop("access_token", None)
-            nxt = f"{request.url.path}?" + "&".join(f"{k}={v}" for k, v in params.items())
+        chunk, nxt = one_page(rows, page, limit, request, {"at": at.position})
         body = {
             "view": feed.name,
             "key": list(at.key),
