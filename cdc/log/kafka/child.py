@@ -47,9 +47,7 @@ def check_broker(pipeline: Pipeline) -> None:
     """Raise LogError naming the address when no broker answers (bounded by the client timeout)."""
     from cdc.log.kafka import client as kc
 
-    cfg = pipeline.log_config.kafka
-    assert cfg is not None
-    kc.admin(cfg).close()
+    kc.admin(kc.kafka_log(pipeline)[0]).close()
 
 
 class PublishWatch:

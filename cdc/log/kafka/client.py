@@ -15,9 +15,17 @@ from cdc.ground.errors import LogError, UsageError
 from cdc.log.kafka.batch_producer import BatchProducer
 
 if TYPE_CHECKING:
+    from cdc.ground.config import Pipeline
     from cdc.ground.log_config import KafkaLog
 
 TIMEOUT_MS = 15_000
+
+
+def kafka_log(pipeline: Pipeline) -> tuple[KafkaLog, str]:
+    """The pipeline's `log: kafka:` settings and its topics' prefix (the pipeline's name unless set)."""
+    cfg = pipeline.log_config.kafka
+    assert cfg is not None, "a Kafka log's code runs only for a pipeline whose log is kafka"
+    return cfg, cfg.topic_prefix or pipeline.name
 
 
 def servers(bootstrap: str | list[str]) -> list[str]:

@@ -114,12 +114,9 @@ class DebeziumLogView:
         return f"debezium:{self.prefix}"
 
     def __init__(self, pipeline: Pipeline) -> None:
-        cfg = pipeline.log_config.kafka
-        assert cfg is not None
-        self.cfg = cfg
+        self.cfg, self.prefix = kc.kafka_log(pipeline)
         self.pipeline = pipeline
-        self.prefix = cfg.topic_prefix or pipeline.name
-        self.txn_topic = cfg.transaction_topic or f"{self.prefix}.transaction"
+        self.txn_topic = self.cfg.transaction_topic or f"{self.prefix}.transaction"
         self._consumer: KafkaConsumer | None = None
         self._admin: KafkaAdminClient | None = None
         self._tables: list[TableName] | None = None

@@ -112,18 +112,16 @@ def published_lsn(log: LocalLog) -> int:
 
 class Publisher:
     def __init__(self, pipeline: Pipeline, staging: LocalLog) -> None:
-        cfg = pipeline.log_config.kafka
-        assert cfg is not None
-        self.cfg = cfg
+        self.cfg, self.prefix = kc.kafka_log(pipeline)
         self.pipeline = pipeline
         self.staging = staging
-        self.prefix = cfg.topic_prefix or pipeline.name
         self._producer: BatchProducer | None = None
         self._admin: KafkaAdminClient | None = None
         self._pool: RenderPool | None = None
         self._database = ""
         # Ranges larger than one part are rendered by `workers` processes (0: in this one).
-        self.workers = cfg.publisher_workers if cfg.publisher_workers is not None else default_workers()
+        workers = self.cfg.publisher_workers
+        self.workers = workers if workers is not None else default_workers()
         self.part_events = PART_EVENTS
         self.part_bytes = PART_BYTES
         self._ready_topics: set[str] = set()

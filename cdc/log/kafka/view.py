@@ -55,11 +55,8 @@ class KafkaLogView:
     inserts_are_new = True
 
     def __init__(self, pipeline: Pipeline) -> None:
-        cfg = pipeline.log_config.kafka
-        assert cfg is not None
-        self.cfg = cfg
+        self.cfg, self.prefix = kc.kafka_log(pipeline)
         self.pipeline = pipeline
-        self.prefix = cfg.topic_prefix or pipeline.name
         self._consumer: KafkaConsumer | None = None
         self._cut_body: dict[str, Any] | None = None
         self._schemas: dict[TableName, list[tuple[int, int, TableSchema]]] | None = None
