@@ -42,7 +42,11 @@ def _print(verdicts: list[SinkVerdict], say: Callable[[str], None], pipeline: Pi
         for t in v.tables:
             mark = "identical" if t.identical else "DIFFERENT"
             extra = (
-                f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
+                f" ({t.excused} row(s) inserted or deleted after the verification point, counted in)"
+                if t.excused and t.keyless
+                else f" ({t.excused} key(s) changed after the verification point, excused)"
+                if t.excused
+                else ""
             )
             say(
                 f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}"
