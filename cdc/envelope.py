@@ -3,6 +3,12 @@
 Key: the key columns as a JSON object. Value: the envelope below; a delete is followed by a
 tombstone (same key, null value) when a keyed record stream is produced (`records`).
 
+A table without a key (docs/keyless-tables.md) has its records keyed by their position instead,
+`{"_cdc_lsn": <commit LSN>, "_cdc_seq": <sequence>}` (the columns followers identify its rows by),
+so no two records share a key and a compacted topic keeps every one; its deletes (REPLICA IDENTITY
+FULL: `before` is the whole deleted row) get no tombstone, which would compact the delete itself
+away, and with it the removal of one row of that content.
+
     {"before": {...}|null, "after": {...}|null,
      "source": {"version", "connector": "postgresql", "name", "ts_ms", "snapshot", "db", "sequence",
                 "schema", "table", "txId", "lsn", "xmin"},
@@ -44,6 +50,11 @@ TRUNCATE_KEY = b'{"__cdc_truncate":true}'  # compacted topics need a key; one fo
 
 # The slots of the value template (EnvelopeRenderer.pieces), in order.
 _SLOTS = (b"%b", b"%b", b"%b", b"%d", b"%d", b"%b", b"%d", b"%b", b"%d")
+
+
+def position_key_json(lsn: int, seq: int) -> bytes:
+    """The record key of a keyless table's event: its position (the bytes orjson gives for it)."""
+    return b'{"_cdc_lsn":%d,"_cdc_seq":%d}' % (lsn, seq)
 
 
 def _placeholder(type_name: str) -> str:
@@ -120,6 +131,8 @@ class EnvelopeRenderer:
     def key(self, record: LogRecord) -> dict[str, Any] | None:
         if record.op == "t":
             return None
+        if not record.schema.key:  # keyless: the position (module docstring)
+            return {"_cdc_lsn": record.lsn, "_cdc_seq": record.seq}
         names, convs, _, key_idx = self._plan(record.schema)
         source = record.values if record.op != "d" else record.before
         if source is not None and all(source[i] is not None and source[i] is not UNCHANGED for i in key_idx):
@@ -230,5 +243,5 @@ class EnvelopeRenderer:
                 now_ms = clock.now_ms()
             key = self.key_json(record)
             yield record, key, self.value_json(record, now_ms)
-            if record.op == "d":
+            if record.op == "d" and record.schema.key:  # a keyless delete has no tombstone
                 yield record, key, None

@@ -6,9 +6,10 @@ each change's position (commit LSN, sequence), which only some followers can use
 mode scd1 holds either (for a multiset table it deletes one row of the deleted content), an Iceberg
 table in mode scd1 and a search index append inserted rows (identified by the position) but do not
 remove one of two identical rows, SCD2 keeps versions of keyed rows, and the cache keeps one entry
-per key of the row's own, looked up by it. The
-Kafka log's keys are the key columns as JSON (Debezium's form), which a keyless table does not have,
-so a compacted topic would keep one row of it. Those are refused before anything starts.
+per key of the row's own, looked up by it. Our Kafka log keys a keyless table's records by position
+too (cdc/envelope.py), so its compacted topics keep every one; a Debezium connector's topics
+(`format: debezium`) key them by nothing (null keys), which the Debezium reader cannot tell apart.
+Those are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
     if not keyless:
         return []
     problems = []
-    if pipeline.log_config.kafka is not None:
+    kafka = pipeline.log_config.kafka
+    if kafka is not None and kafka.format == "debezium":
         names = ", ".join(map(str, keyless))
         problems.append(
             Problem(
-                f"{names} {'have' if len(keyless) > 1 else 'has'} no primary key, which the Kafka log cannot hold yet "
-                "(its record keys are the key columns, so a compacted topic would keep one row of the table)",
-                f"use the local log (log: {{local: {{}}}}), or give each a primary key: ALTER TABLE {keyless[0]} ADD PRIMARY KEY (...);",
+                f"{names} {'have' if len(keyless) > 1 else 'has'} no primary key, which the Debezium topics cannot "
+                "follow (Debezium writes such a table's records with a null key, so the reader has nothing to tell "
+                "its rows apart by)",
+                "capture it with `cdc stream` (log: kafka with format: cdc, or the local log), leave it out of "
+                f"source.postgres.tables, or give it a primary key: ALTER TABLE {keyless[0]} ADD PRIMARY KEY (...);",
             )
         )
     for sink in pipeline.sinks:

@@ -201,7 +201,7 @@ def _verify_sink(
             if ckpt.lsn >= source.point:  # the follower is past the point: what it applied since
                 end = ckpt.tables.get(str(table), [0, 0])[1]
                 after = _changed_after if schema.key else _keyless_after
-                excused = after(spark, reader, table, schema, source.point, end, shape)
+                excused = after(spark, reader, table, schema, source.point, end, shape, log.value_kind)
             with stage(f"sink {sink_cfg.name}: {table}: comparing with the source"):
                 current = sink.current(table)
                 verdict.tables.append(

@@ -30,6 +30,7 @@ class TableVerdict:
     extra: int = 0  # in the follower, not in the source
     different: int = 0
     excused: int = 0  # differ, but changed after the verification point
+    keyless: bool = False  # compared as a multiset: `excused` counts rows inserted or deleted since the point
     samples: list[str] = field(default_factory=list)
     missing_columns: list[str] = field(default_factory=list)  # the source has them, the follower does not
     # (old name, new name): renamed in the source, the follower still has the old name (compared under it)
@@ -85,6 +86,7 @@ def compare(
     verdict = TableVerdict(table)
     names = [c.name for c in schema.columns]
     keys = list(schema.key)
+    verdict.keyless = not keys
     if follower is None:
         follower = source.limit(0)
     if not keys and excused is not None:

@@ -131,18 +131,20 @@ def _keyless_after(
     point: int,
     upto: int,
     shape: Shape | None = None,
+    kind: str = "pgtext",
 ) -> DataFrame | None:
-    """A keyless table's logged rows at or after `point` (up to offset `upto`), typed, with `__op`
-    ('c'/'r' inserted, 'd' deleted: the whole deleted row); None if there are none."""
+    """A keyless table's logged rows at or after `point` (up to offset `upto`), typed (`kind`: the
+    log's value_kind), with `__op` ('c'/'r' inserted, 'd' deleted: the whole deleted row); None if
+    there are none. Each position once: a Kafka topic may hold a record twice (republished after a
+    publisher crash), which followers apply once."""
     first = reader.first_offset_from(spark, table, point, upto)
     if first is None:
         return None
     raw = shape_rows(reader.read_changes(spark, table, first - 1, upto, schema), shape)
     schema = shape.schema if shape is not None else schema
-    typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))])
-    return raw.filter((F.col("op") != "t") & (F.col("lsn") >= point)).select(
-        *(t.alias(n) for n, t, _ in typed), F.col("op").alias("__op")
-    )
+    typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))], kind)
+    rows = raw.filter((F.col("op") != "t") & (F.col("lsn") >= point)).dropDuplicates(["lsn", "seq"])
+    return rows.select(*(t.alias(n) for n, t, _ in typed), F.col("op").alias("__op"))
 
 
 def _changed_after(
@@ -153,9 +155,11 @@ def _changed_after(
     point: int,
     upto: int,
     shape: Shape | None = None,
+    kind: str = "pgtext",
 ) -> DataFrame | None:
-    """Typed keys the log changed at or after `point` (up to offset `upto`); None if there are none.
-    With the sink's shape, keys are as the follower has them (a hashed key column)."""
+    """Typed keys (`kind`: the log's value_kind) the log changed at or after `point` (up to offset
+    `upto`); None if there are none. With the sink's shape, keys are as the follower has them (a
+    hashed key column)."""
     first = reader.first_offset_from(spark, table, point, upto)
     if first is None:
         return None
@@ -165,5 +169,5 @@ def _changed_after(
         tuple(c for c in schema.columns if c.name in schema.key), schema.key, schema.types
     )
     idx = [schema.column_names.index(c.name) for c in key_schema.columns]
-    typed = typed_columns(key_schema, [F.col("vals")[i] for i in idx])
+    typed = typed_columns(key_schema, [F.col("vals")[i] for i in idx], kind)
     return raw.filter(F.col("op") != "t").select(*(t.alias(n) for n, t, _ in typed)).distinct()

@@ -44,7 +44,11 @@ def _print(verdicts: list[SinkVerdict], pipeline: Pipeline | None = None) -> Non
         for t in v.tables:
             mark = "identical" if t.identical else "DIFFERENT"
             extra = (
-                f" ({t.excused} key(s) changed after the verification point, excused)" if t.excused else ""
+                f" ({t.excused} row(s) inserted or deleted after the verification point, counted in)"
+                if t.excused and t.keyless
+                else f" ({t.excused} key(s) changed after the verification point, excused)"
+                if t.excused
+                else ""
             )
             logger.info(
                 f"sink {v.sink}: {t.table}: {mark}: source {t.source_rows:,} rows, follower {t.follower_rows:,}{extra}"

@@ -24,7 +24,12 @@ from cdc.source.catalog import (
 )
 from cdc.source.checks import MIN_SERVER_VERSION, check_source, failover_unsupported
 from cdc.source.connection import connect
-from cdc.source.publications import ensure_publication, insert_publication, publication_names
+from cdc.source.publications import (
+    ensure_publication,
+    followed_insert_only,
+    insert_publication,
+    publication_names,
+)
 from cdc.source.report import CheckReport, ColumnInfo, Problem, ServerInfo, TableInfo
 from cdc.source.slots import (
     current_wal_lsn,
@@ -49,6 +54,7 @@ __all__ = [
     "ensure_publication",
     "failover_unsupported",
     "flushed_wal_lsn",
+    "followed_insert_only",
     "insert_publication",
     "make_failover_slot",
     "missing_table",

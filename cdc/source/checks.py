@@ -22,7 +22,7 @@ from cdc.ground.remedy import Command, placeholder
 from cdc.ground.source_config import SourceTableOptions
 from cdc.ground.tables import TableName, TableSelector, quote_ident
 from cdc.source.catalog import missing_table, resolve_tables, server_info, table_info
-from cdc.source.publications import check_publications
+from cdc.source.publications import check_publications, full_identity_notes
 from cdc.source.report import CheckReport, Problem, ServerInfo
 from cdc.source.slots import _slot, slot_holder
 
@@ -142,6 +142,9 @@ def check_source(
             )
     _check_filters(conn, report, info, options or {})
     check_publications(conn, report, info, publication)
+    full_identity_notes(
+        conn, report, publication, lambda t: command("snapshot", "--tables", shlex.quote(str(t)))
+    )
     return report
 
 

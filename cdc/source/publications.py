@@ -4,7 +4,7 @@ insert-only publication (insert_publication)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from psycopg2 import sql
 
@@ -181,6 +181,32 @@ def _publication_tables(conn, publication: str) -> set[TableName] | None:
             (publication, publication),
         )
         return {TableName(s, t) for s, t in cur.fetchall()}
+
+
+def followed_insert_only(conn, publication: str, table: TableName) -> bool:
+    """Whether a keyless table is in the pipeline's insert-only publication and not in its main one:
+    followed by its inserts alone. A REPLICA IDENTITY FULL table there got its identity after it
+    joined (its updates and deletes are not published): `cdc snapshot --tables` moves it."""
+    inserts = _publication_tables(conn, insert_publication(publication))
+    if inserts is None or table not in inserts:
+        return False
+    return table not in (_publication_tables(conn, publication) or set())
+
+
+def full_identity_notes(
+    conn, report: CheckReport, publication: str, snapshot: Callable[[TableName], str]
+) -> None:
+    """A note for each REPLICA IDENTITY FULL keyless table still followed insert-only (it was
+    switched from DEFAULT while followed). A note, not a problem: the fix, `snapshot(table)`, runs
+    the same checks."""
+    for t in report.tables:
+        if t.multiset and followed_insert_only(conn, publication, t.table):
+            report.notes.append(
+                f"table {t.table} has REPLICA IDENTITY FULL but is followed insert-only (it is in publication "
+                f"{insert_publication(publication)}, not in {publication}): its updates and deletes are not captured, "
+                f"and `cdc stream` stops at its next insert; run `{snapshot(t.table)}` (it adds the table to "
+                f"{publication} and copies it again, as the updates and deletes since the change were not captured)"
+            )
 
 
 def insert_publication(publication: str) -> str:

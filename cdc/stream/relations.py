@@ -25,7 +25,7 @@ from cdc.log.local import LocalLog
 from cdc.pgoutput import Relation
 from cdc.rebase import RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
-from cdc.source import table_info
+from cdc.source import followed_insert_only, insert_publication, table_info
 from cdc.tablewatch import TableWatch
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class RelationTracking:
         # a keyless table followed (insert-only or as a multiset) from the start (a table that loses its
         # key still stops here)
         positional = not key and (table in self._keyless or self._new_keyless(conn, table))
+        if positional and msg.replica_identity == "f":
+            self._check_full_published(conn, table)
         if (not key and not positional) or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
@@ -115,6 +117,22 @@ class RelationTracking:
         version = self.log.schema_version(table_id, schema, lsn)
         idx = schema.key_indexes
         self._rels[msg.relation_id] = Rel(table, table_id, version, idx, max(idx, default=-1) + 1, positional)
+
+    def _check_full_published(self, conn, table: TableName) -> None:
+        """A keyless table followed insert-only that got REPLICA IDENTITY FULL while followed: it is
+        still in the insert-only publication alone, so its updates and deletes never reach us. Stop
+        before this change (nothing past it is acknowledged): a new copy in the main publication
+        makes the follower exact again."""
+        publication = self.pipeline.publication
+        if not followed_insert_only(conn, publication, table):
+            return
+        raise SourceError(
+            f"table {table} got REPLICA IDENTITY FULL while followed insert-only: it is in publication "
+            f"{insert_publication(publication)} (inserts only), not in {publication}, so its updates and deletes "
+            "are not captured; the stream stopped before its next change and acknowledged nothing past it",
+            f"run `{snapshot_command(self.pipeline, table)}` (it adds {table} to publication {publication} and copies "
+            "it again, as its updates and deletes since the change were not captured), then start the stream again",
+        )
 
     def _new_keyless(self, conn, table: TableName) -> bool:
         """A keyless table that joined while streaming (`cdc snapshot --tables`): followed by position

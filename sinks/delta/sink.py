@@ -424,8 +424,11 @@ class DeltaSink(Sink):
             self._retire(path, batch)
             return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
-            older = self._older_than(batch.snapshot_lsn, 0)
-            retry_conflicts(lambda: target.delete(older))  # start over from the snapshot
+            # start over from the snapshot: every row of the older history committed before its point.
+            # A keyless table's snapshot rows sit at the point with negative seqs (cdc.keys.snapshot_seq),
+            # so a cut applied again after a crash before the checkpoint must not take them for older.
+            older = f"_cdc_lsn < {batch.snapshot_lsn}"
+            retry_conflicts(lambda: target.delete(older))
         if batch.truncate_position is not None and not fresh:
             older = self._older_than(*batch.truncate_position)
             retry_conflicts(lambda: target.delete(older))

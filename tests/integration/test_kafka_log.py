@@ -89,7 +89,11 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     truncate and an added column, through the Kafka log into Delta: verify finds the follower
     identical. The topics have the documented layout, and `cdc status` shows the cut and the
     follower's lag. Each topic's range is read in tasks of 5 records (a big catch-up's split,
-    pipelines/apply/readers/envelopes.py): a TOAST value, a key's versions and a truncate span tasks."""
+    pipelines/apply/readers/envelopes.py): a TOAST value, a key's versions and a truncate span tasks.
+    Beside them two tables without a key (docs/keyless-tables.md): an insert-only one and a REPLICA
+    IDENTITY FULL one, identical rows in both, one of two identical rows updated and one deleted:
+    every record keyed by its own position, no tombstones, the FULL delete carrying the whole row;
+    delta-rs reads the source's multisets, and verify holds with the follower past its point."""
     monkeypatch.setattr(readers_base, "EVENTS_PER_PARTITION", 5)
     sql(
         pg_db,
@@ -100,11 +104,18 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
         "INSERT INTO pairs SELECT g, 'k' || g, 'v' || g FROM generate_series(1, 5) g",
         "CREATE TABLE gone(id int PRIMARY KEY, v text)",
         "INSERT INTO gone SELECT g, 'g' || g FROM generate_series(1, 4) g",
+        "CREATE TABLE audit(who text, n int, at timestamptz)",  # no key, default identity: insert-only
+        "INSERT INTO audit SELECT 'u' || (g % 2), g % 2, '2024-01-01 10:00:00.5+00' FROM generate_series(1, 6) g",
+        "CREATE TABLE tally(k text, v int)",
+        "ALTER TABLE tally REPLICA IDENTITY FULL",  # no key: a multiset
+        "INSERT INTO tally VALUES ('a', 1), ('a', 1), ('a', 1), ('b', 2)",
     )
-    tables = ["public.items", "public.pairs", "public.gone"]
+    keyless = ["public.audit", "public.tally"]
+    tables = ["public.items", "public.pairs", "public.gone", *keyless]
     pipe = make_kpipe(tmp_path, pg_db, tables, kafka.bootstrap)
+    assert "no key: followed insert-only" in ok("validate", pipe.file).out  # the Kafka log holds it
     run = snapshot(pipe)
-    assert "published 15 records to Kafka" in run.out, run.out
+    assert "published 25 records to Kafka" in run.out, run.out
     sql(
         pg_db,
         f"INSERT INTO items VALUES (7, 0, {BIG_TEXT}, 'seven')",
@@ -122,6 +133,11 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
         "ALTER TABLE items ADD COLUMN extra text DEFAULT 'dflt'",
         "INSERT INTO items(id, n, big, note, extra) VALUES (8, 0, 'small', 'eight', 'x')",
         "UPDATE items SET extra = 'e5' WHERE id = 5",  # big unchanged, new schema version
+        "INSERT INTO audit VALUES ('u1', 1, '2024-01-01 10:00:00.5+00'), ('u1', 1, '2024-01-01 10:00:00.5+00')",
+        # one of identical rows, by ctid: FULL logs the update as a delete of the old row and a create
+        "UPDATE tally SET v = 10 WHERE ctid = (SELECT ctid FROM tally WHERE k = 'a' LIMIT 1)",
+        "DELETE FROM tally WHERE ctid = (SELECT ctid FROM tally WHERE k = 'a' AND v = 1 LIMIT 1)",
+        "INSERT INTO tally VALUES ('c', 3), ('c', 3)",
     )
     stream_until_current(pipe)
     split = kafka_frame(spark, kafka.bootstrap, pipe.topic("public.items"), 0, 8)
@@ -137,8 +153,9 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
 
     keys = {"public.items": ["id"], "public.pairs": ["a", "b"], "public.gone": ["id"]}
     records = {t: table_records(kafka.bootstrap, pipe.topic(t)) for t in tables}
-    for table, recs in records.items():
-        check_shape(recs, pipe.topic(table), keys[table])
+    for table, key in keys.items():
+        recs = records[table]
+        check_shape(recs, pipe.topic(table), key)
         assert len(recs) == len(set(r.offset for r in recs)) == recs[-1].offset + 1, (
             f"{table}: offsets not dense"
         )
@@ -168,6 +185,7 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     )
     gone = [(r.op, r.key) for r in records["public.gone"] if r.op != "r"]
     assert gone == [("t", TRUNCATE_KEY), ("c", {"id": 10})]
+    check_keyless_topics(pipe, records)
 
     # The cut topic: the latest cut names every table topic with its end offset.
     cut = latest_cut(pipe)
@@ -182,10 +200,12 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
         )
     schemas = [orjson.loads(r.value) for r in raw_records(kafka.bootstrap, pipe.schemas_topic)]
     assert sorted((s["table"], s["version"]) for s in schemas) == [
+        ("public.audit", 1),
         ("public.gone", 1),
         ("public.items", 1),
         ("public.items", 2),
         ("public.pairs", 1),
+        ("public.tally", 1),
     ], "every schema version of every table, once"
     columns = next(s for s in schemas if s["version"] == 2)["schema"]["columns"]
     # a column is [name, type_oid, typmod, ndims, missing, attnum] (cdc/log/base.py Column)
@@ -197,6 +217,22 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     lake = spark.read.format("delta").load(str(tmp_path / "lake" / "public" / "items"))
     row1 = lake.filter("id = 1").first()
     assert row1 is not None and len(row1["big"]) > 8192 and row1["n"] == 1, "unchanged TOAST value kept"
+    assert_keyless_lake(pipe)
+    # verify with the follower past the verification point: what the log has after it is counted in
+    # (the source at the point plus the rows inserted since equals the follower plus the rows deleted since)
+    report = verified_past_the_point(
+        pipe,
+        spark,
+        monkeypatch,
+        "INSERT INTO audit VALUES ('u0', 0, '2024-01-01 10:00:00.5+00')",
+        "UPDATE tally SET v = 11 WHERE ctid = (SELECT ctid FROM tally WHERE k = 'c' LIMIT 1)",
+        "DELETE FROM tally WHERE k = 'b'",
+    )
+    assert (
+        "public.tally: identical" in report
+        and "3 row(s) inserted or deleted after the verification point" in report
+    ), report
+    assert_keyless_lake(pipe)
 
     # ---- 8. `cdc status` on a kafka pipeline: the cut, and each follower's lag ----
     status = status_json(pipe)
@@ -236,6 +272,57 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     assert operations == {"items": ["MERGE"], "pairs": ["MERGE"], "gone": ["WRITE"]}, operations
     held = delta_rows(spark, lake / "gone")  # delta-rs: fails on a key held twice
     assert {r["id"]: r["v"] for r in held.values()} == {10: "after", 11: "inserted"}
+
+
+def check_keyless_topics(pipe: KPipe, records: dict[str, list[Rec]]) -> None:
+    """The topics of the keyless tables (docs/keyless-tables.md): each record keyed by its own
+    position (so compaction keeps every one), the position its headers carry, no tombstones; the
+    snapshot's identical rows are records of their own; a FULL table's delete carries the whole row."""
+    for table in ("public.audit", "public.tally"):
+        recs = records[table]
+        assert all(r.value is not None for r in recs), f"{table}: a tombstone"
+        assert all(r.key == {"_cdc_lsn": r.lsn, "_cdc_seq": r.seq} for r in recs), f"{table}: keys"
+        assert len({r.key_text for r in recs}) == len(recs), f"{table}: two records share a key"
+        snapshot_rows = [r for r in recs if r.op == "r"]
+        assert all(r.seq < 0 for r in snapshot_rows), (
+            "a snapshot row's seq: negative, its place in the snapshot"
+        )
+    audit = Counter((r.value["after"]["who"], r.value["after"]["n"]) for r in records["public.audit"])
+    assert audit == Counter(sql(pipe.dsn, "SELECT who, n FROM audit")), audit
+    tally = [(r.op, r.value["before"], r.value["after"]) for r in records["public.tally"] if r.op != "r"]
+    assert tally == [
+        ("d", {"k": "a", "v": 1}, None), ("c", None, {"k": "a", "v": 10}),  # the update: delete + create
+        ("d", {"k": "a", "v": 1}, None),
+        ("c", None, {"k": "c", "v": 3}), ("c", None, {"k": "c", "v": 3}),
+    ], tally  # fmt: skip
+
+
+def assert_keyless_lake(pipe: KPipe) -> None:
+    """delta-rs reads each keyless table as the source's multiset, each row at its own position."""
+    for table, columns in (("public.audit", "who, n"), ("public.tally", "k, v")):
+        rows = delta_rows(None, pipe.dir / "lake" / "public" / table.split(".")[1], ("_cdc_lsn", "_cdc_seq"))
+        names = columns.split(", ")
+        lake = Counter(tuple(r[c] for c in names) for r in rows.values())
+        assert lake == Counter(sql(pipe.dsn, f"SELECT {columns} FROM {table}")), table
+
+
+def verified_past_the_point(pipe: KPipe, spark, monkeypatch, *statements: str) -> str:
+    """`cdc verify` whose follower is past its verification point: right after verify reads the
+    source, `statements` run, are streamed and applied; verify must still exit 0."""
+    from pipelines import verify as verify_module
+
+    read = verify_module.copy_source
+
+    def then_move_on(*args, **kwargs):
+        source = read(*args, **kwargs)
+        sql(pipe.dsn, *statements)
+        stream_until_current(pipe)
+        apply_ok(pipe, spark)
+        return source
+
+    with monkeypatch.context() as patched:
+        patched.setattr(verify_module, "copy_source", then_move_on)
+        return verified(pipe, spark)
 
 
 def status_json(pipe: KPipe) -> dict:
@@ -512,6 +599,19 @@ def test_stream_stops_promptly_while_the_broker_is_down(pg_db: str, tmp_path: Pa
 COMPACTING_TOPICS = {"min.compaction.lag.ms": "0", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}
 
 
+def wait_cleaned(broker, topic: str, timeout: float = 120) -> None:
+    """Until Kafka's log cleaner has run over partition 0 of `topic` (its cleaner-offset-checkpoint
+    names the partition): a topic whose every key is unique loses nothing, so gaps cannot tell."""
+    checkpoint = Path(broker.data_dir) / "cleaner-offset-checkpoint"
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = checkpoint.read_text().splitlines()[2:] if checkpoint.exists() else []
+        if any(line.split()[:2] == [topic, "0"] and int(line.split()[2]) > 0 for line in lines):
+            return
+        assert time.monotonic() < deadline, f"the log cleaner did not run over {topic} within {timeout}s"
+        time.sleep(1)
+
+
 def wait_compacted(bootstrap: str, topic: str, timeout: float = 120) -> list[Rec]:
     """Until the cleaner has removed superseded records from the topic (offsets have gaps)."""
     deadline = time.monotonic() + timeout
@@ -531,10 +631,22 @@ def test_new_follower_bootstraps_from_compacted_topics(
     """With segments that roll fast and a cleaner that runs at once, Kafka really compacts the
     table topic during the test (superseded snapshot rows and updates disappear, tombstones stay).
     A follower that applied the uncompacted history and a new one that starts from the compacted
-    topic's base end with the same Delta table, both identical to the source."""
+    topic's base end with the same Delta table, both identical to the source.
+    Beside it a REPLICA IDENTITY FULL table without a key (identical rows; one of them updated, one
+    deleted each round): the cleaner runs over its topic too and keeps every record (each keyed by
+    its position), so the new follower's first cut, deletes among it, builds the source's multiset
+    (read by delta-rs)."""
     broker = compacting_kafka
     make_table(pg_db, "c", 200)
-    pipe = make_kpipe(tmp_path, pg_db, ["public.c"], broker.bootstrap, topic_config=COMPACTING_TOPICS)
+    sql(
+        pg_db,
+        "CREATE TABLE m(k text, v int)",
+        "ALTER TABLE m REPLICA IDENTITY FULL",
+        "INSERT INTO m SELECT 'k' || (g % 4), g % 2 FROM generate_series(1, 16) g",
+    )
+    pipe = make_kpipe(
+        tmp_path, pg_db, ["public.c", "public.m"], broker.bootstrap, topic_config=COMPACTING_TOPICS
+    )
     topic = pipe.topic("public.c")
     snapshot(pipe)
     snapshot_lsn = published_lsn(pipe)
@@ -546,6 +658,9 @@ def test_new_follower_bootstraps_from_compacted_topics(
             f"DELETE FROM c WHERE id IN ({10 + r}, {20 + r})",
             f"INSERT INTO c VALUES ({1000 + r}, 'new{r}')",
             f"UPDATE c SET id = {2000 + r} WHERE id = {30 + r}",
+            f"INSERT INTO m VALUES ('k{r}', 0), ('k{r}', 0)",
+            f"UPDATE m SET v = v + 10 WHERE ctid = (SELECT ctid FROM m WHERE k = 'k{r}' AND v = 0 LIMIT 1)",
+            f"DELETE FROM m WHERE ctid = (SELECT ctid FROM m WHERE k = 'k{r}' AND v = 0 LIMIT 1)",
         )
         stream_until_current(pipe)
         if r == 1:
@@ -569,14 +684,26 @@ def test_new_follower_bootstraps_from_compacted_topics(
     end = end_offset(broker.bootstrap, topic)
     print(f"{topic}: {end} records written, {len(compacted)} left after compaction")
     assert len(compacted) < end - 200, "superseded records are gone"
+    multiset = pipe.topic("public.m")
+    wait_cleaned(broker, multiset)
+    kept = table_records(broker.bootstrap, multiset)
+    assert [r.offset for r in kept] == list(range(end_offset(broker.bootstrap, multiset))) and len(
+        kept
+    ) == 16 + 4 * 5
 
     apply_ok(pipe, spark)  # the old follower: the rest, from a compacted range
     pipe.write(sinks=[LAKE, {"name": "fresh", "delta": {"path": "fresh"}}], topic_config=COMPACTING_TOPICS)
     runs = apply_ok(pipe, spark, "fresh")
-    assert runs[0].tables and runs[0].tables[0].inserted == 200 - 8 - 4 + 4 + 4, (
+    inserted = {t.table: t.inserted for t in runs[0].tables}
+    assert inserted["public.c"] == 200 - 8 - 4 + 4 + 4, runs  # - deleted - moved + inserted + moved
+    assert inserted["public.m"] == 16 + 4 * (2 + 1 - 2), (
         runs
-    )  # - deleted - moved + inserted + moved
+    )  # snapshot + inserted - deleted (an update is both)
     verified(pipe, spark)
+    source_m = Counter(sql(pg_db, "SELECT k, v FROM m"))
+    for base in ("lake", "fresh"):
+        rows = delta_rows(None, tmp_path / base / "public" / "m", ("_cdc_lsn", "_cdc_seq"))  # delta-rs
+        assert Counter((r["k"], r["v"]) for r in rows.values()) == source_m, base
     old, new = (
         spark.read.format("delta").load(str(tmp_path / base / "public" / "c")).drop("_cdc_commit_ts")
         for base in ("lake", "fresh")

@@ -20,7 +20,7 @@ import pytest
 from pipelines.devservices.postgres import LocalPostgres
 from tests.fixtures.lake import LAKE, apply_ok, ckpt_file, delta_dir, make_pipe, snapshot, stream, verified
 from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_live_count
-from tests.harness import cdc_here, sql, verify
+from tests.harness import apply_crashing, cdc_here, sql, verify
 
 pytestmark = pytest.mark.integration
 
@@ -170,6 +170,43 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
     assert "missing 1, extra 8, different 0" in report, report
     assert "extra: 3 row(s) (who='u0', what='login', n=3)" in report, report
     assert "missing: 1 row(s) (who='u9'" in report and "n=100)" in report, report
+
+    # the insert-only table gets REPLICA IDENTITY FULL while followed: it is still in the insert-only
+    # publication alone, so its updates and deletes are not captured; validate says so, and the stream
+    # stops at its next change with the fix, which works as printed (a new copy, in the main publication)
+    sql(dsn, "ALTER TABLE audit REPLICA IDENTITY FULL", "INSERT INTO audit VALUES ('u5', 'after', 5)")
+    run = cdc_here("validate", pipe.file)  # a multiset now, which the search sink cannot follow
+    assert run.code == 3 and "sink docs (search) cannot follow public.audit" in run.out, run.out
+    pipe = make_pipe(tmp_path, dsn, ["public.audit", "public.acct", "public.tally"], sinks=[LAKE])
+    run = cdc_here("validate", pipe.file)
+    assert run.code == 0, run.out + run.err
+    assert "note: table public.audit has REPLICA IDENTITY FULL but is followed insert-only" in run.out, (
+        run.out
+    )
+    run = cdc_here("stream", pipe.file, "--until", "current")
+    assert run.code == 3, run.out + run.err
+    assert "table public.audit got REPLICA IDENTITY FULL while followed insert-only" in run.err, run.err
+    assert "--tables public.audit`" in run.err, run.err
+    run = cdc_here("snapshot", pipe.file, "--tables", "public.audit", "--no-progress")
+    assert run.code == 0, run.out + run.err
+    assert ("cdc_test", "audit", True, True, True) in sql(
+        dsn,
+        "SELECT p.pubname, c.relname, p.pubinsert, p.pubupdate, p.pubdelete FROM pg_publication p"
+        " JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN pg_class c ON c.oid = r.prrelid",
+    )
+    # one of identical rows updated and one deleted, in the cut that starts the table over from its new
+    # base: Delta's multiset MERGE replaces every row in that commit (sinks/delta/multiset.py, restart)
+    one = "ctid = (SELECT ctid FROM audit WHERE who = 'u1' AND what = 'login' AND n = 1 LIMIT 1)"
+    sql(dsn, f"UPDATE audit SET n = 50 WHERE {one}", f"DELETE FROM audit WHERE {one}")
+    stream(pipe)
+    code, report = verify(pipe.file, spark)  # the follower is at a cut before the point, changes pending
+    assert code == 1 and "NOT VERIFIED" in report and "are not applied yet" in report, report
+    # killed after the cut's MERGE committed, before the cut is recorded: the rerun applies it again (Delta
+    # skips the MERGE), and its start-over delete must keep the new base's rows
+    apply_crashing(pipe.file, spark, "apply:after-merge")
+    apply_ok(pipe, spark)
+    assert _lake(path) == _source(dsn) and Counter({("u1", "login", 50): 1}) <= _lake(path)
+    verified(pipe, spark)
 
     run = cdc_here("teardown", pipe.file, "--drop-slot", "--yes")
     assert run.code == 0 and "dropped publication cdc_test_inserts" in run.out, run.out + run.err

@@ -387,3 +387,95 @@ def test_key_change_records_carry_debezium_headers(tmp_path: Path, monkeypatch) 
     assert orjson.loads(v1)["op"] == "d" and orjson.loads(v3)["op"] == "c"
     assert all(header(h, NEWKEY) is None and header(h, OLDKEY) is None for h in (h4, h5, h6))
     assert h1.startswith(b"\x0a")  # five headers now: the position's four and the key change's
+
+
+# ---- keyless tables: records keyed by position ----------------------------------------------------
+K = TableName("public", "events")
+KV = schema_of(("who", "text", -1), ("n", "int4", -1), ("at", "timestamptz", 3), key=())
+
+
+def _headers(encoded: bytes) -> dict[bytes, bytes]:
+    from cdc.log.kafka.keychange import _read_varint
+
+    count, at = _read_varint(encoded)
+    out = {}
+    for _ in range(count):
+        n, used = _read_varint(encoded[at:])
+        name = encoded[at + used : at + used + n]
+        at += used + n
+        n, used = _read_varint(encoded[at:])
+        out[name] = encoded[at + used : at + used + n]
+        at += used + n
+    return out
+
+
+def test_keyless_records_are_keyed_by_position_without_tombstones(tmp_path: Path, monkeypatch) -> None:
+    """A keyless table's snapshot rows and events (REPLICA IDENTITY FULL deletes carrying the whole
+    row, an update logged as a delete and a create, identical rows, a truncate): each record keyed by
+    its own position, {"_cdc_lsn":..,"_cdc_seq":..}, the same as its headers (a snapshot row's seq from
+    its byte offset, cdc.keys.snapshot_seq), no tombstone after a delete; C and Python give the same bytes,
+    and the embedded log's reader the same positions."""
+    from cdc.keys import snapshot_seq
+    from cdc.log.kafka.keychange import NEWKEY, OLDKEY
+
+    log = LocalLog(tmp_path / "staging")
+    tid = log.ensure_table(K)
+    sv = log.schema_version(tid, KV, 100)
+    snap = log.begin_snapshot(tid, 100, sv)
+    seg = log.segment_path(tid, snap, 0)
+    seg.parent.mkdir(parents=True, exist_ok=True)
+    lines = [copy_line([f"u{i % 3}", str(i % 2), "2024-01-01 00:00:00.5+00"]) for i in range(2500)]
+    lines.append(copy_line(["tab\there", None, "2024-01-01 12:00:00+02"]))  # the Python converter's
+    seg.write_bytes(b"\n".join(lines) + b"\n")
+    log.add_segment(snap, 0, seg, len(lines), seg.stat().st_size)
+    log.finish_snapshot(snap)
+    ts = 1_700_000_000_000_000
+
+    def tup(values):
+        return encode_tuple(None if v is None else v.encode() for v in values)
+
+    row = ["u1", "1", "2024-01-01 00:00:00.5+00"]
+    log.append(tid, [
+        (2000, 1, "c", b"2000\t1", tup(row), None, None, sv, 900, ts, 1990),
+        (2000, 2, "c", b"2000\t2", tup(row), None, None, sv, 900, ts, 1991),  # identical rows
+        (2000, 3, "d", b"2000\t3", None, tup(row), "O", sv, 900, ts, 1992),  # a FULL delete: the whole row
+        (2000, 4, "d", b"2000\t4", None, tup(row), "O", sv, 900, ts, 1993),  # a FULL update: delete ...
+        (2000, 5, "c", b"2000\t5", tup(["u1", "9", None]), None, None, sv, 900, ts, 1993),  # ... and create
+    ])  # fmt: skip
+    log.commit(2000)
+    log.append(tid, [(2100, 1, "t", None, None, None, None, sv, 901, ts, 2090)])
+    log.append(tid, [(2100, 2, "c", b"2100\t2", tup(row), None, None, sv, 901, ts, 2091)])
+    log.commit(2100)
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_123.456)
+    renderer = EnvelopeRenderer("db", "srv")
+    end = log.latest_cut().tables[K].end
+    records = []
+    for part in log.read_parts(K, 0, end, events=2, segment_bytes=16 << 10):
+        task = render.RenderTask(str(log.path), str(K), part, "db", "srv", 1 << 20)
+        fast = list(render._records(task, log))
+        assert fast == list(render.python_records(renderer, log, K, part)), part
+        records += fast
+    assert len(records) == len(lines) + 7 and all(v is not None for _, v, _ in records), "no tombstones"
+    positions = [(int(_headers(h)[b"cdc.lsn"]), int(_headers(h)[b"cdc.seq"])) for _, _, h in records]
+    keys = [orjson.loads(k) for k, _, _ in records]
+    truncate = next(i for i, k in enumerate(keys) if k == {"__cdc_truncate": True})
+    assert [(k["_cdc_lsn"], k["_cdc_seq"]) for i, k in enumerate(keys) if i != truncate] == [
+        p for i, p in enumerate(positions) if i != truncate
+    ]
+    assert len(set(positions)) == len(positions), "every record its own key"
+    marker = next(p.off for p in log.read_parts(K, 0, end) if hasattr(p, "path"))
+    starts = [sum(len(line) + 1 for line in lines[:i]) for i in range(len(lines))]
+    assert positions[: len(lines)] == [(100, snapshot_seq(marker, at)) for at in starts]
+    assert [(r.lsn, r.seq) for r in log.read(K, 0, end)] == positions  # `cdc log read`, the Python path
+    values = [orjson.loads(v) for _, v, _ in records[len(lines) :]]
+    assert [v["op"] for v in values] == ["c", "c", "d", "d", "c", "t", "c"]
+    assert (
+        values[2]["before"] == values[0]["after"] == values[1]["after"]  # the whole deleted row
+        and values[2]["after"] is None
+    )
+    (_, _, h_plain), (_, _, h_del), (_, _, h_new) = records[len(lines) + 2 : len(lines) + 5]
+    # the update's halves share one WAL record: marked as Debezium marks a key change (the identity changed)
+    assert _headers(h_del)[NEWKEY] == b'{"_cdc_lsn":2000,"_cdc_seq":5}'
+    assert _headers(h_new)[OLDKEY] == b'{"_cdc_lsn":2000,"_cdc_seq":4}'
+    assert NEWKEY not in _headers(h_plain) and OLDKEY not in _headers(h_plain)

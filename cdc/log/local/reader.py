@@ -25,7 +25,7 @@ from cdc.log.local.records import (
     event_record,
     snapshot_record,
 )
-from cdc.log.local.segments import iter_segment, iter_segment_lines
+from cdc.log.local.segments import iter_segment, iter_segment_lines, iter_segment_lines_at
 from cdc.log.local.store import EV_COLUMNS
 
 
@@ -106,8 +106,8 @@ class LocalReader(CutStore, LogReader):
         tid = self.require_table(table)
         if isinstance(part, SegmentSlice):
             schema = self.schema_by_version(tid, part.version)
-            for line in self.segment_lines(part):
-                yield snapshot_record(table, part, schema, line)
+            for at, line in self.segment_lines_at(part):
+                yield snapshot_record(table, part, schema, line, at)
             return
         for row in self.event_rows(table, part):
             yield event_record(table, row, self.schema_by_version(tid, row[8]))
@@ -116,6 +116,10 @@ class LocalReader(CutStore, LogReader):
         """The slice's COPY text lines, newline removed (read_part's rows, not yet decoded)."""
         for line in iter_segment_lines(self.path / part.path, part.start, part.end):
             yield line.rstrip(b"\n")
+
+    def segment_lines_at(self, part: SegmentSlice) -> Iterator[tuple[int, bytes]]:
+        """segment_lines, each with the byte offset it starts at (a keyless row's position)."""
+        return iter_segment_lines_at(self.path / part.path, part.start, part.end)
 
     def event_rows(self, table: TableName, part: EventRun) -> sqlite3.Cursor:
         """The run's stored rows (columns EV_COLUMNS), not yet decoded: see event_record."""

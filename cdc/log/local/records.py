@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.ground.tables import TableName
-from cdc.keys import key_from_copy_fields
+from cdc.keys import key_from_copy_fields, position_key, snapshot_seq
 from cdc.log.base import LogRecord, TableSchema
 from cdc.pgoutput import decode_tuple
 
@@ -21,17 +21,26 @@ def decode_text_tuple(payload: bytes | None) -> list[Any] | None:
     return [v.decode() if isinstance(v, bytes) else v for v in values]
 
 
-def snapshot_record(table: TableName, part: SegmentSlice, schema: TableSchema, line: bytes) -> LogRecord:
-    """One line (newline removed) of a snapshot segment slice as the 'r' record read_part gives."""
+def snapshot_record(
+    table: TableName, part: SegmentSlice, schema: TableSchema, line: bytes, at: int = 0
+) -> LogRecord:
+    """One line (newline removed) of a snapshot segment slice as the 'r' record read_part gives;
+    `at`: the byte offset the line starts at in its segment file, which makes a keyless table's row
+    position (its seq, cdc.keys.snapshot_seq, and its key)."""
     fields = line.split(b"\t")
-    key = key_from_copy_fields(fields, schema.key_indexes)
+    seq = 0
+    if schema.key:
+        key = key_from_copy_fields(fields, schema.key_indexes)
+    else:
+        seq = snapshot_seq(part.off, at)
+        key = position_key(part.lsn, seq)
     values = copy_fields_to_values(fields)
     commit_ts = part.ts_ms * 1000 if part.ts_ms else None  # snapshot rows: the snapshot's time
     return LogRecord(
         table,
         part.off,
         part.lsn,
-        0,
+        seq,
         "r",
         key,
         values,

@@ -24,6 +24,22 @@ def iter_segment_lines(path: Path, start: int = 0, end: int | None = None) -> It
             yield line
 
 
+def iter_segment_lines_at(path: Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """iter_segment_lines, each line (newline removed) with the byte offset it starts at (the
+    position of a keyless table's snapshot row: cdc.keys.snapshot_seq)."""
+    with open(path, "rb") as f:
+        if start:
+            f.seek(start - 1)
+            pos = start - 1 + len(f.readline())
+        else:
+            pos = 0
+        for line in f:
+            if end is not None and pos >= end:
+                return
+            yield pos, line.rstrip(b"\n")
+            pos += len(line)
+
+
 def iter_segment_positions(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[Any]]:
     """As iter_segment, each line's fields followed by the byte offset the line starts at (the
     position of a keyless table's snapshot row: cdc.keys.snapshot_seq)."""
