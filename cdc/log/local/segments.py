@@ -43,19 +43,10 @@ def iter_segment_lines_at(path: Path, start: int = 0, end: int | None = None) ->
 def iter_segment_positions(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[Any]]:
     """As iter_segment, each line's fields followed by the byte offset the line starts at (the
     position of a keyless table's snapshot row: cdc.keys.snapshot_seq)."""
-    with open(path, "rb") as f:
-        if start:
-            f.seek(start - 1)
-            pos = start - 1 + len(f.readline())
-        else:
-            pos = 0
-        for line in f:
-            if end is not None and pos >= end:
-                return
-            fields: list[Any] = line.rstrip(b"\n").split(b"\t")
-            fields.append(pos)
-            pos += len(line)
-            yield fields
+    for pos, line in iter_segment_lines_at(path, start, end):
+        fields: list[Any] = line.split(b"\t")
+        fields.append(pos)
+        yield fields
 
 
 def iter_segment(path: Path, start: int = 0, end: int | None = None) -> Iterator[list[bytes]]:
