@@ -194,6 +194,8 @@ def test_insert_only_table_snapshot_stream_apply_verify(pg_any_db: str, tmp_path
         "SELECT p.pubname, c.relname, p.pubinsert, p.pubupdate, p.pubdelete FROM pg_publication p"
         " JOIN pg_publication_rel r ON r.prpubid = p.oid JOIN pg_class c ON c.oid = r.prrelid",
     )
+    if int(sql(dsn, "SHOW server_version_num")[0][0]) >= 180000:
+        return  # the rest is the follower's side (a new base's multiset MERGE, a crash), the same on every major
     # one of identical rows updated and one deleted, in the cut that starts the table over from its new
     # base: Delta's multiset MERGE replaces every row in that commit (sinks/delta/multiset.py, restart)
     one = "ctid = (SELECT ctid FROM audit WHERE who = 'u1' AND what = 'login' AND n = 1 LIMIT 1)"
