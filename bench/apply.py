@@ -41,6 +41,7 @@ counted). It starts its own PostgreSQL (bench/harness) and removes it.
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import statistics
 import subprocess
@@ -150,10 +151,12 @@ def freshness(b: Bench) -> dict:
         "CREATE TABLE fresh (id bigint PRIMARY KEY, ver bigint NOT NULL, v text)",
         f"INSERT INTO fresh SELECT g, 0, 'x' FROM generate_series(1, {keys}) g",
     )
+    iceberg = b.args.follower == "iceberg"  # merge-on-read (the default), SQLite catalog
+    sink = {"name": "ice", "iceberg": {"warehouse": "fresh-ice"}} if iceberg else None
     pipe = b.pipeline(
         "benchfresh",
         ["public.fresh"],
-        sinks=[{"name": "lake", "delta": {"path": "fresh-lake"}}],
+        sinks=[sink or {"name": "lake", "delta": {"path": "fresh-lake"}}],
         spark={**SPARK, "trigger_interval_s": 1},
         stream={"batch_max_seconds": 0.2},
     )
@@ -207,6 +210,9 @@ def freshness(b: Bench) -> dict:
             visible_at = time.time()
             batch_s.append(time.monotonic() - started)
             batch_jobs.append(last_job_id(spark) - jobs_before)
+            if b.args.steps:  # the profile of this batch: which Spark jobs it started
+                for line in job_names(spark, jobs_before, jobs_before + batch_jobs[-1]):
+                    print(f"  job {line}", file=sys.stderr)
             # The applied cut holds every transaction committed before its LSN: those are visible
             # now. (Reading the table here instead would delay the next batch, which `cdc apply`
             # does not do; the table is checked once at the end.)
@@ -220,9 +226,18 @@ def freshness(b: Bench) -> dict:
         stream.send_signal(signal.SIGTERM)
         stream.wait(60)
     lake = str(b.work / "fresh-lake/public/fresh")
-    newest = spark.read.format("delta").load(lake).agg({"ver": "max"}).first()[0] or 0
+    table = spark.table("ice.public.fresh") if iceberg else spark.read.format("delta").load(lake)
+    newest = table.agg({"ver": "max"}).first()[0] or 0
     assert newest >= seen, f"transactions up to {seen} counted as visible, but the table's newest is {newest}"
-    floor_s = plain_merge_s(spark, lake, rate * statistics.median(batch_s), keys) if batch_s else None
+    updates = rate * statistics.median(batch_s) if batch_s else 0
+    if not batch_s:
+        floor_s = None
+    elif iceberg:  # the same floor in Iceberg: a bare MERGE of as many keys into the follower table
+        floor_s = statistics.median(
+            bare_merge_keys(spark, "ice.public.fresh", keys, int(updates), i + 1) for i in range(3)
+        )
+    else:
+        floor_s = plain_merge_s(spark, lake, updates, keys)
     samples.sort()
     f = {
         "rate_changes_per_s": rate,
@@ -237,6 +252,7 @@ def freshness(b: Bench) -> dict:
         "batch_spark_jobs_p50": statistics.median(batch_jobs) if batch_jobs else None,
         "plain_merge_of_a_batch_s": round(floor_s, 2) if floor_s is not None else None,
         "confs": confs,
+        "follower": b.args.follower,
     }
     batches = (
         f"{f['batches']} batches, apply per batch p50 {f['batch_s_p50']}s, max {f['batch_s_max']}s, "
@@ -299,9 +315,41 @@ def plain_merge_s(spark, path: str, updates: float, keys: int, repeat: int = 3) 
     return statistics.median(times)
 
 
+def bare_merge_keys(spark, target: str, keys: int, n: int, seed: int) -> float:
+    """MERGE `n` random keys (update `ver`) into the table `target` (a Spark SQL name): the floor
+    under a small cut. The keys are drawn here, not by rand() in Spark: a copy-on-write MERGE
+    refuses a non-deterministic source."""
+    rows = [(k, -seed) for k in random.Random(seed).sample(range(1, keys + 1), min(n, keys))]
+    spark.createDataFrame(rows, "id long, ver long").createOrReplaceTempView("_bench_keys")
+    t0 = time.monotonic()
+    spark.sql(
+        f"MERGE INTO {target} t USING _bench_keys s ON t.id = s.id WHEN MATCHED THEN UPDATE SET t.ver = s.ver"
+    )
+    return time.monotonic() - t0
+
+
 def last_job_id(spark) -> int:
     """The id of the newest Spark job (ids count up from 0; cdc sets no job groups)."""
     return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
+
+
+def job_names(spark, after: int, upto: int) -> list[str]:
+    """The Spark jobs after id `after` up to `upto`: '<id> <name> (<stages> stages, <s> s)' each, from
+    Spark's status store (the job list of the web UI), for `--steps`' profile of a batch."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    found = []
+    for job_id in range(after + 1, upto + 1):
+        try:
+            data = store.job(job_id)
+        except Exception:  # dropped from the store (spark.ui.retainedJobs)
+            continue
+        took = ""
+        if data.submissionTime().isDefined() and data.completionTime().isDefined():
+            took = f", {(data.completionTime().get().getTime() - data.submissionTime().get().getTime()) / 1000:.2f} s"
+        described = data.description()
+        what = described.get() if described.isDefined() else data.name()
+        found.append(f"{job_id} {what[:160]} ({data.stageIds().size()} stages{took})")
+    return found
 
 
 def make_tables(b: Bench, names: list[str], keys: int) -> None:
@@ -493,7 +541,10 @@ def body(b: Bench) -> Report:
     args = b.args
     b.results["config"].update(changes=args.changes, keys=args.keys, rate=args.rate, seconds=args.seconds)
     b.start_postgres(durable=True)
-    rep = Report("Apply into Delta (bench/apply.py)", ("seconds",))
+    into = (
+        "Delta, freshness into Iceberg" if args.follower == "iceberg" else "Delta"
+    )  # --follower: freshness only
+    rep = Report(f"Apply into {into} (bench/apply.py)", ("seconds",))
     rep.subtitle = f"{args.changes:,} changes over {args.keys:,} keys; freshness at {args.rate:,} changes/s for {args.seconds}s"
     if args.only in (None, "throughput") and not (args.tables and args.only is None):
         t = b.results["throughput"] = throughput(b)
@@ -576,7 +627,7 @@ def body(b: Bench) -> Report:
             if f[key] is not None:
                 rep.add(
                     "freshness",
-                    f"commit to visible in Delta, {name}",
+                    f"commit to visible in {'Iceberg' if args.follower == 'iceberg' else 'Delta'}, {name}",
                     f[key],
                     "s",
                     less_is_better=True,
@@ -586,7 +637,7 @@ def body(b: Bench) -> Report:
         if f["batch_s_p50"] is not None:
             rep.add(
                 "freshness",
-                "plain MERGE of one batch's updates",
+                f"plain {'Iceberg' if args.follower == 'iceberg' else 'Delta'} MERGE of one batch's updates",
                 f["plain_merge_of_a_batch_s"],
                 "s",
                 role="ceiling",
@@ -614,6 +665,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--only", choices=["throughput", "freshness", "inserts"])
+    ap.add_argument(
+        "--follower",
+        choices=["delta", "iceberg"],
+        default="delta",
+        help="freshness: the follower measured (iceberg: merge-on-read, SQLite catalog; its floor a bare Iceberg MERGE)",
+    )
     ap.add_argument("--inserts", type=int, default=10_000, help="inserts: rows in each cut of inserts alone")
     ap.add_argument("--repeat", type=int, default=3, help="inserts: rounds (medians are reported)")
     ap.add_argument(

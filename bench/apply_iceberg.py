@@ -29,7 +29,6 @@ It starts its own PostgreSQL (bench/harness) and removes it.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from apply import SEED, TABLE, write_changes
+from apply import SEED, TABLE, bare_merge_keys, write_changes
 from harness.bench import Bench
 from harness.inproc import MASTER, apply_job
 from harness.main import main
@@ -98,18 +97,6 @@ def bare_merge_all(spark, target: str, parquet: str) -> float:
     spark.sql(
         f"MERGE INTO {target} t USING _bench_net s ON t.id = s.id "
         "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
-    )
-    return time.monotonic() - t0
-
-
-def bare_merge_keys(spark, target: str, keys: int, n: int, seed: int) -> float:
-    """MERGE `n` random keys (update `ver`) into `target`: the floor under a small cut. The keys
-    are drawn here, not by rand() in Spark: a copy-on-write MERGE refuses a non-deterministic source."""
-    rows = [(k, -seed) for k in random.Random(seed).sample(range(1, keys + 1), min(n, keys))]
-    spark.createDataFrame(rows, "id long, ver long").createOrReplaceTempView("_bench_keys")
-    t0 = time.monotonic()
-    spark.sql(
-        f"MERGE INTO {target} t USING _bench_keys s ON t.id = s.id WHEN MATCHED THEN UPDATE SET t.ver = s.ver"
     )
     return time.monotonic() - t0
 

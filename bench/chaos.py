@@ -1,16 +1,16 @@
 """Crash campaign: "nothing lost, nothing doubled" under random faults at random moments.
 
-N rounds on the local log and N on the Kafka log. A round (bench/chaosing/rounds.py) makes a
-fresh database with two tables, runs `cdc run` with three followers (Delta, Redis, tantivy) under
-a supervisor that restarts it whenever it exits, writes a random workload (inserts, updates that
-keep a TOAST value, deletes, key changes, tiny and big transactions, truncates, columns added
+N rounds on the local log and N on the Kafka log. A round (bench/chaosing/rounds.py) makes a fresh
+database with two tables, runs `cdc run` with four followers (Delta, Iceberg, Redis, tantivy)
+under a supervisor that restarts it whenever it exits, writes a random workload (inserts, updates
+that keep a TOAST value, deletes, key changes, tiny and big transactions, truncates, columns added
 and dropped), and injects random faults: kill -9 of the stream reader, of the whole `cdc run`
-(apply included), of the Kafka publisher child; SIGTERM; PostgreSQL restarts (fast and
-immediate); Redis and Kafka broker restarts; a stalled Redis; a full disk under the local log.
-After each fault it times how long the followers take to pass the source position taken just
-before it (`cdc wait --lsn`). At the end it lets the pipeline converge, stops it, and compares
-every follower with the source through each engine's own reader (delta-rs, redis-py, tantivy),
-plus `cdc verify`. Each round prints its seed; `--replay SEED --log KIND` runs that round alone.
+(apply included), of the Kafka publisher child; SIGTERM; PostgreSQL restarts (fast and immediate);
+Redis and Kafka broker restarts; a stalled Redis; a full disk under the local log. After each
+fault it times how long the followers take to pass the source position taken just before it (`cdc
+wait --lsn`). At the end it lets the pipeline converge, stops it, and compares every follower with
+the source through each engine's own reader (delta-rs, pyiceberg, redis-py, tantivy), plus `cdc
+verify`. Each round prints its seed; `--replay SEED --log KIND` runs that round alone.
 
     .venv/bin/python bench/chaos.py [--rounds 20] [--log local,kafka] [--seconds 90] [--seed 1]
                                     [--faults kill9_stream,...] [--faults-per-round N] [--order kill9_apply,...]
@@ -28,8 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
-# The independent readers (delta-rs, redis-py, tantivy) are the test suite's, written once in
-# tests/fixtures/readers.py: the repository root must be importable, not only bench/.
+# The independent readers (delta-rs, pyiceberg, redis-py, tantivy) are the test suite's, written
+# once in tests/fixtures/readers.py: the repository root must be importable, not only bench/.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from chaosing.compare import Tally

@@ -2,11 +2,11 @@
 
 Two kinds: insert-only (default replica identity) and multiset (REPLICA IDENTITY FULL: updates and
 deletes carry the whole old row, so a row is identified by its content). Both are keyed in the log by
-each change's position (commit LSN, sequence), which only some followers can use: a Delta table in
-mode scd1 holds either (for a multiset table it deletes one row of the deleted content), an Iceberg
-table in mode scd1 and a search index append inserted rows (identified by the position) but do not
-remove one of two identical rows, SCD2 keeps versions of keyed rows, and the cache keeps one entry
-per key of the row's own, looked up by it. Our Kafka log keys a keyless table's records by position
+each change's position (commit LSN, sequence), which only some followers can use: a Delta or an
+Iceberg table in mode scd1 holds either (for a multiset table a delete removes one row of the deleted
+content: sinks/multiset.py), a search index appends inserted rows (identified by the position) but
+cannot remove one of two identical rows, SCD2 keeps versions of keyed rows, and the cache keeps one
+entry per key of the row's own, looked up by it. Our Kafka log keys a keyless table's records by position
 too (cdc/envelope.py), so its compacted topics keep every one; a Debezium connector's topics
 (`format: debezium`) key them by nothing (null keys), which the Debezium reader cannot tell apart.
 Those are refused before anything starts.
@@ -51,7 +51,7 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
                     )
                 )
             continue
-        if sink.kind == "delta":
+        if sink.kind in ("delta", "iceberg"):  # both kinds, in mode scd1
             continue
         if sink.kind == "search":  # the position is the document id: inserts only
             for table in sink_tables(sink, multiset):
@@ -60,20 +60,8 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
                         f"sink {sink.name} (search) cannot follow {table}: it has no primary key and REPLICA IDENTITY "
                         "FULL, so its updates and deletes name a row by content, and an index of documents keyed by "
                         "position cannot remove one of two identical rows",
-                        f"follow {table} with a delta sink, leave it out of the sink's tables, or give it a primary key: "
+                        f"follow {table} with a delta or iceberg sink, leave it out of the sink's tables, or give it a primary key: "
                         f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
-                    )
-                )
-            continue
-        if sink.kind == "iceberg":  # insert-only tables are appended, each row identified by its position
-            for table in sink_tables(sink, multiset):
-                problems.append(
-                    Problem(
-                        f"sink {sink.name} (iceberg) cannot follow {table}: it has no primary key and REPLICA "
-                        "IDENTITY FULL, so its updates and deletes name a row by content, and the Iceberg "
-                        "follower keeps keyless tables insert-only (it does not remove one of two identical rows)",
-                        f"follow {table} with a delta sink, leave it out of the sink's tables, or give it a primary "
-                        f"key: ALTER TABLE {table} ADD PRIMARY KEY (...);",
                     )
                 )
             continue
@@ -83,7 +71,7 @@ def keyless_problems(pipeline: Any, report: CheckReport) -> list[Problem]:
                 Problem(
                     f"sink {sink.name} ({sink.kind}) cannot follow {table}: it has no primary key, so it is followed "
                     f"{how} and its rows have no key a {sink.kind} entry could be kept under",
-                    f"leave {table} out of the sink's tables (a delta sink follows it), or give it a primary key: "
+                    f"leave {table} out of the sink's tables (a delta or iceberg sink follows it), or give it a primary key: "
                     f"ALTER TABLE {table} ADD PRIMARY KEY (...);",
                 )
             )

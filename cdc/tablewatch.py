@@ -69,14 +69,43 @@ def check_pipeline_source(pipeline, conn, dropped: set[TableName]) -> CheckRepor
         command=pipeline.command,
         failover=pipeline.source.postgres.failover,
         options=table_options(pipeline),
+        followed=followed_tables(pipeline),
     )
     report.problems += keyless_problems(pipeline, report)
     return report
 
 
+def raise_unless_captured(report: CheckReport) -> set[TableName]:
+    """Raise the report's problems (exit 3), but say as warnings those that break the application and
+    not the capture (Problem.moved_by_snapshot: a keyless table switched from REPLICA IDENTITY FULL to
+    DEFAULT while followed, whose inserts are all its changes now): the command goes on, and only
+    `cdc validate` stops on them. Returns the tables warned of."""
+    warned: set[TableName] = set()
+    for problem in list(report.problems):
+        if problem.moved_by_snapshot is not None:
+            logger.warning(f"{problem.what}\n  fix: {problem.fix}")
+            report.problems.remove(problem)
+            warned.add(problem.moved_by_snapshot)
+    report.raise_if_problems()
+    return warned
+
+
 def table_options(pipeline) -> dict[TableName, SourceTableOptions]:
     """source.postgres.table_options by table name."""
     return {TableName.parse(k): v for k, v in pipeline.source.postgres.table_options.items()}
+
+
+def followed_tables(pipeline) -> set[TableName]:
+    """The tables the pipeline's log follows (their rows are in followers), none before its first snapshot."""
+    from cdc.log import open_log
+
+    if not (pipeline.local_log_path / "log.db").exists():
+        return set()
+    log = open_log(pipeline, readonly=True)
+    try:
+        return {t.table for t in log.tables() if t.state in _FOLLOWED}
+    finally:
+        log.close()
 
 
 def gone_from_source(pipeline, conn) -> set[TableName]:

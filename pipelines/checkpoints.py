@@ -28,6 +28,10 @@ class Checkpoint:
     tables: dict[str, list[int]] = field(default_factory=dict)  # str(TableName) -> [base, end offset applied]
     pending: dict[str, Any] | None = None  # {"cut_id", "lsn", "tables": {...}} being applied
     markers: bool = False  # the follower carries a marker per table (sinks/marker.py) since this was set
+    # str(TableName) -> the cut whose data commit last wrote the table: what a Delta or Iceberg
+    # follower's position (the cut id its commits carry, sinks/marker.py) is compared with; a table
+    # missing here (written before this was kept) is checked by its marker's own end
+    written: dict[str, int] = field(default_factory=dict)
     # the last time the follower was found to have lost data (status shows it)
     lost: dict[str, Any] | None = None
     clear: bool = False  # `cdc reset --rebuild`: the next apply clears the follower's tables first

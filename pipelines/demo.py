@@ -3,8 +3,10 @@
 PostgreSQL (from the Debian packages, started in a temp dir) -> snapshot + WAL stream into
 the local SQLite log -> Spark applies it to the three kinds of followers: Delta tables, an
 embedded tantivy search index and a Redis cache (a throwaway redis-server; skipped with a
-line saying so when the package is missing) -> `cdc verify` of every follower. Everything the
-demo writes stays under --dir (default .cdc/demo) so it can be looked at afterwards.
+line saying so when the package is missing) -> `cdc verify` of every follower. With --iceberg an
+Iceberg follower too (the embedded SQLite catalog, docs/follower-iceberg.md), read back with
+pyiceberg at the end. Everything the demo writes stays under --dir (default .cdc/demo) so it can be
+looked at afterwards.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ BURST = [
 ]
 
 
-def run_demo(directory: Path, keep_server: bool) -> int:
+def run_demo(directory: Path, keep_server: bool, iceberg: bool = False) -> int:
     from cdc.log import open_log
     from cdc.reader import StreamReader
     from pipelines.apply.job import ApplyJob
@@ -99,7 +101,7 @@ def run_demo(directory: Path, keep_server: bool) -> int:
                         }
                     },
                     "state_dir": ".",
-                    "sinks": _sinks(redis.url if redis else None),
+                    "sinks": _sinks(redis.url if redis else None, iceberg),
                     "spark": {"master": "local[2]"},
                 },
                 sort_keys=False,
@@ -164,6 +166,8 @@ def run_demo(directory: Path, keep_server: bool) -> int:
         logger.info(
             f"""    .venv/bin/python -c 'import polars; print(polars.read_delta("{lake}/public/orders"))'"""
         )
+        if iceberg:
+            _show_iceberg(pipeline, directory / "ice")
         return code
     finally:
         if keep_server:
@@ -179,7 +183,7 @@ def run_demo(directory: Path, keep_server: bool) -> int:
             shutil.rmtree(server_dir, ignore_errors=True)
 
 
-def _sinks(redis_url: str | None) -> list[dict]:
+def _sinks(redis_url: str | None, iceberg: bool) -> list[dict]:
     sinks: list[dict] = [
         {"name": "lake", "delta": {"path": "lake", "mode": "scd1"}},
         {
@@ -195,7 +199,25 @@ def _sinks(redis_url: str | None) -> list[dict]:
         sinks.append(
             {"name": "cache", "redis": {"url": redis_url, "tables": ["public.customers", "public.products"]}}
         )
+    if iceberg:  # every table, in Iceberg's JDBC catalog in the SQLite file ice/catalog.db
+        sinks.append({"name": "ice", "iceberg": {"warehouse": "ice"}})
     return sinks
+
+
+def _show_iceberg(pipeline, warehouse: Path) -> None:
+    """Each Iceberg table's rows counted by pyiceberg (no JVM), and a pyiceberg + Polars command."""
+    from sinks.iceberg.catalog import pyiceberg_catalog
+
+    catalog = pyiceberg_catalog(next(s for s in pipeline.sinks if s.name == "ice"), pipeline)
+    for table in ("customers", "products", "orders"):
+        rows = catalog.load_table(f"public.{table}").scan().to_arrow().num_rows
+        logger.info(f"  Iceberg table public.{table}: {rows:,} rows (catalog {warehouse}/catalog.db)")
+    logger.info("  read it with pyiceberg / Polars, no Spark (docs/follower-iceberg.md):")
+    logger.info(
+        "    .venv/bin/python -c 'from pyiceberg.catalog.sql import SqlCatalog; "
+        f"""c = SqlCatalog("ice", uri="sqlite:///{warehouse}/catalog.db", warehouse="file://{warehouse}"); """
+        """print(c.load_table("public.orders").scan().to_polars())'"""
+    )
 
 
 def _show_followers(pipeline, redis_url: str | None) -> None:

@@ -77,6 +77,9 @@ def run_reset(pipeline: Pipeline, sink: str, to_cut: int | None, rebuild: bool) 
             ts_ms=cut.ts_ms,
             tables={str(t): [r.base, r.end] for t, r in cut.tables.items() if str(t) in ckpt.tables},
             markers=ckpt.markers,
+            # a table last written at or before the cut holds what it did then; one written after it
+            # is ahead of the rewound checkpoint, its position unknown to it (sinks/marker.py)
+            written={t: c for t, c in ckpt.written.items() if c <= cut.id},
         )
         save_checkpoint(state, rewound)
         logger.info(

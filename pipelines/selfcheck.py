@@ -1,7 +1,8 @@
 """`cdc status`'s self-check of each follower: does the engine still hold what its checkpoint says
 it applied? The same check `cdc apply` runs (sinks/marker.py why_lost), here without Spark: each
 sink kind reads its tables and markers with the engine's own client (Redis, tantivy's files,
-OpenSearch) or, for Delta, the table's `_delta_log` files (sinks/delta/logfiles.py).
+OpenSearch), for Delta the table's `_delta_log` files (sinks/delta/logfiles.py), for Iceberg the
+catalog and the tables' metadata with pyiceberg (sinks/iceberg/catalogread.py).
 
 A follower found to have lost data is reported with the fix, and `cdc status` exits 1; the next
 `cdc apply` rebuilds it (`on_lost: rebuild`) or stops with the remedy (`on_lost: stop`).
@@ -48,7 +49,8 @@ def check_follower(
             expected = None
             if sink.markers and ckpt.markers:
                 base, end = ckpt.tables[str(table)]
-                expected = Marker(pipeline.name, sink_cfg.name, log_id, base, end, ckpt.cut_id)
+                written = ckpt.written.get(str(table))
+                expected = Marker(pipeline.name, sink_cfg.name, log_id, base, end, written)
             why = why_lost(sink, table, expected)
             if why is not None:
                 lost[str(table)] = why

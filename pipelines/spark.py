@@ -3,9 +3,11 @@ Delta (and later Kafka) jars from the folder set-up resolved them into, nothing 
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,9 +24,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from cdc.ground.config import Pipeline
+    from pipelines.jvmarchive import Archive
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_CONF_DIR = Path(__file__).resolve().parent / "sparkconf"  # log4j2.properties: errors only
+LOG4J_FILE = "log4j2.properties"
 
 
 def jars_dir() -> Path:
@@ -34,6 +38,21 @@ def jars_dir() -> Path:
 # Delta; Spark's Kafka source; Iceberg's Spark runtime and its JDBC catalog drivers (all resolved by
 # scripts/setup.sh). On the class path only: Iceberg's catalog and SQL extensions are set per pipeline.
 SPARK_JAR_GROUPS = ("spark", "spark-kafka", "iceberg")
+
+
+def pipeline_jar_groups(pipeline: Pipeline | None) -> tuple[str, ...]:
+    """The jar groups a pipeline's session needs: Delta always (the session's catalog), Kafka's source
+    for a Kafka log, Iceberg's runtime for an Iceberg follower. Each group left out is a JVM that
+    opens and indexes fewer jars at start (Iceberg's runtime alone is 50 MB). Without a pipeline
+    (a test session, `cdc validate`): every group."""
+    if pipeline is None:
+        return SPARK_JAR_GROUPS
+    wanted = {"spark"}
+    if pipeline.log_config.kafka is not None:
+        wanted.add("spark-kafka")
+    if any(sink.kind == "iceberg" for sink in pipeline.sinks):
+        wanted.add("iceberg")
+    return tuple(g for g in SPARK_JAR_GROUPS if g in wanted)
 
 
 def spark_jars(groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> list[str]:
@@ -96,6 +115,17 @@ def _context_exit(context, wait_s: float) -> int | None:
         return None
 
 
+def _end_jvm_for_archive(spark: SparkSession, archive: Archive, jvm: subprocess.Popen | None) -> None:
+    """At exit: the JVM writes its class archive as it exits, so end it and wait (archive.finish).
+    pyspark's accumulator server still holds a connection from that JVM: its handler would print
+    an EOFError traceback when the JVM goes, so it is told to expect the end first."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        server.server_shutdown = True
+        server.handle_error = lambda request, address: None
+    archive.finish(jvm)
+
+
 _driver_memory: str | None = None  # spark.driver.memory of the session this process launched
 
 
@@ -132,7 +162,7 @@ def exited_driver_error() -> DriverExited | None:
     return None if code is None else driver_exit_error(code, _driver_memory, "")
 
 
-def base_conf(master: str) -> dict[str, str]:
+def base_conf(master: str, groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> dict[str, str]:
     cores = master_cores(master)
     # Delta rebuilds a table's snapshot (its file list) after every commit with this many tasks,
     # 50 by default: on a few local cores that cost more than the MERGE of a small batch (a 10k-key
@@ -140,7 +170,7 @@ def base_conf(master: str) -> dict[str, str]:
     delta_snapshot = {"spark.databricks.delta.snapshotPartitions": str(cores)} if cores else {}
     return (
         delta_snapshot
-        | _jars_conf()
+        | _jars_conf(groups)
         | {
             "spark.master": master,
             "spark.app.name": "cdc-apply",
@@ -167,12 +197,12 @@ def base_conf(master: str) -> dict[str, str]:
     )
 
 
-def _jars_conf() -> dict[str, str]:
+def _jars_conf(wanted: tuple[str, ...]) -> dict[str, str]:
     """Ours from .jars/; under spark-submit its --jars are the jars (and this code may then run
     from the shipped zip, far from .jars/)."""
     if under_spark_submit():
         return {}
-    groups = tuple(g for g in SPARK_JAR_GROUPS if (jars_dir() / g).exists()) or ("spark",)
+    groups = tuple(g for g in wanted if (jars_dir() / g).exists()) or ("spark",)
     return {"spark.jars": ",".join(spark_jars(groups))}
 
 
@@ -238,10 +268,14 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -> SparkSession:
+def spark_session(
+    pipeline: Pipeline | None = None, master: str | None = None, make_archive: bool = True
+) -> SparkSession:
     """Get (or create) the process's SparkSession. A session that already exists is reused as
     is: one JVM per process, so tests and `cdc run` pay start-up once. Under spark-submit the
-    session is built on the JVM spark-submit started, its --master/--conf/--jars kept."""
+    session is built on the JVM spark-submit started, its --master/--conf/--jars kept.
+    `make_archive`: a JVM started with no class archive for its class path makes one as it exits
+    (pipelines/jvmarchive.py); long-running verbs say False (their exit should not wait for it)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise CdcError(
             "Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
@@ -249,13 +283,14 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     # Python workers (executors and the data source planner) must use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    conf = base_conf(master or (pipeline.spark.master if pipeline else "local[2]"))
+    conf = base_conf(
+        master or (pipeline.spark.master if pipeline else "local[2]"), pipeline_jar_groups(pipeline)
+    )
     conf = with_user_conf(conf, warehouse_conf(pipeline))  # joins the driver's JVM options
     if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
         private_dir(pipeline.state_path)
@@ -267,6 +302,12 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
         conf = _not_submitted(conf)
     master_url = conf.get("spark.master") or _submitted_master()
     conf |= executor_env_conf(pipeline, master_url)
+    archive = None if submitted else _class_archive(conf, pipeline)
+    if archive is not None:
+        options = (
+            f"-Dlog4j2.configurationFile={SPARK_CONF_DIR / LOG4J_FILE} {archive.java_options(make_archive)}"
+        )
+        conf = with_user_conf(conf, {"spark.driver.extraJavaOptions": options})
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -274,10 +315,12 @@ def spark_session(pipeline: Pipeline | None = None, master: str | None = None) -
     try:
         with stage(f"starting Spark ({master_url})"):
             if not submitted:
-                _launch_jvm(conf, quiet=not os.environ.get("CDC_DEBUG"))
+                jvm = _launch_jvm(conf, quiet=not os.environ.get("CDC_DEBUG"), conf_dir=_conf_dir(archive))
             if master_url.startswith("spark://"):
                 _probe_master(master_url, _submitted_conf() | conf)
             spark = builder.getOrCreate()
+            if not submitted and archive is not None and archive.making is not None:
+                atexit.register(_end_jvm_for_archive, spark, archive, jvm)
     except CdcError:
         raise
     except Exception as exc:  # JVM failed to start: one line, not a Java stack
@@ -320,31 +363,87 @@ def _not_submitted(conf: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in conf.items() if k not in given and k not in launch_only}
 
 
-def _launch_jvm(conf: dict[str, str], quiet: bool) -> None:
+def _launch_jvm(conf: dict[str, str], quiet: bool, conf_dir: str) -> subprocess.Popen | None:
     """Start Spark's JVM (as getOrCreate would, same confs but no secrets on its command line,
-    which pyspark's own launch puts every conf on). Quiet: its stderr on a pipe, a thread passes
-    each line on to ours but the noise. The Python workers the JVM starts inherit the pipe."""
+    which pyspark's own launch puts every conf on), its launcher given SPARK_CONF_DIR=conf_dir.
+    Quiet: its stderr on a pipe, a thread passes each line on to ours but the noise. The Python
+    workers the JVM starts inherit the pipe. Returns the JVM's process (None when one was up)."""
     import threading
 
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None:  # a JVM is up already (a stopped session's): reused as is
-        return
+        return None
     argv_conf = [(k, v) for k, v in conf.items() if not SECRET_CONF.search(k)]  # secrets: over py4j
-    if not quiet:
-        SparkContext._ensure_initialized(
-            gateway=launch_gateway(SparkConf(loadDefaults=False).setAll(argv_conf))
-        )
-        return
-    read_fd, write_fd = os.pipe()
-    # forwarding first: what a JVM that fails to start says is passed on too
-    threading.Thread(target=_forward_jvm_stderr, args=(read_fd,), name="jvm-stderr", daemon=True).start()
+    spark_conf = SparkConf(loadDefaults=False).setAll(argv_conf)
+    given = os.environ.get("SPARK_CONF_DIR")
+    os.environ["SPARK_CONF_DIR"] = conf_dir  # pyspark passes os.environ to the launcher: for it only
     try:
-        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(argv_conf), {"stderr": write_fd})
+        if not quiet:
+            gateway = launch_gateway(spark_conf)
+        else:
+            read_fd, write_fd = os.pipe()
+            # forwarding first: what a JVM that fails to start says is passed on too
+            threading.Thread(
+                target=_forward_jvm_stderr, args=(read_fd,), name="jvm-stderr", daemon=True
+            ).start()
+            try:
+                gateway = launch_gateway(spark_conf, {"stderr": write_fd})
+            finally:
+                os.close(write_fd)  # the JVM holds its own copy
     finally:
-        os.close(write_fd)  # the JVM holds its own copy
+        if given is None:
+            os.environ.pop("SPARK_CONF_DIR", None)
+        else:
+            os.environ["SPARK_CONF_DIR"] = given
     SparkContext._ensure_initialized(gateway=gateway)
+    return getattr(gateway, "proc", None)
+
+
+def _class_archive(conf: dict[str, str], pipeline: Pipeline | None) -> Archive | None:
+    """The JVM class archive for this session's class path (pipelines/jvmarchive.py), or None: turned
+    off (`spark.class_archive: false`), the user's own SPARK_CONF_DIR (a directory with files on the
+    class path rules an archive out), their own class-sharing flags, or no usable cache folder."""
+    from pipelines.jvmarchive import archive_for, chooses_own, layout_options
+
+    if pipeline is not None and not pipeline.spark.class_archive:
+        return None
+    if os.environ.get("SPARK_CONF_DIR") not in (None, str(SPARK_CONF_DIR), str(empty_conf_dir())):
+        return None
+    options = [conf.get(k, "") for k in ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions")]
+    if chooses_own(options):
+        return None
+    try:
+        empty = private_dir(empty_conf_dir())
+        if any(empty.iterdir()):
+            return None
+        return archive_for(
+            [j for j in conf.get("spark.jars", "").split(",") if j],
+            empty,
+            [c for c in conf.get("spark.driver.extraClassPath", "").split(os.pathsep) if c],
+            layout_options(options, conf.get("spark.driver.memory")),
+        )
+    except OSError:  # no writable cache folder (a read-only home): start as without one
+        return None
+
+
+def empty_conf_dir() -> Path:
+    """Spark's launcher puts SPARK_CONF_DIR on the JVM's class path, and HotSpot archives no class
+    path with a non-empty directory on it: with an archive, SPARK_CONF_DIR is this empty folder and
+    log4j's settings are named by a system property instead."""
+    from pipelines.jvmarchive import cache_dir
+
+    return cache_dir() / "conf"
+
+
+def _conf_dir(archive: Archive | None) -> str:
+    """SPARK_CONF_DIR for the launch: the empty folder with an archive, else the user's or ours
+    (log4j2.properties: errors only). A parent cdc process's empty folder is not the user's."""
+    if archive is not None:
+        return str(empty_conf_dir())
+    given = os.environ.get("SPARK_CONF_DIR")
+    return str(SPARK_CONF_DIR) if given in (None, str(empty_conf_dir())) else given
 
 
 # What the JVM prints on its stderr at start-up that tells a user nothing: the incubator-module

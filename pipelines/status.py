@@ -19,6 +19,7 @@ from pipelines.checkpoints import Checkpoint, load_checkpoint
 from pipelines.ddl import describe as describe_ddl
 from pipelines.follower_errors import last_error
 from pipelines.selfcheck import check_follower, self_check_line, without_lost
+from pipelines.status_iceberg import iceberg_cut, iceberg_cut_line
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ def collect_status(pipeline: Pipeline) -> dict[str, Any]:
                     pipeline, sink, without_lost(ckpt, check["lost"]) if "lost" in check else ckpt, cut
                 )
             )
+        if ckpt.cut_id and sink.kind == "iceberg":  # each table's snapshot at the recorded cut
+            entry["iceberg_cut"] = iceberg_cut(pipeline, sink)
         if ckpt.pending:
             entry["pending_cut"] = ckpt.pending.get("cut_id")
         if ckpt.lost:
@@ -280,6 +283,9 @@ def print_status(data: dict[str, Any], snapshot_cmd: str = "cdc snapshot PIPELIN
             logger.info(
                 f"  follower {f['sink']} ({f['kind']}): at {f['position']} (cut {f['cut_id']}), {backlog}"
             )
+        cut_line = iceberg_cut_line(f)
+        if cut_line:
+            logger.info(f"  {cut_line}")
     for srv in data.get("servers", []):
         logger.info(
             f"  serve: {srv['url']} (pid {srv['pid']}, {srv['tables']} table(s), since {_when(srv['started'] * 1000)})"

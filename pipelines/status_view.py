@@ -17,6 +17,7 @@ from rich.text import Text
 
 from pipelines.selfcheck import self_check_line
 from pipelines.status import _lost_line, _rebase_line, backlog_text, failing_line, retention_lines
+from pipelines.status_iceberg import iceberg_cut_line
 
 
 def status_view(data: dict[str, Any], snapshot_cmd: str) -> RenderableType:
@@ -109,6 +110,9 @@ def _followers(followers: list[dict[str, Any]]) -> RenderableType:
             notes.append(Text(check_line, style="bold red" if "lost" in f["self_check"] else "yellow"))
         if f.get("last_error"):
             notes.append(Text(failing_line(f["sink"], f["last_error"]), style="bold red"))
+        cut_line = iceberg_cut_line(f)  # each Iceberg table's snapshot at the recorded cut
+        if cut_line:
+            notes.append(Text(cut_line))
         backlog = backlog_text(f)
         style = "green" if f.get("events_behind_log") == 0 else "yellow"
         if f["position"] is None:

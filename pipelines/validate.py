@@ -107,6 +107,7 @@ def run_validate(pipeline: Pipeline, spark_views: bool = False) -> int:
     logger.info(
         f"{OK} {ddl_mode[0]}" if ddl_mode[1] is None else f"{WARN} {ddl_mode[0]}\n       fix: {ddl_mode[1]}"
     )
+    switched = {p.moved_by_snapshot for p in report.problems}  # FULL -> DEFAULT while followed
     for t in report.tables:
         key = f"key ({', '.join(t.key_columns)}) from {t.key_source}" if t.key_columns else "NO KEY"
         if t.insert_only:
@@ -121,6 +122,12 @@ def run_validate(pipeline: Pipeline, spark_views: bool = False) -> int:
                 "are two rows; an update or delete changes one of them)"
             )
         mark = OK if (t.key_columns or t.insert_only or t.multiset) and t.can_select else BAD
+        if t.table in switched:
+            key = (
+                f"no key, REPLICA IDENTITY {'DEFAULT' if t.replica_identity == 'd' else 'NOTHING'} (was FULL): still in "
+                f"publication {pipeline.publication}, its inserts captured (PostgreSQL refuses its updates and deletes)"
+            )
+            mark = BAD
         logger.info(f"{mark} table {t.table}: {len(t.columns)} columns, {key}")
         captured = report.filters.get(t.table)
         if captured is not None and captured.active:

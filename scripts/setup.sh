@@ -20,6 +20,8 @@ if [ -z "${CDC_SKIP_SERVERS:-}" ]; then  # the container image runs them as sepa
   command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 fi
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
+# javac compiles the tests' Iceberg REST catalog server (tests/fixtures/iceberg_rest/)
+command -v javac >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)  # builds the C speedup cdc/_render.c

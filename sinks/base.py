@@ -81,8 +81,10 @@ class Sink(ABC):
         """The table's marker text as the engine holds it (None: there is none)."""
         return None
 
-    def write_marker(self, table: TableName, text: str) -> None:
-        """Store the table's marker in the engine, after the batch's rows."""
+    def write_marker(self, table: TableName, text: str) -> int | None:
+        """Store the table's marker in the engine, after the batch's rows. A sink whose marker keeps
+        no position (Delta, Iceberg: the data commit carries the cut, sinks/marker.py) returns the
+        newest cut the table's commits carry now; the others None."""
         return None
 
     def cut_applied(self, cut_id: int, lsn: int, tables: list[TableName], again: bool = True) -> None:

@@ -146,6 +146,10 @@ class TableBatch:
     renames: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The table's base offset in the log (its snapshot), as the follower's marker names it.
     base: int | None = None
+    # The cut whose data commit last wrote the table, as the checkpoint says (Checkpoint.written;
+    # None: not recorded): a Delta follower whose commits carry exactly that cut holds the log up
+    # to `first_offset` (DeltaSink._appends).
+    written_at: int | None = None
     # The log promises that an insert is of a key the table did not hold just before it: it holds
     # every change of the table in position order and a key names one row (the embedded log and
     # cdc's Kafka topics; not Debezium's). With `inserts_only` it lets a follower append the rows.
@@ -234,7 +238,7 @@ class TableBatch:
 
     @property
     def deletes(self) -> int:
-        """Delete events in the batch (a keyless table's deletes remove a row by content: sinks/delta/multiset.py)."""
+        """Delete events in the batch (a keyless table's deletes remove a row by content: sinks/multiset.py)."""
         return self._summary["deletes"]
 
     def release(self) -> None:

@@ -99,13 +99,16 @@ def shape_record(sink: SinkConfig, table: TableName) -> str:
     """What the sink's follower of a table was shaped with, as stable text for its checkpoint: the
     table's options, and a short fingerprint of mask_key when a hash mask uses it (never the key
     itself). A change means the follower holds values shaped otherwise (an email stored before
-    its mask was added): the apply job then rebuilds that table from the log's base."""
+    its mask was added): the apply job then rebuilds that table from the log's base. Only the
+    options every kind shares shape values: a kind's own (an Iceberg table's write_mode) do not."""
     import json
+
+    from cdc.ground.settings import SinkTableOptions
 
     options = options_for(sink, table)
     if options is None:
         return ""
-    doc = options.model_dump(exclude_defaults=True)
+    doc = options.model_dump(exclude_defaults=True, include=set(SinkTableOptions.model_fields))
     key = sink.settings.mask_key
     if key and "hash" in options.mask.values():
         doc["mask_key_sha256"] = hashlib.sha256(key.encode()).hexdigest()[:12]

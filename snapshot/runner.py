@@ -34,6 +34,7 @@ from cdc.log import open_log
 from cdc.rebase import save_state
 from cdc.schema import TypeCache, build_schema, with_attnums
 from cdc.source import (
+    Problem,
     connect,
     ensure_publication,
     insert_publication,
@@ -41,7 +42,7 @@ from cdc.source import (
     resolve_tables,
 )
 from cdc.source.slots import _slot
-from cdc.tablewatch import check_pipeline_source, gone_from_source
+from cdc.tablewatch import check_pipeline_source, gone_from_source, raise_unless_captured
 from snapshot.chunk_sql import orderable_key
 from snapshot.chunked import ChunkedSnapshot, ChunkedTable
 from snapshot.exported import copy_exported, create_slot
@@ -81,7 +82,10 @@ def run_snapshot(
     try:
         gone = gone_from_source(pipeline, conn)  # dropped tables the file still names: not a problem
         report = check_pipeline_source(pipeline, conn, gone)
-        report.raise_if_problems()
+        # a keyless table switched to REPLICA IDENTITY DEFAULT while followed: its `--tables` snapshot is
+        # the fix (ensure_publication moves it to the insert-only publication); other snapshots warn
+        report.problems = [p for p in report.problems if not _snapshot_fixes(p, only)]
+        raise_unless_captured(report)
         server = report.server
         assert server is not None  # known once the checks passed
         info = {t.table: t for t in report.tables}
@@ -115,7 +119,7 @@ def run_snapshot(
             _no_unread_publication(conn, pipeline, [info[t] for t in targets])
             try:
                 added = ensure_publication(
-                    conn, pipeline.publication, [info[t] for t in all_tables], report.filters
+                    conn, pipeline.publication, [info[t] for t in all_tables], report.filters, set(targets)
                 )
                 if drift:
                     for table, reason in drift.items():  # a crash from here on: the next stream re-bases them
@@ -172,6 +176,18 @@ def run_snapshot(
             log.close()
     finally:
         conn.close()
+
+
+def _snapshot_fixes(problem: Problem, only: list[str] | None) -> bool:
+    """Whether this snapshot is the problem's fix: it copies again the table the problem moves."""
+    moved = problem.moved_by_snapshot
+    for text in only or ():
+        try:
+            if moved is not None and TableSelector.parse(text).matches(moved):
+                return True
+        except ValueError:
+            continue  # named again by _targets, with its message
+    return False
 
 
 def _targets(

@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.fixtures.opensearch",
     "tests.fixtures.debezium",
     "tests.fixtures.spark_cluster",
+    "tests.fixtures.iceberg_rest",
 ]
 
 
@@ -68,7 +69,9 @@ def spark():
     """One SparkSession (local[2], Delta) for the whole test session: JVM start-up is paid once."""
     from pipelines.spark import spark_session
 
-    session = spark_session(master="local[2]")
+    # lives as long as the test session: uses a class archive if there is one, never waits at exit
+    # to write one (pipelines/jvmarchive.py; CI's fresh home would pay that dump on every run)
+    session = spark_session(master="local[2]", make_archive=False)
     session.conf.set("spark.sql.shuffle.partitions", "2")
     for key, value in TEST_SQL_CONF.items():
         session.conf.set(key, value)

@@ -1,5 +1,6 @@
 """Every follower against the source, read with each engine's own client, none of our sink code:
-delta-rs for Delta, redis-py for Redis, tantivy's searcher for the search index (the readers of
+delta-rs for Delta, pyiceberg for Iceberg (its SQL catalog on the sink's SQLite catalog file),
+redis-py for Redis, tantivy's searcher for the search index (the readers of
 tests/fixtures/readers.py, shared with the test suite). `cdc verify` runs too, as a second opinion.
 
 Values are compared as text (PostgreSQL's output function on the source; str() of what the
@@ -17,6 +18,7 @@ from typing import Any
 from tests.fixtures.readers import (
     DELTA_RS_LACKS,
     delta_reader_features,
+    iceberg_catalog,
     redis_rows,
     tantivy_docs,
     tantivy_live_count,
@@ -95,6 +97,13 @@ def delta_table(path: Path) -> tuple[dict[str, dict[str, Any]], int]:
     if lacks:
         raise RuntimeError(f"{path}: delta-rs cannot read reader features {sorted(lacks)}")
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    counts = Counter(str(r["id"]) for r in rows)
+    return {str(r["id"]): r for r in rows}, sum(n - 1 for n in counts.values() if n > 1)
+
+
+def iceberg_table(warehouse: Path, table: str) -> tuple[dict[str, dict[str, Any]], int]:
+    """(rows by id, how many ids appear more than once), read with pyiceberg."""
+    rows = iceberg_catalog(warehouse, "ice").load_table(table).scan().to_arrow().to_pylist()
     counts = Counter(str(r["id"]) for r in rows)
     return {str(r["id"]): r for r in rows}, sum(n - 1 for n in counts.values() if n > 1)
 

@@ -1,6 +1,7 @@
-"""One round of the campaign: a fresh database, a pipeline with three followers (Delta, Redis,
-tantivy) on the local or the Kafka log, `cdc run` under a supervisor, a random workload, random
-faults at random moments, then convergence and the comparison of every follower with the source.
+"""One round of the campaign: a fresh database, a pipeline with four followers (Delta, Iceberg on
+the embedded SQLite catalog, Redis, tantivy) on the local or the Kafka log, `cdc run` under a
+supervisor, a random workload, random faults at random moments, then convergence and the
+comparison of every follower with the source.
 
 Every random choice of a round comes from its seed (printed first), so a failing round can be run
 again alone: `bench/chaos.py --replay SEED --log local|kafka`. Timing still varies between runs (a
@@ -179,6 +180,7 @@ def _compare(result: RoundResult, services: Services, dsn: str, work: Path, name
         schema, tname = table.split(".")
         held = {
             "delta": compare.delta_table(work / name / "lake" / schema / tname),
+            "iceberg": compare.iceberg_table(work / name / "ice", table),
             "redis": compare.redis_table(client, table),
             "tantivy": compare.tantivy_table(work / name / "search" / schema / tname),
         }
@@ -239,6 +241,7 @@ def _pipeline_file(work: Path, services: Services, log: str, name: str, seed: in
         "state_dir": str(base / "state"),
         "sinks": [
             {"name": "lake", "delta": {"path": str(base / "lake")}},
+            {"name": "ice", "iceberg": {"warehouse": str(base / "ice")}},
             {"name": "cache", "redis": {"url": _redis_url(services, seed), "tables": list(TABLES)}},
             {
                 "name": "search",

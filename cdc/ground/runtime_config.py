@@ -36,6 +36,12 @@ class SparkConfig(Strict):
         description="tables of a cut applied at the same time per sink (driver threads); "
         "default twice Spark's default parallelism, at least 2; 1 = one after another",
     )
+    class_archive: bool = Field(
+        default=True,
+        description="keep a class-data-sharing archive of the driver JVM's classes in the user's cache "
+        "(~/.cache/cdc/jvm, one per class path): the first `cdc apply --once` makes it as its JVM exits, later "
+        "starts map it instead of loading Spark's classes again; false = start without one",
+    )
     # Security on a cluster (docs/cluster.md): the secret reaches the driver's JVM over
     # py4j, never its command line, and is masked in messages.
     secret: str | None = Field(

@@ -27,8 +27,10 @@ from cdc.source.connection import connect
 from cdc.source.publications import (
     ensure_publication,
     followed_insert_only,
+    in_publication,
     insert_publication,
     publication_names,
+    switched_to_default,
 )
 from cdc.source.report import CheckReport, ColumnInfo, Problem, ServerInfo, TableInfo
 from cdc.source.slots import (
@@ -55,6 +57,7 @@ __all__ = [
     "failover_unsupported",
     "flushed_wal_lsn",
     "followed_insert_only",
+    "in_publication",
     "insert_publication",
     "make_failover_slot",
     "missing_table",
@@ -65,5 +68,6 @@ __all__ = [
     "slot_holder",
     "slot_state",
     "stream_application_name",
+    "switched_to_default",
     "table_info",
 ]

@@ -38,10 +38,12 @@ def check_source(
     command: Command = placeholder,
     failover: bool = False,
     options: Mapping[TableName, SourceTableOptions] | None = None,
+    followed: Collection[TableName] = (),
 ) -> CheckReport:
     """Run every check `cdc validate` reports; collect all problems rather than stopping at the first.
     `dropped`: tables the log knows were dropped in the source; naming one is a note, not a problem
-    (the stream still has to pass their last changes, docs/schema-changes.md)."""
+    (the stream still has to pass their last changes, docs/schema-changes.md). `followed`: the
+    tables the log follows (a keyless table's publication problem then has another fix)."""
     report = CheckReport()
     info = report.server = server_info(conn)
     who = quote_ident(info.user)
@@ -141,10 +143,12 @@ def check_source(
                 )
             )
     _check_filters(conn, report, info, options or {})
-    check_publications(conn, report, info, publication)
-    full_identity_notes(
-        conn, report, publication, lambda t: command("snapshot", "--tables", shlex.quote(str(t)))
-    )
+
+    def snapshot(t: TableName) -> str:
+        return command("snapshot", "--tables", shlex.quote(str(t)))
+
+    check_publications(conn, report, info, publication, followed, snapshot)
+    full_identity_notes(conn, report, publication, snapshot)
     return report
 
 

@@ -4,7 +4,8 @@ insert-only publication (insert_publication)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 
 from psycopg2 import sql
 
@@ -13,11 +14,19 @@ from cdc.ground.tables import TableName, quote_ident
 from cdc.source.report import CheckReport, Problem, ServerInfo, TableInfo
 
 
-def check_publications(conn, report: CheckReport, info: ServerInfo, publication: str) -> None:
+def check_publications(
+    conn,
+    report: CheckReport,
+    info: ServerInfo,
+    publication: str,
+    followed: Collection[TableName] = (),
+    snapshot: Callable[[TableName], str] = lambda t: f"cdc snapshot --tables {t}",
+) -> None:
     """Can `cdc snapshot` create the publication or add the pipeline's tables to it, and does it
     publish partitioned tables as themselves? Each problem gets one statement that works as printed
-    (the tool's own publications are FOR TABLE ... WITH (publish_via_partition_root = true))."""
-    _check_insert_publication(conn, report, info, publication)
+    (the tool's own publications are FOR TABLE ... WITH (publish_via_partition_root = true)).
+    `followed`: the tables the log follows; `snapshot(table)`: the command that copies one again."""
+    _check_insert_publication(conn, report, info, publication, followed, snapshot)
     tables = [t for t in report.tables if t.relkind in ("r", "p") and not t.insert_only]
     if not tables:
         return
@@ -87,7 +96,14 @@ def check_publications(conn, report: CheckReport, info: ServerInfo, publication:
         )
 
 
-def _check_insert_publication(conn, report: CheckReport, info: ServerInfo, publication: str) -> None:
+def _check_insert_publication(
+    conn,
+    report: CheckReport,
+    info: ServerInfo,
+    publication: str,
+    followed: Collection[TableName],
+    snapshot: Callable[[TableName], str],
+) -> None:
     """Keyless tables: never in a publication of the pipeline that publishes updates or deletes
     (PostgreSQL would then refuse the application's own UPDATE and DELETE on them), and the
     insert-only publication can be created or has them (or the statement to run)."""
@@ -95,8 +111,14 @@ def _check_insert_publication(conn, report: CheckReport, info: ServerInfo, publi
     if not keyless:
         return
     inserts = insert_publication(publication)
+    members = _publication_tables(conn, publication) or set()
     with conn.cursor() as cur:
         for t in keyless:
+            if t.table in followed and t.table in members:
+                report.problems.append(
+                    switched_to_default(t.table, t.replica_identity, publication, snapshot)
+                )
+                continue
             cur.execute(
                 "SELECT p.pubname FROM pg_publication p WHERE p.pubname = ANY(%s) AND (p.pubupdate OR p.pubdelete)"
                 " AND p.oid IN (SELECT prpubid FROM pg_publication_rel WHERE prrelid = %s"
@@ -142,6 +164,29 @@ def _check_insert_publication(conn, report: CheckReport, info: ServerInfo, publi
             )
 
 
+def switched_to_default(
+    table: TableName, replica_identity: str, publication: str, snapshot: Callable[[TableName], str]
+) -> Problem:
+    """A followed keyless table in the main publication with the default replica identity: it had
+    REPLICA IDENTITY FULL when it joined (followed as a multiset) and was switched since. Nothing is
+    lost (PostgreSQL refuses its updates and deletes, so its inserts are all its changes), but the
+    application is broken. Dropping it from the publication by hand would lose its inserts (it is
+    in no publication then), so the fixes are the identity back, or `cdc snapshot --tables`, which
+    moves it to the insert-only publication in one transaction and copies it again."""
+    identity = "DEFAULT" if replica_identity == "d" else "NOTHING"
+    inserts = insert_publication(publication)
+    return Problem(
+        f"table {table} has no primary key and REPLICA IDENTITY {identity} but is followed through publication "
+        f"{publication}, which publishes updates and deletes (it had REPLICA IDENTITY FULL when it joined): "
+        "PostgreSQL refuses the application's UPDATE and DELETE on it; `cdc stream` still captures it exactly "
+        "(its inserts are all its changes now)",
+        f"run ALTER TABLE {table} REPLICA IDENTITY FULL; (followed as a multiset again, nothing to copy), or "
+        f"`{snapshot(table)}` (it moves {table} to publication {inserts}, inserts only, and copies it again; "
+        "its updates and deletes are not followed from then on)",
+        moved_by_snapshot=table,
+    )
+
+
 def _check_generated_columns(
     conn, report: CheckReport, info: ServerInfo, publication: str, own_pub: bool, pub_owner: str
 ) -> None:
@@ -181,6 +226,11 @@ def _publication_tables(conn, publication: str) -> set[TableName] | None:
             (publication, publication),
         )
         return {TableName(s, t) for s, t in cur.fetchall()}
+
+
+def in_publication(conn, publication: str, table: TableName) -> bool:
+    """Whether `table` is a member of `publication`."""
+    return table in (_publication_tables(conn, publication) or set())
 
 
 def followed_insert_only(conn, publication: str, table: TableName) -> bool:
@@ -224,23 +274,63 @@ def publication_names(conn, publication: str) -> str:
 
 
 def ensure_publication(
-    conn, publication: str, tables: list[TableInfo], filters: Mapping[TableName, CaptureFilter] | None = None
+    conn,
+    publication: str,
+    tables: list[TableInfo],
+    filters: Mapping[TableName, CaptureFilter] | None = None,
+    copied: Collection[TableName] = (),
 ) -> list[TableName]:
     """Create the publication, or add missing tables to it, each with its column list and row filter
-    (`filters`); insert-only (keyless) tables go into the insert-only publication instead.
+    (`filters`); insert-only (keyless) tables go into the insert-only publication instead, and those
+    of them this snapshot copies (`copied`) that are still in the main publication move there.
     Returns the tables added. (Changed filters of tables already in it: cdc.filters.set_filters.)"""
     keyless = [t for t in tables if t.insert_only]
-    first = _publication_tables(conn, publication) is None
-    added = _ensure(
-        conn,
-        publication,
-        [t for t in tables if not t.insert_only],
-        filters,
-        "insert, update, delete, truncate",
-    )
-    if keyless or first:  # made with the first: a stream started before a keyless table joins reads it too
-        added += _ensure(conn, insert_publication(publication), keyless, filters, "insert, truncate")
+    main = _publication_tables(conn, publication)
+    first = main is None
+    # a keyless table switched from REPLICA IDENTITY FULL to DEFAULT while followed, copied again by
+    # its `cdc snapshot --tables` (the fix): out of the main publication, into the insert-only one,
+    # in one transaction, so each of its inserts is published by one of them
+    moving = [t for t in keyless if t.table in (main or set()) and t.table in copied]
+    # one not copied now stays where it is, until its own `cdc snapshot --tables` (the checks warn)
+    keyless = [t for t in keyless if t in moving or t.table not in (main or set())]
+    with _one_transaction(conn, bool(moving)):
+        if moving:
+            with conn.cursor() as cur:
+                cur.execute(
+                    sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                        sql.Identifier(publication),
+                        sql.SQL(", ").join(sql.Identifier(t.table.schema, t.table.name) for t in moving),
+                    )
+                )
+        added = _ensure(
+            conn,
+            publication,
+            [t for t in tables if not t.insert_only],
+            filters,
+            "insert, update, delete, truncate",
+        )
+        # made with the first: a stream started before a keyless table joins reads it too
+        if keyless or first:
+            added += _ensure(conn, insert_publication(publication), keyless, filters, "insert, truncate")
     return added
+
+
+@contextmanager
+def _one_transaction(conn, wanted: bool) -> Iterator[None]:
+    """The block's statements in one transaction when `wanted` (on an autocommit connection too)."""
+    if not (wanted and conn.autocommit):
+        yield
+        return
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        with conn.cursor() as cur:
+            cur.execute("ROLLBACK")
+        raise
+    with conn.cursor() as cur:
+        cur.execute("COMMIT")
 
 
 def _ensure(

@@ -68,6 +68,10 @@ class ServerInfo:
 class Problem:
     what: str
     fix: str
+    # A followed keyless table switched from REPLICA IDENTITY FULL to DEFAULT, still in the main
+    # publication: `cdc snapshot --tables` of it is the fix (it moves the table), and the stream
+    # captures it exactly meanwhile (PostgreSQL refuses its updates and deletes), so warns instead
+    moved_by_snapshot: TableName | None = None
 
 
 @dataclass

@@ -41,7 +41,7 @@ from cdc.stream.slot import (
     retry_connecting,
     start_replication,
 )
-from cdc.tablewatch import TableWatch, check_pipeline_source
+from cdc.tablewatch import TableWatch, check_pipeline_source, raise_unless_captured
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         self._rels: dict[int, Rel | None] = {}
         self._keys: dict[TableName, tuple[str, ...]] = {}
         self._keyless: set[TableName] = set()
+        self.identity_warned: set[TableName] = set()
         self.ack_limit = ack_limit
         self.check_publisher = check_publisher  # raises if the Kafka publisher child stopped
         # captured tables renamed or dropped in the source; remedies name the pipeline file as given
@@ -141,7 +142,7 @@ class StreamReader(ReceiveLoop, ChangeRows, RelationTracking):
         conn = self._conn = connect_catalog(self.pipeline)
         gone = self._watch.start(conn)  # a dropped table still in the file must not stop the stream
         report = check_pipeline_source(self.pipeline, conn, gone)
-        report.raise_if_problems()
+        self.identity_warned |= raise_unless_captured(report)
         check_slot(conn, self.pipeline, self.log)
         if pg.failover and make_failover_slot(pg.dsn, self.pipeline.slot):
             logger.info(

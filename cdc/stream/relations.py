@@ -25,7 +25,13 @@ from cdc.log.local import LocalLog
 from cdc.pgoutput import Relation
 from cdc.rebase import RewriteWatch
 from cdc.schema import TypeCache, build_schema, column_extras, relation_attnums, table_catalog, with_attnums
-from cdc.source import followed_insert_only, insert_publication, table_info
+from cdc.source import (
+    followed_insert_only,
+    in_publication,
+    insert_publication,
+    switched_to_default,
+    table_info,
+)
 from cdc.tablewatch import TableWatch
 
 logger = logging.getLogger(__name__)
@@ -63,6 +69,7 @@ class RelationTracking:
     _rels: dict[int, Rel | None]
     _keys: dict[TableName, tuple[str, ...]]
     _keyless: set[TableName]
+    identity_warned: set[TableName]  # keyless tables switched from FULL to DEFAULT, said once
     _types: TypeCache
     _watch: TableWatch
     _rewrites: RewriteWatch
@@ -93,6 +100,8 @@ class RelationTracking:
         positional = not key and (table in self._keyless or self._new_keyless(conn, table))
         if positional and msg.replica_identity == "f":
             self._check_full_published(conn, table)
+        elif positional and msg.replica_identity in ("d", "n"):
+            self._check_default_published(conn, table, msg.replica_identity)
         if (not key and not positional) or missing:
             raise SourceError(
                 f"table {table} has no usable key in the change stream (key columns {list(key)}, stream columns {names})",
@@ -133,6 +142,22 @@ class RelationTracking:
             f"run `{snapshot_command(self.pipeline, table)}` (it adds {table} to publication {publication} and copies "
             "it again, as its updates and deletes since the change were not captured), then start the stream again",
         )
+
+    def _check_default_published(self, conn, table: TableName, identity: str) -> None:
+        """A keyless table followed as a multiset that got REPLICA IDENTITY DEFAULT (or NOTHING) while
+        followed: still in the main publication, so PostgreSQL refuses the application's UPDATE and
+        DELETE on it, and its inserts are all its changes: captured exactly, so the stream goes on
+        and says so once (at start the check did: `identity_warned`)."""
+        publication = self.pipeline.publication
+        if table in self.identity_warned or not in_publication(conn, publication, table):
+            return
+        if not table_info(conn, table).insert_only:
+            return  # FULL again by now (older WAL decoded): nothing to fix
+        self.identity_warned.add(table)
+        problem = switched_to_default(
+            table, identity, publication, lambda t: snapshot_command(self.pipeline, t)
+        )
+        logger.warning(f"{problem.what}\n  fix: {problem.fix}")
 
     def _new_keyless(self, conn, table: TableName) -> bool:
         """A keyless table that joined while streaming (`cdc snapshot --tables`): followed by position

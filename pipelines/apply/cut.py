@@ -104,6 +104,7 @@ class SinkCut:
         self.cut_tables: dict[str, TableRange] = {}
         self.wanted: list[str] = []  # the tables the sink follows now
         self.targets: dict[str, ViewTarget] = {}  # the views' versions at this cut
+        self.written: dict[str, int] = {}  # table -> the cut its commits carry after this one
 
     def apply(self, latest: Cut) -> None:
         run = self.run
@@ -205,7 +206,7 @@ class SinkCut:
                 sink.clear_table(self.by_name[name])
         for view in self.views:
             sink.clear_table(view_table(view))
-        self.ckpt.tables, self.ckpt.clear = {}, False
+        self.ckpt.tables, self.ckpt.written, self.ckpt.clear = {}, {}, False
 
     def _rebuild_reshaped(self, sink: Sink) -> None:
         """A table whose table_options (columns, masks, rename, mask_key) changed since it was applied
@@ -231,6 +232,7 @@ class SinkCut:
                     )
                 sink.clear_table(by_name[name])
                 del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
+                ckpt.written.pop(name, None)
         ckpt.shapes = shapes
 
     def _check_markers(self, sink: Sink) -> None:
@@ -259,6 +261,7 @@ class SinkCut:
         for name in lost:
             sink.clear_table(by_name[name])  # what is left (an older backup, another pipeline's data) goes
             del ckpt.tables[name]  # planned from the base (bootstrap): the sink starts the table over
+            ckpt.written.pop(name, None)
         ckpt.lost = note | {"action": "rebuilt"}
 
     def _plan_ranges(self, purged: dict[str, int]) -> dict[str, tuple[int, int, bool]]:
@@ -295,6 +298,7 @@ class SinkCut:
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
             batch.base = self.cut_tables[name].base
+            batch.written_at = ckpt.written.get(name)
             # a range read from the base holds its snapshot: only later ranges can be inserts alone
             batch.inserts_new = getattr(log, "inserts_are_new", False) and not bootstrap
             batches.append(shape_batch(batch, self.sink_cfg))
@@ -360,7 +364,8 @@ class SinkCut:
 
     def _write_markers(self, sink: Sink, batches: list[Batch]) -> None:
         """Each applied table's marker (sinks/marker.py), after the rows: a marker never claims more
-        than the engine holds."""
+        than the engine holds. Delta and Iceberg keep only its fixed parts (a commit when the table
+        is made or re-based, none otherwise): their data commit carries the cut."""
         ckpt, by_name = self.ckpt, self.by_name
         # older followers: markers for the tables applied before the sink kept them
         redo = [] if ckpt.markers else [n for n in ckpt.tables if n in by_name and n in self.wanted]
@@ -377,13 +382,15 @@ class SinkCut:
             for table, (base, end) in ends.items()
         ]
         with stage(f"sink {name}: cut {self.cut_id}: writing {len(markers)} marker(s)"):
-            run_tasks(
+            held = run_tasks(
                 markers,
                 lambda slot: sink.in_session(slot.session).write_marker(*slot.item),
                 self.job.parallelism(sink),
                 self.spark,
                 name,
             )
+        # Delta, Iceberg: the cut their commits carry now, which the checkpoint keeps to compare with
+        self.written = {str(t): cut for (t, _), cut in zip(markers, held, strict=True) if cut is not None}
         ckpt.markers = True
 
     def _record_cut(self, sink: Sink) -> None:
@@ -394,9 +401,11 @@ class SinkCut:
             sink.cut_applied(self.cut_id, self.cut_lsn, applied, self.again)
 
     def _save_applied(self) -> None:
-        """The checkpoint moved to the cut, its pending record dropped."""
+        """The checkpoint moved to the cut, its pending record dropped; with the cut each written
+        table's commits carry (Delta, Iceberg: sinks/marker.py)."""
         ckpt, cut_tables = self.ckpt, self.cut_tables
         ckpt.cut_id, ckpt.lsn, ckpt.ts_ms = self.cut_id, self.cut_lsn, now_ms()
+        ckpt.written |= self.written
         for name in self.wanted:
             if name in cut_tables:
                 ckpt.tables[name] = [cut_tables[name].base, cut_tables[name].end]

@@ -254,7 +254,8 @@ class ApplyJob:
             expected = None
             if sink.markers and ckpt.markers:
                 base, end = ckpt.tables[slot.item]
-                expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, ckpt.cut_id)
+                written = ckpt.written.get(slot.item)
+                expected = Marker(self.pipeline.name, sink_cfg.name, sink.log_id, base, end, written)
             return why_lost(sink.in_session(slot.session), by_name[slot.item], expected)
 
         # table by table a few small reads each: side by side like the tables' MERGEs

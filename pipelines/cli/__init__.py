@@ -45,7 +45,8 @@ for _command in (
 # Arrow-based readers (delta-rs, DataFusion, pyarrow) keep native thread pools whose C++
 # destructors can abort the interpreter's shutdown (SIGABRT, "terminate called without an
 # active exception") after a verb has printed its answer. Without a JVM to stop, run the
-# atexit hooks and leave without the native teardown; the exit code is the verb's own.
+# atexit hooks and leave without the native teardown; the exit code is the verb's own. A verb
+# that only imported pyspark (its types, as `cdc status` does through a sink's module) has no JVM.
 _NATIVE_POOLS = ("deltalake", "datafusion", "pyarrow", "polars", "pyiceberg")
 
 
@@ -57,7 +58,7 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int | None):
             print(exc.code, file=sys.stderr)
-    if "pyspark" in sys.modules or not any(m in sys.modules for m in _NATIVE_POOLS):
+    if _jvm_launched() or not any(m in sys.modules for m in _NATIVE_POOLS):
         sys.exit(code)
     import atexit
 
@@ -66,3 +67,12 @@ def main() -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
             stream.flush()
     os._exit(code)
+
+
+def _jvm_launched() -> bool:
+    """This process started a Spark driver JVM (its stop and class archive run at a normal exit)."""
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None

@@ -22,12 +22,15 @@ logger = logging.getLogger(__name__)
     help="where the demo's pipeline, log and Delta tables go (replaced)",
 )
 @click.option("--keep-server", is_flag=True, help="leave the demo PostgreSQL running")
+@click.option(
+    "--iceberg", is_flag=True, help="an Iceberg follower too (embedded SQLite catalog under --dir/ice)"
+)
 @handle_errors
-def demo(directory: Path, keep_server: bool) -> int:
+def demo(directory: Path, keep_server: bool, iceberg: bool) -> int:
     """The whole path on embedded defaults: throwaway PostgreSQL -> log -> Spark -> Delta, verified."""
     from pipelines.demo import run_demo
 
-    return run_demo(directory, keep_server)
+    return run_demo(directory, keep_server, iceberg)
 
 
 @click.group()

@@ -63,7 +63,9 @@ def _txn_body(feed: TableFeed, txn: Txn, changes: list[Change]) -> bytes:
 def _bad(exc: Exception) -> Response:
     if isinstance(exc, UsageError):
         return _json(400, {"error": exc.problem, "fix": exc.fix})
-    return _json(400, {"error": f"bad parameter: {exc}", "fix": "from, page, limit and timeout are numbers"})
+    return _json(
+        400, {"error": f"bad parameter: {exc}", "fix": "from, page, limit, cut and timeout are numbers"}
+    )
 
 
 class TableRoutes:
@@ -151,12 +153,13 @@ class TableRoutes:
             limit = min(int(request.query_params.get("limit", "1000")), self.options.page_max)
             page = int(request.query_params.get("page", "0"))
             asked = request.query_params.get("cut")
+            asked_cut = None if asked is None else int(asked)
         except (ValueError, UsageError) as exc:
             return _bad(exc)
-        if asked is None:
+        if asked_cut is None:
             cut_id, lsn, position, rows = await self._state(feed)
         else:
-            cut_id = int(asked)
+            cut_id = asked_cut
             cached = self.states.get((feed.name, cut_id))
             if cached is None:
                 return _json(
@@ -230,7 +233,9 @@ class TableRoutes:
                 "compacted",
                 f"the log no longer holds every change after position {position}; fetch the rows anew",
             ), None
-        if position > rng.end:
+        # the feed has published up to its own position from the log: a position it reached is known
+        # even when this read of the latest cut is older than the poller's (another thread's read)
+        if position > max(rng.end, feed.position):
             return Control(
                 "unknown-position",
                 f"position {position} is past the log's end ({rng.end}); fetch the rows anew",

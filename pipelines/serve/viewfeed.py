@@ -36,6 +36,7 @@ from cdc.ground.errors import UsageError
 from pipelines.serve.feed import Control
 from pipelines.serve.logview import Change
 from pipelines.views.state import load_view_state, out_path, state_path_of
+from sinks.delta.arrowread import read_delta
 
 SCHEMA = "views"  # a view is named views.<name> in token lists, like a sink names it
 READ_VERSIONS = 64  # cuts per change data read: bounds one read's memory
@@ -134,9 +135,7 @@ class ViewAccess:
             if key in self._rows:
                 self._rows.move_to_end(key)
                 return self._rows[key]
-        from deltalake import DeltaTable
-
-        rows = DeltaTable(str(self.path(at.view)), version=at.version).to_pyarrow_table().to_pylist()
+        rows = read_delta(self.path(at.view), at.version).to_pylist()
         rows.sort(key=lambda r: tuple(str(r.get(k)) for k in at.key))
         source = {"view": at.view, "cut": at.cut_id, "lsn": at.lsn, "version": at.version, "snapshot": True}
         changes = [Change(_dumps({"before": None, "after": r, "source": source, "op": "r"})) for r in rows]

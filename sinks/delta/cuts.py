@@ -37,6 +37,7 @@ from cdc.ground.errors import UsageError
 from cdc.ground.formats import DELTA_CUTS, VERSION, check_version
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
+from sinks.delta.arrowread import read_delta
 from sinks.delta.paths import table_path
 
 if TYPE_CHECKING:
@@ -272,11 +273,9 @@ def views_at_cut(
 
 # ---- reading without Spark (delta-rs) --------------------------------------------------------------
 def _rows_arrow(base: str | Path) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
     path = cuts_path(base)
     try:
-        rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+        rows = read_delta(path).to_pylist()
     except Exception as exc:  # deltalake raises TableNotFoundError for a missing table
         if type(exc).__name__ != "TableNotFoundError":
             raise
@@ -302,25 +301,18 @@ def read_at_cut_arrow(base: str | Path, table: str | TableName, cut: int | None 
     """One follower table at the latest complete cut (or cut `cut`) with delta-rs:
     `DeltaTable(path, version=<the cut's version>)`. For several tables, take one `cut_record_arrow`
     and open each at `record.versions[table]` (or pass the same `cut`)."""
-    from deltalake import DeltaTable
-
     record = cut_record_arrow(base, cut)
     key = str(table if isinstance(table, TableName) else TableName.parse(table))
     if key not in record.versions:
         raise UsageError(
             f"{record.describe()} has no table {key}", "name a table the follower has, as schema.table"
         )
-    return DeltaTable(table_dir(base, record, key), version=record.versions[key]).to_pyarrow_table()
+    return read_delta(table_dir(base, record, key), record.versions[key])
 
 
 def tables_at_cut_arrow(
     base: str | Path, cut: int | None = None
 ) -> tuple[CutRecord, dict[str, pyarrow.Table]]:
     """Every follower table at one cut (latest by default) with delta-rs: (the cut, {schema.table: rows})."""
-    from deltalake import DeltaTable
-
     record = cut_record_arrow(base, cut)
-    return record, {
-        t: DeltaTable(table_dir(base, record, t), version=v).to_pyarrow_table()
-        for t, v in sorted(record.versions.items())
-    }
+    return record, {t: read_delta(table_dir(base, record, t), v) for t, v in sorted(record.versions.items())}

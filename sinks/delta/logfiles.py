@@ -1,11 +1,14 @@
-"""A Delta table's latest table properties read from its `_delta_log` files, without Spark or a JVM
-(`cdc status`'s self-check of a follower, docs/recovery-and-rewind.md).
+"""A Delta table's latest table properties, and the idempotent-write version an app id committed,
+read from its `_delta_log` files without Spark or a JVM (`cdc status`'s self-check of a follower,
+docs/recovery-and-rewind.md).
 
 Every commit that changes the table's metadata (creation, schema evolution, the marker's
 `ALTER TABLE ... SET TBLPROPERTIES`) holds a whole `metaData` action, configuration included, so
 the newest one wins: the JSON commits are read newest first and the first `metaData` found is the
 answer. When those commits are gone (log cleanup after a checkpoint) the newest checkpoint's
-Parquet file holds it (read with pyarrow).
+Parquet file holds it (read with pyarrow). The follower's position (`txn_version`) is the newest
+`txn` action of its app id: the latest version's checksum file lists every app id's (Delta writes
+it after each commit), else the commits since the newest checkpoint, else that checkpoint.
 """
 
 from __future__ import annotations
@@ -32,13 +35,51 @@ def is_delta_table(path: str | Path) -> bool:
         return False
 
 
-def table_properties(path: str | Path) -> dict[str, str]:
-    """The configuration of the table's newest metaData action; LogUnreadable when none is found."""
-    log = Path(path) / LOG_DIR
+def _listing(log: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]], int]:
+    """The log's commits and checkpoint files as (version, name), oldest first, and the newest
+    checkpoint's version (-1: none)."""
     names = [p.name for p in log.iterdir()]
     commits = sorted((int(m.group(1)), n) for n in names if (m := _COMMIT.match(n)))
     checkpoints = sorted((int(m.group(1)), n) for n in names if (m := _CHECKPOINT.match(n)))
-    newest_checkpoint = checkpoints[-1][0] if checkpoints else -1
+    return commits, checkpoints, checkpoints[-1][0] if checkpoints else -1
+
+
+def txn_version(path: str | Path, app_id: str) -> int | None:
+    """The newest idempotent-write version `app_id` committed to the table (None: none)."""
+    log = Path(path) / LOG_DIR
+    commits, checkpoints, newest_checkpoint = _listing(log)
+    latest = max([v for v, _ in commits] + [newest_checkpoint])
+    checksum = log / f"{latest:020d}.crc"
+    if checksum.exists():
+        try:
+            known = json.loads(checksum.read_text()).get("setTransactions")
+        except ValueError:  # half written: the commits below still say it
+            known = None
+        if isinstance(known, list):
+            versions = [int(t["version"]) for t in known if t.get("appId") == app_id]
+            return max(versions) if versions else None
+    for version, name in reversed(commits):
+        if version <= newest_checkpoint:
+            break
+        for line in (log / name).read_text().splitlines():
+            if '"txn"' in line and (txn := json.loads(line).get("txn")) and txn.get("appId") == app_id:
+                return int(txn["version"])
+    if not checkpoints:
+        return None
+    import pyarrow.parquet as pq
+
+    versions = []
+    for part in [log / n for v, n in checkpoints if v == newest_checkpoint]:
+        for txn in pq.read_table(part, columns=["txn"]).column("txn").to_pylist():
+            if txn is not None and txn.get("appId") == app_id:
+                versions.append(int(txn["version"]))
+    return max(versions) if versions else None
+
+
+def table_properties(path: str | Path) -> dict[str, str]:
+    """The configuration of the table's newest metaData action; LogUnreadable when none is found."""
+    log = Path(path) / LOG_DIR
+    commits, checkpoints, newest_checkpoint = _listing(log)
     for version, name in reversed(commits):
         if version <= newest_checkpoint:
             break  # older commits are in the checkpoint, which is read below

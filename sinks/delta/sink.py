@@ -29,6 +29,9 @@
   allows; column mapping only with `column_mapping: name` (listing its reader features, so
   readers without column mapping refuse it), type widening only at the first widening with
   `on_type_change: widen`. Tables made by earlier versions keep them.
+* Marker (sinks/marker.py): the table property `cdc.follower` names the follower and the table's
+  base, written when the table is made or re-based; the position is the cut id the data commit
+  carries (its txn version), so a cut is one commit per table written.
 * Cuts (sinks/delta/cuts.py): after a cut's rows and markers, every table's Delta version is
   recorded in `<path>/_cdc_cuts`, so readers can read all tables as of one cut.
 * Writes retry a commit that lost a Delta conflict with `cdc maintain` (sinks/delta/conflicts.py).
@@ -68,16 +71,18 @@ from sinks.delta.features import (
     set_properties_sql,
 )
 from sinks.delta.idempotent import follower_write
-from sinks.delta.logfiles import is_delta_table, table_properties
-from sinks.delta.multiset import multiset_source
+from sinks.delta.logfiles import is_delta_table, table_properties, txn_version
 from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
 from sinks.delta.scd2 import SCD2_COLUMNS, apply_scd2
 from sinks.delta.snapshot import reader_protocol, table_property, written_rows
+from sinks.delta.snapshot import txn_version as spark_txn_version
 from sinks.jvm import driver_jvm
 from sinks.marker import Marker
+from sinks.multiset import multiset_source
 from sinks.shaping import follower_name
+from sinks.viewbatch import ViewBatch
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +150,7 @@ class DeltaSink(Sink):
     def has_table(self, table: TableName) -> bool:
         return self._exists(self.path_of(table))
 
-    # ---- marker (sinks/marker.py): the table property `cdc.follower` -----------------------------
+    # ---- marker (sinks/marker.py): the table property `cdc.follower` + the commits' txn version ---
     markers = True
 
     def clear_table(self, table: TableName) -> None:
@@ -168,22 +173,44 @@ class DeltaSink(Sink):
         }
         record_cut(self.spark, self.base, self.log_id, cut_id, lsn, versions, paths, again)
 
-    def read_marker(self, table: TableName) -> str | None:
-        path = self.path_of(table)
-        if not self._exists(path):
-            return None
+    def _stored_marker(self, path: str) -> str | None:
+        """The table property as it is (the table must exist)."""
         if self.spark is None:
             return table_properties(path).get(MARKER_PROPERTY)
         return table_property(self.spark, path, MARKER_PROPERTY)  # no file list built (detail() would)
 
-    def write_marker(self, table: TableName, text: str) -> None:
-        if self.read_marker(table) != text:  # a replayed cut adds no commit
-            value = text.replace("\\", "\\\\").replace("'", "\\'")
+    def read_marker(self, table: TableName) -> str | None:
+        """The property's marker; one that keeps only the fixed parts (sinks/marker.py) with the
+        newest cut the table's commits carry for this follower (Delta's txn version of its app id)."""
+        path = self.path_of(table)
+        if not self._exists(path):
+            return None
+        text = self._stored_marker(path)
+        marker = Marker.from_json(text)
+        if marker is None or marker.end is not None:
+            return text  # none, not ours, or one written before (it keeps its position)
+        if self.spark is None:
+            cut = txn_version(path, self.app_id)
+        else:
+            cut = spark_txn_version(self.spark, path, self.app_id)
+        return marker.with_cut(cut).to_json()
+
+    def write_marker(self, table: TableName, text: str) -> int | None:
+        """Only the fixed parts go in the property (a commit when the table is re-based, or holds a
+        marker of the older kind; a table made by this sink has it from its creation); the cut is
+        the data commit's txn version, returned as the table holds it now."""
+        path = self.path_of(table)
+        marker = Marker.from_json(text)
+        fixed = marker.fixed() if marker is not None else None
+        held = Marker.from_json(self._stored_marker(path))
+        if fixed is not None and held != fixed:  # else nothing new (a replayed cut too): no commit
+            value = fixed.to_json().replace("\\", "\\\\").replace("'", "\\'")
             retry_conflicts(
                 lambda: self.spark.sql(
-                    f"ALTER TABLE delta.{q(self.path_of(table))} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
+                    f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
                 )
             )
+        return spark_txn_version(self.spark, path, self.app_id)
 
     # ---- schema --------------------------------------------------------------------------------
     @property
@@ -275,6 +302,10 @@ class DeltaSink(Sink):
 
     def prepare(self, batches: Sequence[Batch]) -> None:
         plans = [self._plan(b) for b in batches]  # all checks first: nothing is changed if one fails
+        bases = {
+            p.path: b.epoch if isinstance(b, ViewBatch) else getattr(b, "base", None)
+            for p, b in zip(plans, batches, strict=True)
+        }
         self._created: set[str] = set()
         self._replaced: dict[str, _Evolution] = {p.path: p for p in plans if p.replace}
         self._batches: dict[str, DeltaBatch] = {p.path: p.batch for p in plans}
@@ -285,7 +316,7 @@ class DeltaSink(Sink):
                 continue  # renames, adds and widenings are part of the table's rewrite in apply
             if plan.create is not None:
                 self._created.add(plan.path)
-                self._create(plan, plan.batch)
+                self._create(plan, plan.batch, bases[plan.path])
                 continue
             self._evolve(plan, plan.batch)
 
@@ -300,10 +331,14 @@ class DeltaSink(Sink):
             f"{LOST_READERS['columnMapping']}"
         )
 
-    def _create(self, plan: _Evolution, batch: DeltaBatch) -> None:
-        """A new table at the lowest protocol its columns allow (sinks/delta/features.py)."""
+    def _create(self, plan: _Evolution, batch: DeltaBatch, base: int | None) -> None:
+        """A new table at the lowest protocol its columns allow (sinks/delta/features.py), its
+        marker's fixed parts among its properties (so the cut's marker step commits nothing)."""
         assert plan.create is not None
         properties: dict[str, str] = {}
+        if self.markers and base is not None:
+            marker = Marker(self.pipeline.name, self.name, self.log_id, base, None, None)
+            properties[MARKER_PROPERTY] = marker.to_json()
         if self.settings.column_mapping == "name":
             properties |= COLUMN_MAPPING
             self._say_feature(batch, "columnMapping", "column_mapping: name")
@@ -405,7 +440,7 @@ class DeltaSink(Sink):
             )
             stats.inserted = scd2["inserted"]
             return stats
-        # sinks/delta/multiset.py; a derived view always has a key
+        # sinks/multiset.py; a derived view always has a key
         multiset = isinstance(source, TableBatch) and not source.schema.key and source.deletes > 0
         if fresh:
             if multiset:  # the cut's deletes remove rows the cut inserted (the table has none yet)
@@ -467,10 +502,13 @@ class DeltaSink(Sink):
           a compacted range may hold an insert without the delete before it). A key changed is a
           delete and an insert, a truncate is an event: both MERGE;
         * the table holds exactly the log up to the range: its marker is this follower's, of the
-          same base, ending where the range starts. After `cdc reset --to-cut` the table is ahead of
-          its checkpoint (it may hold the range's rows already): the marker ends later, so it MERGEs.
-          A crash after the append and before the marker leaves the marker where it was: the
-          replayed cut appends again with the same transaction id, which Delta skips.
+          same base, and the newest cut its commits carry is the one the checkpoint says last wrote
+          it (`written_at`, when the checkpoint ended at the range's start); a marker of the older
+          kind ends where the range starts. After `cdc reset --to-cut` the table is ahead of its
+          checkpoint (it may hold the range's rows already): a table written after that cut has
+          no `written_at` (pipelines/reset.py), so it MERGEs. A crash after the append and before
+          the checkpoint leaves the table at the new cut: the replayed cut MERGEs with the same
+          transaction id, which Delta skips.
         Then each key's first event since the table's position is an insert, so the source did not
         have the key at that position, and neither has the table. Rows written by hand are not
         covered (as the MERGE would overwrite them, the append would add a second row)."""
@@ -481,13 +519,11 @@ class DeltaSink(Sink):
         if not source.inserts_only:
             return False
         held = Marker.from_json(self.read_marker(source.table))
-        return held is not None and (held.pipeline, held.sink, held.log_id, held.base, held.end) == (
-            self.pipeline.name,
-            self.name,
-            self.log_id,
-            source.base,
-            source.first_offset,
-        )
+        if held is None or held.same_follower != (self.pipeline.name, self.name, self.log_id, source.base):
+            return False
+        if held.end is not None:  # a marker of the older kind: it keeps the offset it ends at
+            return held.end == source.first_offset
+        return source.written_at is not None and held.cut_id == source.written_at
 
     def _append(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int) -> int:
         """The rows the MERGE's insert clause would write, appended; returns how many."""
@@ -530,7 +566,7 @@ class DeltaSink(Sink):
             )
 
     def _merge_multiset(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
-        """A keyless table's cut with deletes: each removes one row of its content (sinks/delta/multiset.py).
+        """A keyless table's cut with deletes: each removes one row of its content (sinks/multiset.py).
         The table is read inside the retried step, so a retry after a conflict chooses from a fresh read."""
         content = [f.name for f in batch.spark_schema.fields]
         restart = batch.bootstrap and batch.snapshot_lsn is not None  # a new base: history replayed whole

@@ -44,6 +44,29 @@ def table_property(spark: SparkSession, path: str, key: str) -> str | None:
     return found.get() if found.isDefined() else None
 
 
+def txn_version(spark: SparkSession, path: str, app_id: str) -> int | None:
+    """The newest idempotent-write version (the cut id) `app_id` committed to the table (None: it
+    committed none). Read from the latest version's checksum file, which Delta writes with the
+    table's transactions after each commit (no Spark job); a table without one (its checksum not
+    written) asks the snapshot, which rebuilds the table's state (Spark jobs)."""
+    snapshot = latest_snapshot(spark, path)
+    checksum = snapshot.checksumOpt()
+    known = checksum.get().setTransactions() if checksum.isDefined() else None
+    if known is not None and known.isDefined():
+        versions = [int(t.version()) for t in _iterate(known.get()) if str(t.appId()) == app_id]
+        return max(versions) if versions else None
+    found = snapshot.transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
+
+
+def _iterate(seq: Any) -> list[Any]:
+    it = seq.iterator()
+    items = []
+    while it.hasNext():
+        items.append(it.next())
+    return items
+
+
 def reader_protocol(spark: SparkSession, path: str) -> tuple[int, set[str]]:
     """The table's minimum reader version and its explicit reader features (empty below version 3)."""
     protocol = latest_snapshot(spark, path).protocol()

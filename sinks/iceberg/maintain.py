@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sinks.iceberg import jvm
 from sinks.iceberg.commit import APP_ID, CUT
 from sinks.iceberg.conflicts import retry_conflicts
+from sinks.iceberg.position import walk_to_follower
 
 logger = logging.getLogger(__name__)
 
@@ -92,18 +93,35 @@ def files_of(table: Any) -> Files:
 
 def protected(table: Any, pinned: set[int]) -> set[int]:
     """Snapshot ids expiry must keep: the pinned ones, the current one, and per follower (app id)
-    its newest snapshot with `pgcdc.cut`."""
+    every snapshot from the current one down to the follower's position (position.py: expiring
+    one of them would cut the walk, and a table rolled back behind the tool would then look as if
+    it held the rolled-back cuts again). Where that walk finds no position (the chain was cut
+    before), the follower's newest snapshot with a cut, as its position is then read."""
     keep = set(pinned)
     current = table.currentSnapshot()
-    if current is not None:
-        keep.add(int(current.snapshotId()))
+    current_id = None if current is None else int(current.snapshotId())
+    if current_id is not None:
+        keep.add(current_id)
+
+    def lookup(snapshot_id: int) -> tuple[int | None, dict[str, str]] | None:
+        snapshot = table.snapshot(snapshot_id)  # null once expired
+        if snapshot is None:
+            return None
+        parent = snapshot.parentId()
+        return (None if parent is None else int(parent)), jvm.summary(snapshot)
+
     newest: dict[str, tuple[int, int]] = {}
     for snap in table.snapshots():
         summary = jvm.summary(snap)
         if APP_ID in summary and CUT in summary:
             cut = (int(summary[CUT]), int(snap.snapshotId()))
             newest[summary[APP_ID]] = max(newest.get(summary[APP_ID], cut), cut)
-    keep |= {sid for _cut, sid in newest.values()}
+    for app_id, (_cut, newest_id) in newest.items():
+        walked = walk_to_follower(current_id, lookup, app_id)
+        if walked.summary is not None:
+            keep.update(walked.ids)
+        elif walked.chain_cut:
+            keep.add(newest_id)
     return keep
 
 

@@ -7,10 +7,32 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc.ground.settings import SinkSettings, Strict, check_tables, view_list, view_names
+from cdc.ground.settings import (
+    SinkSettings,
+    SinkTableOptions,
+    Strict,
+    check_tables,
+    options_of,
+    view_list,
+    view_names,
+)
 
 if TYPE_CHECKING:
     from cdc.ground.config import SinkConfig
+    from cdc.ground.tables import TableName
+
+WriteMode = Literal["merge-on-read", "copy-on-write"]
+
+
+class IcebergTableOptions(SinkTableOptions):
+    """An Iceberg sink's `table_options` entry: the options of every kind, and this table's own
+    write mode (docs/follower-iceberg.md, write modes)."""
+
+    write_mode: WriteMode | None = Field(
+        default=None,
+        description="this table's write mode, instead of the sink's `write_mode` (merge-on-read or copy-on-write); "
+        "a change is set on the existing table's properties by the next cut that writes the table, without a rebuild",
+    )
 
 
 class CatalogSettings(Strict):
@@ -59,10 +81,15 @@ class IcebergSettings(SinkSettings):
         default=None, description="subset of the source tables (default: all, or none when `views` is given)"
     )
     views: list[str] = view_list()
-    write_mode: Literal["merge-on-read", "copy-on-write"] = Field(
+    write_mode: WriteMode = Field(
         default="merge-on-read",
         description="how a MERGE changes a data file: merge-on-read writes position deletes (a small cut "
-        "rewrites no file), copy-on-write rewrites the files it touches",
+        "rewrites no file), copy-on-write rewrites the files it touches; per table: table_options.<table>.write_mode",
+    )
+    table_options: dict[str, IcebergTableOptions] = Field(  # type: ignore[assignment]  # a kind's own entries
+        default_factory=dict,
+        description="per table of this sink: columns / exclude_columns, mask, rename, write_mode "
+        '(e.g. {"public.users": {"exclude_columns": ["password_hash"], "write_mode": "copy-on-write"}})',
     )
     on_type_change: Literal["widen", "stop"] = Field(
         default="widen",
@@ -75,6 +102,11 @@ class IcebergSettings(SinkSettings):
 
     def drops_columns(self) -> bool:
         return self.mode == "scd1"  # scd2 keeps every version's values
+
+    def write_mode_for(self, table: TableName) -> WriteMode:
+        """The table's `table_options` write_mode, else the sink's."""
+        options = options_of(self.table_options, table)
+        return options.write_mode if options is not None and options.write_mode else self.write_mode
 
 
 def iceberg_settings(config: SinkConfig) -> IcebergSettings:

@@ -4,15 +4,18 @@ guarantees the Iceberg way.
 * Tables: `<sink>.<schema>.<table>` in the sink's catalog (catalog.py), or `<sink>.<schema>.<rename>`
   with table_options rename. Columns: the source columns under their source names (Iceberg keeps
   any name: columns are fields by id) + _cdc_lsn, _cdc_seq, _cdc_op, _cdc_commit_ts. Format v2,
-  `write_mode` for MERGE/UPDATE/DELETE (merge-on-read: position deletes, no file rewritten).
+  `write_mode` (the sink's, or the table's in table_options: writemode.py) for MERGE/UPDATE/DELETE
+  (merge-on-read: position deletes, no file rewritten).
 * A row is only replaced by a newer (lsn, seq); deletes, unchanged TOAST values (the table's value
-  kept) as in the Delta sink. Truncate / a new base: rows older than its position are deleted
-  first (idempotent, so they carry no cut).
+  kept) as in the Delta sink. Truncate / a new base: rows older than its position (a new base:
+  committed before its point) are deleted first (idempotent, so they carry no cut).
 * Exactly once per cut: the MERGE's snapshot carries the follower's app id and cut id
   (commit.py); a cut the table has already is skipped. A commit that lost a conflict with
   `cdc maintain` is tried again from that check (conflicts.py).
-* `mode: scd2`: every version kept, one MERGE per cut (scd2.py). A keyless (insert-only) table:
-  the cut's rows appended, each identified by its position (_cdc_lsn, _cdc_seq).
+* `mode: scd2`: every version kept, one MERGE per cut (scd2.py). A keyless table: each row
+  identified by its position (_cdc_lsn, _cdc_seq); an insert-only cut's rows are appended, and a
+  REPLICA IDENTITY FULL table's cut with deletes is one MERGE on the position that removes, per
+  deleted content, one row of it (sinks/multiset.py): the table holds the source's multiset.
 * Cuts (cuts.py): after a cut's rows and markers, every table's snapshot id is recorded in
   `<warehouse>/_cdc_cuts`, so readers can read all tables as of one cut.
 * Schema (prepare, before anything is written): renamed source columns are renamed (metadata:
@@ -38,17 +41,21 @@ from pyspark.sql import types as T
 from cdc.ground.errors import SinkError
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
-from sinks.changes import META_COLUMNS, META_TYPES, Batch, NetChanges
+from sinks.changes import META_COLUMNS, META_TYPES, POSITION_KEY, Batch, NetChanges, TableBatch
 from sinks.delta.cuts import forget_table, record_cut
-from sinks.iceberg import catalog
+from sinks.iceberg import catalog, catalogread, jvm
 from sinks.iceberg.commit import APP_ID, CUT, applied_cut, snapshot_properties
 from sinks.iceberg.conflicts import retry_conflicts
 from sinks.iceberg.cuts import snapshot_id
 from sinks.iceberg.scd2 import apply_scd2
 from sinks.iceberg.schema import same_type, type_sql, widenable
 from sinks.iceberg.sources import source_view
+from sinks.iceberg.writemode import align_write_mode, write_properties
+from sinks.marker import Marker
+from sinks.multiset import multiset_source
 from sinks.scd2 import SCD2_COLUMNS
 from sinks.shaping import follower_name
+from sinks.viewbatch import ViewBatch
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +91,7 @@ class IcebergSink(Sink):
     def __init__(self, config: SinkConfig, pipeline: Pipeline, spark: SparkSession):
         super().__init__(config, pipeline, spark)
         self.catalog = config.name
+        self._catalog_reader: catalogread.CatalogReader | None = None  # `cdc status`: pyiceberg
         if spark is not None:
             catalog.register(spark, config, pipeline)
 
@@ -102,7 +110,23 @@ class IcebergSink(Sink):
         name = follower_name(self.config, table) or table.name
         return f"{q(self.catalog)}.{q(table.schema)}.{q(name)}"
 
+    # without a session (`cdc status`) the tables and markers are read with pyiceberg (catalogread.py)
+    reads_without_spark = True
+
+    @property
+    def _reader(self) -> catalogread.CatalogReader:
+        if self._catalog_reader is None:
+            self._catalog_reader = catalogread.CatalogReader(self.config, self.pipeline)
+        return self._catalog_reader
+
+    def close(self) -> None:
+        """Release pyiceberg's catalog connections, if `cdc status` opened them."""
+        if self._catalog_reader is not None:
+            self._catalog_reader.close()
+
     def has_table(self, table: TableName) -> bool:
+        if self.spark is None:
+            return self._reader.load(*self._where(table)[1:]) is not None
         return self._table_exists(table)
 
     def _table_exists(self, table: TableName) -> bool:
@@ -139,20 +163,45 @@ class IcebergSink(Sink):
                 names[str(t)] = name
         record_cut(self.spark, self.warehouse, self.log_id, cut_id, lsn, versions, names, again)
 
-    # ---- marker: the table property `cdc.follower` -----------------------------------------------
-    def read_marker(self, table: TableName) -> str | None:
-        if not self._table_exists(table):
-            return None
-        props = {
-            r["key"]: r["value"] for r in self.spark.sql(f"SHOW TBLPROPERTIES {self.ident(table)}").collect()
-        }
-        return props.get(MARKER_PROPERTY)
+    # ---- marker (sinks/marker.py): the table property `cdc.follower` + the snapshots' `pgcdc.cut` ---
+    def _where(self, table: TableName) -> tuple[str, str, str]:
+        return self.catalog, table.schema, follower_name(self.config, table) or table.name
 
-    def write_marker(self, table: TableName, text: str) -> None:
-        if self.read_marker(table) != text:  # a replayed cut adds no commit
+    def _stored_marker(self, table: TableName) -> str | None:
+        found = jvm.table(self.spark, *self._where(table))
+        return None if found is None else found.properties().get(MARKER_PROPERTY)
+
+    def read_marker(self, table: TableName) -> str | None:
+        """The property's marker; one that keeps only the fixed parts with the newest cut the
+        current state's snapshots carry for this follower (`pgcdc.cut`). Without a session: read
+        with pyiceberg."""
+        if self.spark is None:
+            found = self._reader.load(*self._where(table)[1:])
+            if found is None:
+                return None
+            text = found.properties.get(MARKER_PROPERTY)
+        elif not self._table_exists(table):
+            return None
+        else:
+            text = self._stored_marker(table)
+        marker = Marker.from_json(text)
+        if marker is None or marker.end is not None:
+            return text  # none, not ours, or one written before (it keeps its position)
+        if self.spark is None:
+            return marker.with_cut(catalogread.applied_cut(found, self.app_id)).to_json()
+        return marker.with_cut(applied_cut(self.spark, *self._where(table), self.app_id)[0]).to_json()
+
+    def write_marker(self, table: TableName, text: str) -> int | None:
+        """Only the fixed parts go in the property (a commit when the table is re-based, or holds a
+        marker of the older kind; a table made by this sink has it from its creation); returns
+        the cut the table's snapshots carry now."""
+        marker = Marker.from_json(text)
+        fixed = marker.fixed() if marker is not None else None
+        if fixed is not None and Marker.from_json(self._stored_marker(table)) != fixed:
             self.spark.sql(
-                f"ALTER TABLE {self.ident(table)} SET TBLPROPERTIES ({lit(MARKER_PROPERTY)} = {lit(text)})"
+                f"ALTER TABLE {self.ident(table)} SET TBLPROPERTIES ({lit(MARKER_PROPERTY)} = {lit(fixed.to_json())})"
             )
+        return applied_cut(self.spark, *self._where(table), self.app_id)[0]
 
     # ---- schema --------------------------------------------------------------------------------
     @property
@@ -254,13 +303,13 @@ class IcebergSink(Sink):
             )
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {q(self.catalog)}.{q(plan.batch.table.schema)}")
         cols = ", ".join(f"{q(f.name)} {type_sql(f.dataType)}" for f in plan.create.fields)
-        mode = self.settings.write_mode
-        props = {
-            "format-version": "2",
-            "write.merge.mode": mode,
-            "write.update.mode": mode,
-            "write.delete.mode": mode,
-        }
+        props = {"format-version": "2"} | write_properties(self.settings.write_mode_for(plan.batch.table))
+        # the marker's fixed parts from the start: the cut's marker step commits nothing
+        base = plan.batch.epoch if isinstance(plan.batch, ViewBatch) else getattr(plan.batch, "base", None)
+        if base is not None:
+            props[MARKER_PROPERTY] = Marker(
+                self.pipeline.name, self.name, self.log_id, base, None, None
+            ).to_json()
         tblprops = ", ".join(f"{lit(k)} = {lit(v)}" for k, v in props.items())
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {plan.ident} ({cols}) USING iceberg TBLPROPERTIES ({tblprops})"
@@ -268,6 +317,11 @@ class IcebergSink(Sink):
         self._created.add(plan.ident)
 
     def _evolve(self, plan: _Plan) -> None:
+        mode = self.settings.write_mode_for(plan.batch.table)
+        if align_write_mode(self.spark, plan.ident, mode):  # the setting changed (writemode.py)
+            logger.info(
+                f"sink {self.name}: {plan.batch.table}: write mode set to {mode} (table properties only)"
+            )
         for old, new in plan.rename:
             self.spark.sql(f"ALTER TABLE {plan.ident} RENAME COLUMN {q(old)} TO {q(new)}")
         if plan.add:
@@ -323,7 +377,7 @@ class IcebergSink(Sink):
         stats = ApplyStats(str(batch.table))
         fresh = ident in getattr(self, "_created", set())
         if not fresh:
-            done, _ = applied_cut(self.spark, ident, self.app_id)
+            done, _ = applied_cut(self.spark, *self._where(batch.table), self.app_id)
             if done is not None and done >= cut_id:
                 stats.skipped = True  # this cut's MERGE committed before a crash: nothing to do again
                 self._retire(ident, batch)  # a crash may have come between the MERGE and this
@@ -338,15 +392,20 @@ class IcebergSink(Sink):
             catalog.register(changes.df.sparkSession, self.config, self.pipeline)
             stats.inserted = apply_scd2(self.spark, where, batch, changes, cut_id, self.app_id)
             return stats
-        if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
-            self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(batch.snapshot_lsn, 0)}")
+        restart = batch.bootstrap and batch.snapshot_lsn is not None
+        if restart and not fresh:
+            # start over: every row committed before the snapshot's point. A keyless table's snapshot
+            # rows sit at the point with negative seqs (cdc.keys.snapshot_seq): not older than it
+            self.spark.sql(f"DELETE FROM {ident} WHERE _cdc_lsn < {batch.snapshot_lsn}")
         if batch.truncate_position is not None and not fresh:
             self.spark.sql(f"DELETE FROM {ident} WHERE {self._older_than(*batch.truncate_position)}")
-        if not batch.schema.key:
+        if isinstance(batch, TableBatch) and not batch.schema.key and batch.deletes > 0:
+            self._merge_multiset(ident, batch, changes, cut_id, held=not fresh, restart=restart)
+        elif not batch.schema.key:
             self._append(ident, batch, changes, cut_id)
         else:
             self._merge(ident, batch, changes, cut_id)
-        _, summary = applied_cut(self.spark, ident, self.app_id)
+        _, summary = applied_cut(self.spark, *self._where(batch.table), self.app_id)
         self._retire(ident, batch)
         if summary.get(CUT) == str(cut_id):
             stats.inserted = int(
@@ -388,15 +447,9 @@ class IcebergSink(Sink):
         return [*(f.name for f in batch.spark_schema.fields if f.name not in gone), *META_COLUMNS]
 
     def _append(self, ident: str, batch: Batch, changes: NetChanges, cut_id: int) -> None:
-        """A keyless (insert-only) table: every row is its own, identified by its log position
-        (_cdc_lsn, _cdc_seq), so the cut's rows are appended; the check above keeps a replayed
-        cut from appending them twice."""
-        if not changes.df.filter("_cdc_op = 'd'").isEmpty():
-            raise SinkError(
-                f"sink {self.name} (iceberg): {batch.table} has no primary key and its changes delete rows by "
-                "content (REPLICA IDENTITY FULL); the Iceberg follower keeps keyless tables insert-only",
-                f"follow {batch.table} with a delta sink, leave it out of the sink's tables, or give it a primary key",
-            )
+        """A keyless table's cut without deletes: every row is its own, identified by its log
+        position (_cdc_lsn, _cdc_seq), so the cut's rows are appended; the check above keeps a
+        replayed cut from appending them twice."""
         columns = self._columns(ident, batch)
         names = ", ".join(q(c) for c in columns)
         with (
@@ -425,6 +478,33 @@ class IcebergSink(Sink):
         with snapshot_properties(self.spark, {APP_ID: self.app_id, CUT: str(cut_id)}):
             self._merge_sql(ident, changes.df, on, clauses)
 
+    def _merge_multiset(
+        self, ident: str, batch: Batch, changes: NetChanges, cut_id: int, held: bool, restart: bool
+    ) -> None:
+        """A keyless REPLICA IDENTITY FULL table's cut with deletes: each removes one row of its
+        content (sinks/multiset.py), in one MERGE on the position that carries the cut id, so a
+        replayed cut is skipped by the check above and removes no second copy. `held`: the table has
+        rows (not made in this cut); `restart`: a new base, its whole history in the cut. The table
+        is read in the batch's session, inside the retried step (a retry chooses from a fresh read),
+        and the source is materialized first: a MERGE's source must not read its own target."""
+        session = changes.df.sparkSession
+        catalog.register(session, self.config, self.pipeline)
+        columns = self._columns(ident, batch)
+        content = columns[: -len(META_COLUMNS)]
+        target = session.table(ident) if held else None
+        source = multiset_source(changes.df, content, target, restart)
+        if target is not None:
+            source = source.localCheckpoint()
+        on = " AND ".join(f"t.{k} = s.{k}" for k in POSITION_KEY)
+        names = ", ".join(q(c) for c in columns)
+        values = ", ".join(f"s.{q(c)}" for c in columns)
+        clauses = (
+            "WHEN MATCHED AND s._cdc_op = 'd' THEN DELETE "
+            f"WHEN NOT MATCHED AND s._cdc_op != 'd' THEN INSERT ({names}) VALUES ({values})"
+        )
+        with snapshot_properties(self.spark, {APP_ID: self.app_id, CUT: str(cut_id)}):
+            self._merge_sql(ident, source, on, clauses)
+
     def _merge_sql(self, ident: str, source: DataFrame, on: str, clauses: str) -> None:
         with source_view(source) as view:
             self.spark.sql(f"MERGE INTO {ident} t USING {view} s ON {on} {clauses}")
@@ -433,5 +513,8 @@ class IcebergSink(Sink):
     def current(self, table: TableName, batch_schema: Batch | None = None) -> DataFrame | None:
         if not self._table_exists(table):
             return None
+        # the session's catalog caches a loaded table: writes made in other sessions since (the apply
+        # runs each table in a clone of the session, pipelines/apply/parallel.py) would not be seen
+        self.spark.sql(f"REFRESH TABLE {self.ident(table)}")
         rows = self.spark.table(self.ident(table))
         return rows.filter("_cdc_end_lsn IS NULL") if self.scd2 else rows

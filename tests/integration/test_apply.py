@@ -58,6 +58,7 @@ from tests.fixtures.lake import (
 )
 from tests.fixtures.pgtypes import TYPE_COLUMNS, type_table
 from tests.fixtures.readers import delta_rows as delta_rs_rows
+from tests.fixtures.readers import iceberg_cut_commits, iceberg_rows
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
 from tests.harness import (
     REPO,
@@ -468,12 +469,13 @@ def test_scd2_history_and_one_sink_at_a_time(pg_db: str, tmp_path: Path, spark) 
 
 
 # ---- 3. kill -9 of `cdc apply` between MERGE and checkpoint ---------------------------------------------------
-def cut_rows(pipe: Pipe, cut: int) -> int:
-    """Rows of cut `cut` in the lake's `_cdc_cuts`, read with delta-rs."""
+def cut_rows(pipe: Pipe, cut: int, base: str = "lake") -> int:
+    """Rows of cut `cut` in a follower's `_cdc_cuts` (the Delta follower's lake, or the Iceberg
+    follower's warehouse), read with delta-rs."""
     from deltalake import DeltaTable
 
     return (
-        DeltaTable(str(pipe.dir / "lake" / "_cdc_cuts"))
+        DeltaTable(str(pipe.dir / base / "_cdc_cuts"))
         .to_pyarrow_table()
         .column("cut_id")
         .to_pylist()
@@ -481,12 +483,27 @@ def cut_rows(pipe: Pipe, cut: int) -> int:
     )
 
 
+ICE = {"name": "ice", "iceberg": {"warehouse": "ice"}}  # the embedded SQLite catalog
+
+
+def assert_iceberg_is_source(pipe: Pipe, dsn: str, table: str) -> None:
+    """The Iceberg table read by pyiceberg (not the sink) holds the source's keys and `v` values."""
+    held = iceberg_rows(pipe.dir / "ice", table)
+    source = source_rows(dsn, table, ("id",))
+    assert {k: r["v"] for k, r in held.items()} == {k: r["v"] for k, r in source.items()}, table
+
+
 def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -> None:
     """`cdc apply` SIGKILLed after merging every table (or after the first of two), before its
     checkpoint: the checkpoint names the cut as pending, and the next run applies exactly that cut,
     each table's MERGE committed once (Delta's txnAppId/txnVersion skip what was merged). Killed
     after the cut's `_cdc_cuts` row (apply:before-checkpoint), the rerun records the cut no second
-    time (a first attempt appends it without a Delta transaction id, sinks/delta/cuts.py)."""
+    time (a first attempt appends it without a Delta transaction id, sinks/delta/cuts.py).
+    An Iceberg follower (embedded SQLite catalog) beside it is crashed at the same three points
+    (in-process): one snapshot per table carries the cut (`pgcdc.cut`, read by pyiceberg) before
+    the rerun ([0, 1] between the tables), still one after it, one `_cdc_cuts` row, and pyiceberg
+    reads the source's rows; it then takes the Delta follower's later cuts (an insert of a deleted
+    key, a key freed and taken again) in one apply, and `cdc verify` covers both followers."""
     make_table(pg_db, "a", 100)
     make_table(pg_db, "b", 100)
     # one table after the other, so "between tables" is one committed and one not started
@@ -495,7 +512,7 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         tmp_path,
         pg_db,
         ["public.a", "public.b"],
-        sinks=[LAKE],
+        sinks=[LAKE, ICE],
         spark={"conf": FAST_JVM, "apply_parallelism": 1},
     )
     snapshot(pipe)
@@ -512,7 +529,8 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
             )
         stream(pipe)
         before = ckpt(pipe)
-        if fault == "apply:after-merge":  # a real SIGKILL of a `cdc apply` process
+        commits = {t: len(delta_commits(delta_dir(pipe, t))) for t in tables}
+        if fault == "apply:after-merge":  # a real SIGKILL of a `cdc apply` process (lake: its first sink)
             run = cdc("apply", pipe.file, "--once", env={"CDC_FAULT": fault})
             assert run.code == -signal.SIGKILL, f"{fault}: exit {run.code}\n{run.out}\n{run.err}"
         else:  # the same crash point in-process (no second JVM): one table committed, one not started
@@ -527,16 +545,38 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         )
         recorded = cut_rows(pipe, cut)
         assert recorded == (1 if fault == "apply:before-checkpoint" else 0), (fault, recorded)
+        # the Iceberg follower crashed at the same point of the same cut
+        ice_before = ckpt(pipe, "ice")
+        apply_crashing(pipe.file, spark, fault, "ice")
+        ice_crashed = ckpt(pipe, "ice")
+        assert ice_crashed["cut_id"] == ice_before["cut_id"] and ice_crashed["pending"]["cut_id"] == cut, (
+            ice_crashed
+        )
+        committed = {t: iceberg_cut_commits(pipe.dir / "ice", t, cut) for t in tables}
+        assert sorted(committed.values()) == want, f"ice {fault}: snapshots of cut {cut}: {committed}"
+        recorded = cut_rows(pipe, cut, "ice")
+        assert recorded == (1 if fault == "apply:before-checkpoint" else 0), ("ice", fault, recorded)
 
-        (rerun,) = apply_ok(pipe, spark)
-        assert rerun.cut_id == cut, "the rerun did not apply the pending cut"
-        after = ckpt(pipe)
-        assert after["cut_id"] == cut and after["pending"] is None, after
+        reruns = apply_ok(pipe, spark)
+        assert [(r.sink, r.cut_id) for r in reruns] == [("lake", cut), ("ice", cut)], (
+            "the rerun did not apply the pending cut"
+        )
+        for sink in ("lake", "ice"):
+            after = ckpt(pipe, sink)
+            assert after["cut_id"] == cut and after["pending"] is None, (sink, after)
         merged = {t: len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables}
         assert merged == dict.fromkeys(tables, 1), f"{fault}: MERGE commits for cut {cut}: {merged}"
+        # one commit per table for the cut, crash and replay included: the position is the MERGE's
+        # txn version, no marker commit (issue 37 item 1)
+        added = {t: len(delta_commits(delta_dir(pipe, t))) - commits[t] for t in tables}
+        assert added == dict.fromkeys(tables, 1), f"{fault}: Delta commits for cut {cut}: {added}"
         assert cut_rows(pipe, cut) == 1, f"{fault}: _cdc_cuts rows of cut {cut}"
+        committed = {t: iceberg_cut_commits(pipe.dir / "ice", t, cut) for t in tables}
+        assert committed == dict.fromkeys(tables, 1), f"ice {fault}: snapshots of cut {cut}: {committed}"
+        assert cut_rows(pipe, cut, "ice") == 1, f"ice {fault}: _cdc_cuts rows of cut {cut}"
         for t in tables:
             assert_delta_is_source(spark, pipe, pg_db, t)
+            assert_iceberg_is_source(pipe, pg_db, t)
 
     # A cut of inserts alone is appended, not merged (sinks/delta/sink.py _appends), with the same
     # transaction id: killed between the tables, the rerun appends the second one and Delta skips the
@@ -553,21 +593,24 @@ def test_apply_killed_before_its_checkpoint(pg_db: str, tmp_path: Path, spark) -
         "UPDATE b SET id = 3000 WHERE id = 2",
     )
     stream(pipe)
-    apply_crashing(pipe.file, spark, "apply:between-tables")
+    apply_crashing(pipe.file, spark, "apply:between-tables", "lake")
     cut = ckpt(pipe)["pending"]["cut_id"]
     assert sorted(len(txn_commits(delta_dir(pipe, t), app, cut)) for t in tables) == [0, 1]
-    (rerun,) = apply_ok(pipe, spark)
+    (rerun,) = apply_ok(pipe, spark, "lake")
     assert rerun.cut_id == cut
     operations = {t: cut_operations(delta_dir(pipe, t), cut) for t in tables}
     assert operations == {"public.a": ["WRITE"], "public.b": ["MERGE"]}, operations
     # the key b's change freed, inserted again in the next cut: appended
     sql(pg_db, "INSERT INTO b VALUES (2, 'freed key taken again')")
     stream(pipe)
-    (run,) = apply_ok(pipe, spark)
+    (run,) = apply_ok(pipe, spark, "lake")
     assert cut_operations(delta_dir(pipe, "public.b"), run.cut_id) == ["WRITE"]
     for t in tables:  # read with delta-rs, which fails on a key held twice
         held = {r["id"]: r["v"] for r in delta_rs_rows(spark, delta_dir(pipe, t)).values()}
         assert held == {int(r["id"]): r["v"] for r in source_rows(pg_db, t, ("id",)).values()}, t
+    (run,) = apply_ok(pipe, spark, "ice")  # both cuts at once
+    for t in tables:  # pyiceberg, which fails on a key held twice too
+        assert_iceberg_is_source(pipe, pg_db, t)
     verified(pipe, spark)
 
 

@@ -324,7 +324,7 @@ def test_replica_identity_full_without_unique_index(pg: LocalPostgres, pg_db: st
     path = write_pipeline(tmp_path, pg_db, ["public.full_only"], sinks=[docs])
     needles = [
         "sink docs (search) cannot follow public.full_only: it has no primary key and REPLICA IDENTITY FULL",
-        "follow public.full_only with a delta sink",
+        "follow public.full_only with a delta or iceberg sink",
     ]
     check_output(cdc("validate", path), SOURCE, *needles)
     check_error(cdc("snapshot", path), SOURCE, *needles, secrets=[pg.password])

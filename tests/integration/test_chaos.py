@@ -4,10 +4,10 @@ Two rounds of `bench/chaos.py` with fixed seeds and fixed faults (their moments,
 what the faults hit are drawn from the seed) into a running `cdc run` while a random workload
 writes. The local log: kill -9 of the whole run (apply loop, Spark's JVM, stream child), an
 immediate PostgreSQL shutdown (crash recovery), a full disk under the log. The Kafka log: a broker
-restart, kill -9 of the publisher child, SIGTERM of the run. Every follower (Delta, Redis, tantivy)
-is then compared with the source row by row through its engine's own reader (delta-rs, redis-py,
-tantivy's searcher), and `cdc verify` must exit 0. A failing round prints the command that plays
-it again.
+restart, kill -9 of the publisher child, SIGTERM of the run. Every follower (Delta, Iceberg on the
+embedded SQLite catalog, Redis, tantivy) is then compared with the source row by row through its
+engine's own reader (delta-rs, pyiceberg, redis-py, tantivy's searcher), and `cdc verify` must
+exit 0. A failing round prints the command that plays it again.
 """
 
 from __future__ import annotations
@@ -64,5 +64,5 @@ def test_round_of_random_faults_leaves_every_follower_identical(
     for follower, tally in result.tallies.items():
         assert tally.compared > 0, f"{follower}: no rows compared"
         assert tally.clean, f"{follower}: {vars(tally)} (replay: {replay})"
-    assert set(result.tallies) == {"delta", "redis", "tantivy"}
+    assert set(result.tallies) == {"delta", "iceberg", "redis", "tantivy"}
     assert result.verify_code == 0, f"cdc verify exited {result.verify_code} (replay: {replay})"

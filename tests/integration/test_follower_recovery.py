@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
+from deltalake import DeltaTable
 
 from cdc.ground.tables import TableName
 from pipelines.checkpoints import checkpoint_path, load_checkpoint
@@ -484,19 +485,20 @@ def test_redis_out_of_memory_is_one_line_with_the_fix(
 
 
 # ---- lost while the source is idle (issue 34 item 1) ---------------------------------------------
-def lost_while_idle(file: Path, sink: str, what: str) -> None:
+def lost_while_idle(file: Path, sink: str, what: str, behind: int = ROWS) -> None:
     """With nothing new in the log, `cdc status` finds the loss (exit 1, the fix), and the fix it
-    prints (`cdc apply --once --sink ...`) rebuilds the follower; status is then clean again."""
+    prints (`cdc apply --once --sink ...`) rebuilds the follower; status is then clean again.
+    `behind`: the rebuild's backlog, every event of the table from its base."""
     code, out = run("status", file)
     assert code == 1, out
     assert f"follower {sink} LOST DATA it had applied (found now): public.items ({what}" in out, out
     assert f"fix: run `cdc apply {file} --once --sink {sink}`: it rebuilds the lost tables" in out, out
-    assert f"{ROWS:,} events behind the log" in out, out  # the rebuild's backlog: every row from the base
+    assert f"{behind:,} events behind the log" in out, out
     code, out = run("status", file, "--json")
     assert code == 1, out
     (follower,) = json.loads(out)["followers"]
     assert follower["self_check"]["lost"]["public.items"].startswith(what), follower
-    assert follower["events_behind_log"] == ROWS, follower
+    assert follower["events_behind_log"] == behind, follower
 
     follow(fix_line(run("status", file)[1]))  # cdc apply ... --once --sink NAME, as printed
     code, out = run("status", file)
@@ -551,6 +553,56 @@ def test_delta_table_deleted_while_idle_is_found_by_status_and_apply(
     assert "sink lake: the follower lost data it had applied (public.items: the table is gone" in out, out
     assert len(delta_rows(spark, path)) == ROWS
     assert verify(file, spark)[0] == 0
+
+    # One commit per written table per cut (issue 37 item 1): the MERGE carries the cut as Delta's
+    # txn version, the table property `cdc.follower` only the fixed parts (made with the table).
+    backup = tmp_path / "backup"
+    shutil.copytree(path, backup)  # the table as of this cut, restored below
+    state = load_pipeline(file).state_path
+    before = delta_commits(path)
+    change_and_stream(pg_db, file)
+    code, out = run("apply", file, "--once")
+    assert code == 0, out
+    assert delta_commits(path) == before + 1, out
+    ckpt = load_checkpoint(state, "lake")
+    app_id = f"cdc:test:lake:{log_id(file)}"
+    assert DeltaTable(str(path)).transaction_version(app_id) == ckpt.cut_id  # delta-rs reads the position
+    assert ckpt.written["public.items"] == ckpt.cut_id
+    marker = json.loads(DeltaTable(str(path)).metadata().configuration["cdc.follower"])
+    assert "end" not in marker and "cut_id" not in marker and marker["pipeline"] == "test", marker
+    assert run("status", file)[0] == 0
+    # idle: no cut, no commit
+    assert run("apply", file, "--once")[0] == 0 and delta_commits(path) == before + 1
+
+    # restored from the older backup while idle: its commits carry an older cut than the checkpoint's
+    shutil.rmtree(path)
+    shutil.copytree(backup, path)
+    lost_while_idle(file, "lake", "the engine holds the table with commits up to cut", behind=ROWS + 3)
+    assert {k: r["title"] for k, r in delta_rows(spark, path).items()} == {
+        k: r["title"] for k, r in source(pg_db).items()
+    }
+    assert verify(file, spark)[0] == 0
+
+    # replaced by another pipeline's table at the same path (its marker says so)
+    DeltaTable(str(path)).alter.set_table_properties(
+        {"cdc.follower": json.dumps({**marker, "pipeline": "other"})}, raise_if_not_exists=False
+    )
+    lost_while_idle(file, "lake", "the engine holds pipeline other sink lake there", behind=ROWS + 3)
+    assert verify(file, spark)[0] == 0
+
+
+def delta_commits(path: Path) -> int:
+    return len(list((path / "_delta_log").glob("*.json")))
+
+
+def log_id(file: Path) -> str:
+    from cdc.log import open_log_view
+
+    log = open_log_view(load_pipeline(file))
+    try:
+        return log.log_id
+    finally:
+        log.close()
 
 
 def test_cdc_run_finds_a_follower_flushed_while_idle(

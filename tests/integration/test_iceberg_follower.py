@@ -20,12 +20,20 @@ null`), kept by the SCD2 one; in cut 4 another is dropped from the table's schem
 other field ids unchanged). Cut 4 also adds two derived views to the pipeline file (`cdc validate`
 lists their Iceberg sinks): their first build and, in cut 5, an incremental cut reach the
 followers' `views.<name>` tables, read by pyiceberg and Polars and compared with the view's SQL run
-by PostgreSQL, and by `cdc sql` and `cdc verify`.
+by PostgreSQL, and by `cdc sql` and `cdc verify`. Write modes per table: users copy-on-write
+from the start, items switched to it at cut 4 (its properties altered, the same table): their cuts
+rewrite data files and add no delete file, read with pyiceberg. Last, `cdc status --json` (each
+table's snapshot at the recorded cut; both followers self-checked without Spark, nothing lost);
+a table dropped and one rolled back to an older snapshot behind the tool, found by `cdc status`
+(exit 1, the fix) and rebuilt by the next apply (read back, `cdc verify`); `cdc reset --to-cut`
+with new changes, and `cdc reset --rebuild`, each followed by an apply read back against the
+source.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import threading
 from collections import Counter
@@ -40,13 +48,19 @@ from click.testing import CliRunner
 from cdc.ground import logsetup
 from pipelines.cli import cli
 from pipelines.faults import CrashPointReached
-from tests.fixtures.lake import apply, apply_ok, make_pipe, snapshot, stream, verified
+from tests.fixtures.lake import apply, apply_ok, ckpt, make_pipe, snapshot, stream, verified
 from tests.harness import edit_pipeline, sql
 
 pytestmark = pytest.mark.integration
 
-# `dropped_columns: null` here (a column dropped in cut 3 is set NULL); `drop` from cut 4 on
-SINK = {"name": "ice", "dropped_columns": "null", "iceberg": {"warehouse": "ice"}}
+# `dropped_columns: null` here (a column dropped in cut 3 is set NULL); `drop` from cut 4 on.
+# Write modes: the sink's merge-on-read, users copy-on-write (table_options); from cut 4 on items
+# is switched to copy-on-write too (the existing table's properties altered, no rebuild).
+SINK = {
+    "name": "ice",
+    "dropped_columns": "null",
+    "iceberg": {"warehouse": "ice", "table_options": {"public.users": {"write_mode": "copy-on-write"}}},
+}
 # Derived views declared from cut 4 on (a view added to a running pipeline: its first build, then
 # an incremental cut), over the tables the followers already have; the SQLite follower takes both,
 # the SCD2 one the aggregate. Not from the start: the base follower of the views (an internal Delta
@@ -213,6 +227,24 @@ def views_match(tmp_path: Path, dsn: str) -> None:
                 )
 
 
+def copy_on_write(table, snapshot) -> bool:
+    """The snapshot rewrote data files and added no delete file (its summary, and its manifests
+    read by pyiceberg: none of the delete manifests is its own)."""
+    from pyiceberg.manifest import ManifestContent
+
+    summary = snapshot.summary.additional_properties
+    own_deletes = [
+        m
+        for m in snapshot.manifests(table.io)
+        if m.content == ManifestContent.DELETES and m.added_snapshot_id == snapshot.snapshot_id
+    ]
+    return (
+        int(summary.get("deleted-data-files", 0)) >= 1
+        and "added-position-delete-files" not in summary
+        and not own_deletes
+    )
+
+
 def history(dsn: str, name: str) -> list[dict[str, Any]]:
     """Every version the SCD2 follower holds of a table, oldest first per key."""
     rows = pg_catalog(dsn).load_table(name).scan().to_arrow().to_pylist()
@@ -239,10 +271,13 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     events_match(tmp_path, pg_db)  # 3 snapshot rows + 3 streamed, two pairs of identical ones
     items = catalog(tmp_path).load_table("public.items")
     assert items.properties["write.merge.mode"] == "merge-on-read"
+    modes = catalog(tmp_path).load_table("public.users").properties
+    assert [modes[f"write.{op}.mode"] for op in ("merge", "update", "delete")] == ["copy-on-write"] * 3
     assert items.schema().find_field("big").field_type.__class__.__name__ == "StringType"  # numeric(50,10)
     summary = items.current_snapshot().summary
     assert summary["pgcdc.cut"] and summary["pgcdc.app-id"].startswith("cdc:test:ice:")
     field_id = catalog(tmp_path).load_table("public.users").schema().find_field("name").field_id
+    amt_id = items.schema().find_field("amt").field_id
 
     # cut 2: a rename and an added column, held between its tables, then crashed after the MERGE
     # (checkpoint not written)
@@ -257,7 +292,9 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         "ALTER TABLE users ADD COLUMN score int",
         "UPDATE users SET full_name = 'renamed', score = 7",
         "UPDATE items SET note = 'changed' WHERE id = 3",
-        "UPDATE items SET amt = 4.5 WHERE id = 4",  # note (TOASTed) unchanged: kept from the table
+        # a larger decimal precision (no rewrite in PostgreSQL): widened in place, Iceberg's evolution
+        "ALTER TABLE items ALTER COLUMN amt TYPE numeric(14,3)",
+        "UPDATE items SET amt = 12345678901.5 WHERE id = 4",  # note (TOASTed) unchanged: kept from the table
     )
     stream(pipe)
     pause = tmp_path / "paused"
@@ -308,12 +345,25 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         merged
     )
     assert users.schema().find_field("full_name").field_id == field_id  # a rename is metadata
+    widened = catalog(tmp_path).load_table("public.items").schema().find_field("amt")
+    assert (widened.field_id, str(widened.field_type)) == (amt_id, "decimal(14, 3)"), widened  # metadata too
+    # copy-on-write (table_options): users' cut-2 MERGE rewrote its data file, no position deletes
+    copied = users.current_snapshot()
+    assert copied.summary["pgcdc.cut"] and copy_on_write(users, copied), copied.summary
     snapshots = {t: len(catalog(tmp_path).load_table(t).snapshots()) for t in SOURCE}
 
     _runs, lines = apply(pipe, spark)  # the replay of the same cut
     out = "\n".join(lines)
     assert out.count("public.users: already applied") == 2 and "public.items: already applied" in out, out
     assert {t: len(catalog(tmp_path).load_table(t).snapshots()) for t in SOURCE} == snapshots
+    # no marker commit per cut: the property names the follower and base only, the position is the
+    # newest `pgcdc.cut` of its snapshots, which the checkpoint keeps per table (issue 37 item 1)
+    items = catalog(tmp_path).load_table("public.items")
+    marker = json.loads(items.properties["cdc.follower"])
+    assert "end" not in marker and "cut_id" not in marker and marker["sink"] == "ice", marker
+    applied = ckpt(pipe, "ice")
+    assert applied["written"]["public.items"] == applied["cut_id"]
+    assert items.current_snapshot().summary["pgcdc.cut"] == str(applied["cut_id"])
     renamed = (("id",), "SELECT id::text, full_name, n, score FROM users", ("id", "full_name", "n", "score"))
     read_back(tmp_path, pg_db, SOURCE | {"public.users": renamed})
     # SCD2 history: the 5 snapshot rows ended by the truncate, the row after it ended by cut 2's update
@@ -330,7 +380,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     four = by_id[4]  # two versions: the second kept the TOASTed note the update did not send
     assert len(four) == 2 and four[0]["_cdc_end_lsn"] == four[1]["_cdc_start_lsn"], four
     assert (
-        four[1]["amt"] == Decimal("4.500")
+        four[1]["amt"] == Decimal("12345678901.500")  # beyond numeric(12,3): the SCD2 table widened too
         and four[1]["note"] == four[0]["note"]
         and len(four[0]["note"]) == 6400
     )
@@ -440,6 +490,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
             ]
         ice = doc["sinks"][0]
         ice["dropped_columns"] = "drop"
+        ice["iceberg"]["table_options"]["public.items"] = {"write_mode": "copy-on-write"}
         ice["iceberg"]["tables"] = [*SOURCE, "public.events"]  # with `views`, tables are named
 
     edit_pipeline(pipe.file, add_views)
@@ -450,6 +501,7 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     assert "ok   view item_notes: incremental (4 columns, key region, id; sinks: ice)" in result.output
     assert result.exit_code == 0, result.output
     note_id = catalog(tmp_path).load_table("public.items").schema().find_field("note").field_id
+    items_uuid = catalog(tmp_path).load_table("public.items").metadata.table_uuid
     sql(pg_db, "ALTER TABLE items DROP COLUMN blob", "UPDATE items SET amt = 0 WHERE id = 7")
     stream(pipe)
     runs, lines = apply(pipe, spark)
@@ -457,6 +509,19 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
     assert not [r for r in runs if r.error is not None], out
     assert "view item_notes: cut " in out and "first build" in out, out
     assert "public.items: column(s) blob dropped at the source: dropped from the table" in out, out
+    # items switched to copy-on-write: its properties altered in place (same table), and its cut-4
+    # MERGE (one row updated) rewrote a data file and wrote no position deletes
+    assert "sink ice: public.items: write mode set to copy-on-write (table properties only)" in out, out
+    items_t = catalog(tmp_path).load_table("public.items")
+    assert (
+        items_t.metadata.table_uuid == items_uuid
+        and items_t.properties["write.merge.mode"] == "copy-on-write"
+    )
+    cut4 = list_cuts(lake)[0].cut_id
+    merged4 = next(
+        s for s in items_t.snapshots() if s.summary.additional_properties.get("pgcdc.cut") == str(cut4)
+    )
+    assert copy_on_write(items_t, merged4), merged4.summary
     no_blob = (
         ("region", "id"),
         "SELECT region, id, amt, big::text, ts, doc::text, tags, note FROM items",
@@ -499,5 +564,105 @@ def test_iceberg_follower_snapshot_stream_schema_changes_and_replay(
         *(f"{r}\t{n}" for r, n in sql(pg_db, "SELECT region, count(*) FROM items GROUP BY 1 ORDER BY 1")),
     ]
     assert result.exit_code == 0 and result.stdout.splitlines() == want_lines, result.output
+    events_match(tmp_path, pg_db)  # (cdc verify runs after the rebuild below)
+
+    # `cdc status` (no JVM): the Iceberg follower's position, backlog and each table's snapshot at
+    # its recorded cut (the ids a reader pins)
+
+    result = runner.invoke(cli, ["status", str(pipe.file), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ice = next(f for f in json.loads(result.stdout)["followers"] if f["sink"] == "ice")
+    record = list_cuts(lake)[0]
+    assert ice["cut_id"] == record.cut_id and ice["events_behind_log"] == 0 and ice["lag_s"] == 0, ice
+    current = {t: catalog(tmp_path).load_table(t).current_snapshot().snapshot_id for t in SOURCE}
+    assert ice["iceberg_cut"]["cut_id"] == record.cut_id, ice
+    assert {t: ice["iceberg_cut"]["snapshots"][t] for t in SOURCE} == current, ice
+    # its self-check without Spark (pyiceberg on both catalogs, SQLite and PostgreSQL: each table,
+    # its marker property, the newest cut among its current snapshot's ancestors): nothing lost
+    checked = {f["sink"]: f for f in json.loads(result.stdout)["followers"]}
+    assert "self_check" not in checked["ice"] and "self_check" not in checked["icepg"], checked
+    result = runner.invoke(cli, ["status", str(pipe.file)], catch_exceptions=False)
+    assert f"follower ice (iceberg): tables at cut {record.cut_id} (" in result.output, result.output
+    assert result.exit_code == 0 and "was not checked" not in result.output, result.output
+
+    # Behind the tool: users dropped, items rolled back to its cut-4 snapshot (cut 5's MERGE stays
+    # in the metadata, not in the table). `cdc status` finds both (exit 1, the fix); the next
+    # apply rebuilds them from the log's base.
+    cut5 = record.cut_id
+    assert ckpt(pipe, "ice")["written"]["public.items"] == cut5 > cut4
+    catalog(tmp_path).drop_table("public.users")
+    rolled = catalog(tmp_path).load_table("public.items")
+    rolled.manage_snapshots().rollback_to_snapshot(merged4.snapshot_id).commit()
+    kept = [s.summary.additional_properties.get("pgcdc.cut") for s in rolled.snapshots()]
+    assert str(cut5) in kept, kept  # still in the metadata: the ancestors alone tell it is gone
+    result = runner.invoke(cli, ["status", str(pipe.file)], catch_exceptions=False)
+    out = result.output
+    assert result.exit_code == 1, out
+    assert (
+        "follower ice LOST DATA it had applied (found now): public.items (the engine holds the table" in out
+    )
+    assert f"with commits up to cut {cut4}, the checkpoint says cut {cut5} wrote it" in out, out
+    assert "public.users (the table is gone from the engine (deleted or moved away))" in out, out
+    assert "--once --sink ice`: it rebuilds the lost tables" in out and "follower icepg LOST" not in out, out
+    runs, lines = apply(pipe, spark, "ice")
+    out = "\n".join(lines)
+    assert not [r for r in runs if r.error is not None], out
+    assert "sink ice: the follower lost data it had applied (public.items: " in out, out
+    assert "public.users: the table is gone" in out and "rebuilding from the log's base" in out, out
+    read_back(tmp_path, pg_db, tables)
+    assert catalog(tmp_path).load_table("public.items").metadata.table_uuid != items_uuid
+    verified(pipe, spark, "ice")
+    result = runner.invoke(cli, ["status", str(pipe.file)], catch_exceptions=False)
+    assert result.exit_code == 0 and "follower ice lost data at" in result.output, result.output
+
+    # `cdc reset --to-cut` (back to cut 4): the next apply applies cut 5's changes again with new
+    # ones; the rows still there are left as they are (newer positions win), the result is the source
+    sql(
+        pg_db,
+        "UPDATE items SET amt = amt + 100 WHERE id = 1",
+        "INSERT INTO users VALUES ('00000000-0000-0000-0000-000000000002', 'after reset', 9)",
+    )
+    stream(pipe)
+    result = runner.invoke(cli, ["reset", str(pipe.file), "--sink", "ice", "--to-cut", str(cut4), "--yes"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["status", str(pipe.file), "--json"], catch_exceptions=False)
+    ice = next(f for f in json.loads(result.stdout)["followers"] if f["sink"] == "ice")
+    assert ice["cut_id"] == cut4 and ice["events_behind_log"] > 0, ice
+    apply_ok(pipe, spark)
+    read_back(tmp_path, pg_db, tables)
+    views_match(tmp_path, pg_db)
     events_match(tmp_path, pg_db)
+
+    # `cdc reset --rebuild`: the next apply drops the follower's tables and makes them again from
+    # the log's base (new tables, the write modes of table_options), equal to the source
+    result = runner.invoke(cli, ["reset", str(pipe.file), "--sink", "ice", "--rebuild", "--yes"])
+    assert result.exit_code == 0, result.output
+    apply_ok(pipe, spark, "ice")
+    rebuilt = catalog(tmp_path).load_table("public.items")
+    assert (
+        rebuilt.metadata.table_uuid != items_uuid
+        and rebuilt.properties["write.merge.mode"] == "copy-on-write"
+    )
+    read_back(tmp_path, pg_db, tables)
+    views_match(tmp_path, pg_db)
+    events_match(tmp_path, pg_db)
+    verified(pipe, spark)
+
+    # a type change Iceberg cannot express (int -> text): each follower stops before writing, naming
+    # the column and the fix (`cdc stream` from the CLI re-bases the rewritten table by itself, which
+    # makes it again; this in-process stream does not); the fix as printed rebuilds it from the log
+    sql(pg_db, "ALTER TABLE users ALTER COLUMN score TYPE text USING score::text")
+    sql(pg_db, "UPDATE users SET score = 'seven'")
+    stream(pipe)
+    runs, lines = apply(pipe, spark)
+    out = "\n".join(lines)
+    assert {r.sink for r in runs if r.error is not None} == {"ice", "icepg"}, out
+    assert "column 'score' is int but the source now needs string, which Iceberg cannot widen to" in out, out
+    assert "fix: drop the Iceberg table (it is rebuilt from the log on the next apply)" in out, out
+    catalog(tmp_path).drop_table("public.users")
+    pg_catalog(pg_db).drop_table("public.users")
+    apply_ok(pipe, spark)
+    retyped = catalog(tmp_path).load_table("public.users")
+    assert str(retyped.schema().find_field("score").field_type) == "string", retyped.schema()
+    read_back(tmp_path, pg_db, tables)
     verified(pipe, spark)

@@ -74,7 +74,7 @@ from tests.fixtures.kafka_log import (
     wait_published,
 )
 from tests.fixtures.lake import cut_operations
-from tests.fixtures.readers import delta_rows
+from tests.fixtures.readers import delta_rows, iceberg_rows
 from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as raw_records
 from tests.fixtures.workload import BIG_TEXT, Writer, make_table
@@ -93,7 +93,11 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     Beside them two tables without a key (docs/keyless-tables.md): an insert-only one and a REPLICA
     IDENTITY FULL one, identical rows in both, one of two identical rows updated and one deleted:
     every record keyed by its own position, no tombstones, the FULL delete carrying the whole row;
-    delta-rs reads the source's multisets, and verify holds with the follower past its point."""
+    delta-rs reads the source's multisets, and verify holds with the follower past its point.
+    An Iceberg follower (embedded SQLite catalog) takes the same cuts from the topics: pyiceberg
+    reads the source's rows (the TOAST value kept, the added column's default in older rows, both
+    keyless tables as multisets, the FULL one's first cut already holding deletes), verify holds
+    for it too, and `cdc status` shows its lag beside the Delta follower's."""
     monkeypatch.setattr(readers_base, "EVENTS_PER_PARTITION", 5)
     sql(
         pg_db,
@@ -112,7 +116,11 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     )
     keyless = ["public.audit", "public.tally"]
     tables = ["public.items", "public.pairs", "public.gone", *keyless]
-    pipe = make_kpipe(tmp_path, pg_db, tables, kafka.bootstrap)
+    ice = {
+        "name": "ice",
+        "iceberg": {"warehouse": "ice", "tables": tables},
+    }
+    pipe = make_kpipe(tmp_path, pg_db, tables, kafka.bootstrap, sinks=[LAKE, ice])
     assert "no key: followed insert-only" in ok("validate", pipe.file).out  # the Kafka log holds it
     run = snapshot(pipe)
     assert "published 25 records to Kafka" in run.out, run.out
@@ -244,8 +252,10 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     assert {t["table"]: t["end"] for t in status["log"]["tables"]} == {
         t: cut["tables"][t]["end"] for t in tables
     }
-    (lake_status,) = status["followers"]
-    assert lake_status["sink"] == "lake" and lake_status["events_behind_log"] == 0, lake_status
+    followers = {f["sink"]: f for f in status["followers"]}
+    assert sorted(followers) == ["ice", "lake"], followers
+    lake_status = followers["lake"]
+    assert lake_status["events_behind_log"] == followers["ice"]["events_behind_log"] == 0, followers
     applied_lsn = lake_status["position"]
     sql(
         pg_db,
@@ -255,10 +265,11 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
     )
     stream_until_current(pipe)
     status = status_json(pipe)
-    (lake_status,) = status["followers"]
-    assert lake_status["position"] == applied_lsn
-    # an update; a delete and its tombstone; an insert
-    assert lake_status["events_behind_log"] == 4, lake_status
+    followers = {f["sink"]: f for f in status["followers"]}
+    lake_status = followers["lake"]
+    assert lake_status["position"] == followers["ice"]["position"] == applied_lsn, followers
+    # an update; a delete and its tombstone; an insert (all in tables both follow)
+    assert lake_status["events_behind_log"] == followers["ice"]["events_behind_log"] == 4, followers
     assert status["log"]["cut"]["lsn"] == format_lsn(latest_cut(pipe)["lsn"])
     text = ok("status", pipe.file).out
     assert f"log (kafka): cut {status['log']['cut']['id']} at {status['log']['cut']['lsn']}" in text, text
@@ -266,12 +277,35 @@ def test_capture_through_kafka_ends_identical(pg_db: str, tmp_path: Path, kafka,
 
     # A table's cut of inserts alone is appended on the Kafka log too (sinks/delta/sink.py _appends:
     # its range has as many records as offsets); the others MERGE
-    (run,) = apply_ok(pipe, spark)
+    run, ice_run = apply_ok(pipe, spark)
+    assert (run.sink, ice_run.sink, ice_run.cut_id) == ("lake", "ice", run.cut_id)
     lake = tmp_path / "lake" / "public"
     operations = {t: cut_operations(lake / t, run.cut_id) for t in ("items", "pairs", "gone")}
     assert operations == {"items": ["MERGE"], "pairs": ["MERGE"], "gone": ["WRITE"]}, operations
     held = delta_rows(spark, lake / "gone")  # delta-rs: fails on a key held twice
     assert {r["id"]: r["v"] for r in held.values()} == {10: "after", 11: "inserted"}
+    assert_iceberg_is_source(pipe, keys)
+
+
+def assert_iceberg_is_source(pipe: KPipe, keys: dict[str, list[str]]) -> None:
+    """pyiceberg (not the sink) reads each keyed table of the Iceberg follower as the source, every
+    column as PostgreSQL prints it (the TOASTed `big` kept; `extra`'s default in rows older than
+    it), and the keyless tables as the source's multisets, each row at its own log position."""
+    for table, key in keys.items():
+        held = iceberg_rows(pipe.dir / "ice", table, tuple(key))
+        source = source_rows(pipe.dsn, table, key)
+        got = {
+            k: {c: None if r[c] is None else str(r[c]) for c in source[k]}
+            for k, r in held.items()
+            if k in source
+        }
+        assert held.keys() == source.keys() and got == source, f"pyiceberg {table}: {got} != {source}"
+    for table, columns in (("public.audit", ("who", "n")), ("public.tally", ("k", "v"))):
+        rows = iceberg_rows(pipe.dir / "ice", table, ("_cdc_lsn", "_cdc_seq")).values()
+        held = Counter(tuple(r[c] for c in columns) for r in rows)
+        assert held == Counter(sql(pipe.dsn, f"SELECT {', '.join(columns)} FROM {table}")), (
+            f"pyiceberg {table}"
+        )
 
 
 def check_keyless_topics(pipe: KPipe, records: dict[str, list[Rec]]) -> None:

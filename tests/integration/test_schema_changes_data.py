@@ -2,7 +2,8 @@
 `cdc verify` make of them (issue 11 items 1-3, issue 22 item 3).
 
 Each test reads the Delta follower back with the test Spark session (an independent reader of
-the parquet/Delta files) and checks `cdc verify` too.
+the parquet/Delta files) and checks `cdc verify` too; the re-base test reads an Iceberg follower
+with pyiceberg as well.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from pipelines.cli import cli
 from sinks.registry import load_pipeline
 from snapshot.runner import run_snapshot
 from tests.fixtures.capture import Pipe, start_stream, stop_stream
-from tests.fixtures.readers import delta_rows, tantivy_docs, tantivy_ids
+from tests.fixtures.readers import delta_rows, iceberg_catalog, iceberg_rows, tantivy_docs, tantivy_ids
 from tests.harness import (
     apply_crashing,
     apply_once,
     cdc,
+    cdc_here,
+    edit_pipeline,
     flush_wal,
     materialize,
     source_rows,
@@ -276,19 +279,50 @@ def test_generated_column_is_named_by_validate_and_verify(pg_any_db: str, tmp_pa
 
 
 # ---- issue 22 item 3: table rewrites make no change events -----------------------------------------------
-def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path, spark) -> None:
+def _iceberg(tmp_path: Path, table: str, columns: list[str]) -> dict:
+    """The Iceberg follower `ice` read with pyiceberg, shaped as `_delta`."""
+    rows = iceberg_rows(tmp_path / "ice", table)
+    return {k[0]: tuple(None if r[c] is None else str(r[c]) for c in columns) for k, r in rows.items()}
+
+
+def _iceberg_rest(url: str, table: str, columns: list[str]) -> dict:
+    """The Iceberg follower `icerest` read with pyiceberg's RestCatalog through the same REST
+    catalog server the follower writes through, shaped as `_delta`."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    rows = RestCatalog("icerest", uri=url).load_table(table).scan().to_arrow().to_pylist()
+    return {str(r["id"]): tuple(None if r[c] is None else str(r[c]) for c in columns) for r in rows}
+
+
+def _set_on_type_change(file: Path, value: str) -> None:
+    def edit(doc: dict) -> None:
+        next(s for s in doc["sinks"] if s["name"] == "ice")["iceberg"]["on_type_change"] = value
+
+    edit_pipeline(file, edit)
+
+
+def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path, spark, iceberg_rest) -> None:
     """ADD COLUMN DEFAULT then ALTER COLUMN TYPE ... USING before the stream reads them (the
     rewrite clears the fast default and changes every row without change events), then a
     volatile default (every row filled without change events): `cdc stream` notices each
-    rewrite, re-bases the table by itself, says so, and `cdc status` shows it."""
+    rewrite, re-bases the table by itself, says so, and `cdc status` shows it. The Delta and the
+    Iceberg follower (read with pyiceberg) both end as the source; the Iceberg one first with
+    `on_type_change: stop`, which stops it at the widened column before it writes. A second
+    Iceberg follower `icerest` on a REST catalog (tests/fixtures/iceberg_rest.py: Iceberg's
+    reference handlers served over a JDBC catalog) widens in place and is read with pyiceberg's
+    RestCatalog through the same server."""
     sql(
         pg_db,
         "CREATE TABLE acc (id int PRIMARY KEY, n int, note text)",
         "INSERT INTO acc SELECT g, g, 'a' FROM generate_series(1, 10) g",
     )
-    file = _pipeline(tmp_path, pg_db, ["public.acc"])
+    ice = {"name": "ice", "iceberg": {"warehouse": "ice", "on_type_change": "stop"}}
+    rest = {"type": "rest", "uri": iceberg_rest.url}
+    icerest = {"name": "icerest", "iceberg": {"warehouse": "icerest", "catalog": rest}}
+    file = _pipeline(tmp_path, pg_db, ["public.acc"], ice, icerest)
     _snapshot(file)
     apply_once(file, spark)
+    n_field = iceberg_catalog(tmp_path / "ice").load_table("public.acc").schema().find_field("n")
     sql(
         pg_db,
         "ALTER TABLE acc ADD COLUMN tier text DEFAULT 'std'",
@@ -297,9 +331,24 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
         "UPDATE acc SET note = 'c' WHERE id = 2",
     )
     stream_cli(file, "public.acc: its storage was rewritten", "re-base public.acc: done")
+    before = iceberg_catalog(tmp_path / "ice").load_table("public.acc").current_snapshot().snapshot_id
+    from pipelines.apply.job import ApplyJob
+
+    runs = ApplyJob(load_pipeline(file), spark).run_once()
+    failed = {r.sink: r.error for r in runs if r.error is not None}
+    assert set(failed) == {"ice"}, failed
+    assert "the source widened column(s) 'n' -> bigint; on_type_change: stop" in failed["ice"].problem
+    assert "set `on_type_change: widen` on sink ice" in str(failed["ice"].fix)
+    after = iceberg_catalog(tmp_path / "ice").load_table("public.acc").current_snapshot().snapshot_id
+    assert after == before, "the stopped follower wrote nothing"
+    _set_on_type_change(file, "widen")
     apply_once(file, spark)
     columns = ["n", "note", "tier"]
     assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    assert _iceberg(tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    assert _iceberg_rest(iceberg_rest.url, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    widened = iceberg_catalog(tmp_path / "ice").load_table("public.acc").schema().find_field("n")
+    assert (widened.field_id, str(widened.field_type)) == (n_field.field_id, "long"), widened
     code, report = verify(file, spark)
     assert code == 0, report
     status = cdc("status", file)
@@ -316,6 +365,8 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
     columns = ["n", "note", "tier", "r"]
     got = _delta(spark, tmp_path, "public.acc", columns)
     assert got == _source(pg_db, "public.acc", columns) and got["1"][3] is not None
+    assert _iceberg(tmp_path, "public.acc", columns) == got
+    assert _iceberg_rest(iceberg_rest.url, "public.acc", columns) == got
     code, report = verify(file, spark)
     assert code == 0, report
 
@@ -333,8 +384,24 @@ def test_rewrites_are_noticed_and_the_table_re_based(pg_db: str, tmp_path: Path,
     apply_once(file, spark)
     columns = ["n", "note", "tier", "r", "plain"]
     assert _delta(spark, tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    assert _iceberg(tmp_path, "public.acc", columns) == _source(pg_db, "public.acc", columns)
+    assert _iceberg_rest(iceberg_rest.url, "public.acc", columns) == _source(pg_db, "public.acc", columns)
     code, report = verify(file, spark)
     assert code == 0, report
+
+    # `cdc status` self-checks the follower on the REST catalog too (pyiceberg's RestCatalog): all
+    # there; then its table dropped behind the tool is found (exit 1) and the next apply rebuilds it
+    status = cdc_here("status", file)
+    assert status.code == 0 and "follower icerest" in status.out, status.out
+    assert "was not checked" not in status.out, status.out
+    from pyiceberg.catalog.rest import RestCatalog
+
+    RestCatalog("icerest", uri=iceberg_rest.url).drop_table("public.acc")
+    status = cdc_here("status", file)
+    assert status.code == 1, status.out
+    assert "follower icerest LOST DATA it had applied (found now): public.acc" in status.out, status.out
+    apply_once(file, spark, "icerest")
+    assert _iceberg_rest(iceberg_rest.url, "public.acc", columns) == _source(pg_db, "public.acc", columns)
 
 
 def test_rewrite_noticed_on_a_log_without_storage_baseline(pg_db: str, tmp_path: Path, spark) -> None:

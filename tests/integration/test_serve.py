@@ -76,6 +76,18 @@ def test_auth_refused(server: Server) -> None:
     )  # no view in this pipeline (tests/integration/test_serve_views.py)
 
 
+@pytest.mark.parametrize(
+    ("route", "name", "value"),
+    [("", "cut", "latest"), ("", "page", "two"), ("", "limit", ""), ("/changes", "from", "abc")],
+)
+def test_a_parameter_that_is_not_a_number_is_a_400_naming_it(
+    server: Server, route: str, name: str, value: str
+) -> None:
+    refused = server.get("/v1/tables/public.items" + route, **{name: value})
+    assert refused.status_code == 400, (refused.status_code, refused.text)
+    assert refused.json()["error"].startswith("bad parameter: ") and "cut" in refused.json()["fix"]
+
+
 def _insert_txns(dsn: str, first: int, count: int) -> None:
     sql(dsn, *[f"INSERT INTO items VALUES ({i}, 'n{i}', {i})" for i in range(first, first + count)])
 

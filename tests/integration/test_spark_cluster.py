@@ -2,8 +2,9 @@
 two workers from the pyspark wheel (the session fixture `spark_cluster`, secured with
 spark.authenticate and RPC encryption), `cdc apply --once` with `spark.master: spark://...` on the
 Kafka log, and the job on the local log as a spark-submit application built by `cdc package spark`.
-Followers are checked with `cdc verify` and delta-rs; executors get the code zip and the
-Delta/Kafka jars from the driver; the secret is never printed nor on a command line.
+Followers are checked with `cdc verify` and delta-rs (an Iceberg follower with pyiceberg);
+executors get the code zip and the Delta/Kafka/Iceberg jars from the driver; the secret is never
+printed nor on a command line.
 
 Two applications in all (each a driver and two executor JVMs: minutes on a loaded 2-core machine):
 `cdc apply` on the cluster and a spark-submit of the package; what both launchers must do
@@ -41,7 +42,7 @@ from tests.fixtures.lake import (
     stream,
     verified,
 )
-from tests.fixtures.readers import redis_rows
+from tests.fixtures.readers import iceberg_rows, redis_rows
 from tests.fixtures.spark_cluster import EXECUTOR_CONF, SECRET
 from tests.fixtures.workload import make_table
 from tests.harness import REPO, cdc, cdc_popen, source_rows, sql, write_pipeline
@@ -203,7 +204,10 @@ def test_apply_kafka_log_on_standalone_cluster(
     executors got pgcdc.zip, the Delta jar and Spark's Kafka source (they read the topics with it)
     from the driver; the secret is in no output and no command line. A Redis follower behind a
     password (README "Secrets on the executors"): the executors got it in their environment at
-    launch (spark.executorEnv), never on a command line or in output, and Redis ends as the source."""
+    launch (spark.executorEnv), never on a command line or in output, and Redis ends as the source.
+    An Iceberg follower on the embedded SQLite catalog (the catalog is the driver's; the executors
+    write the data files into the warehouse on the shared local disk, with Iceberg's runtime jar
+    shipped from the driver): pyiceberg reads the source's rows."""
     monkeypatch.setenv("SPARK_SECRET", SECRET)
     password = "rp-" + secrets.token_hex(12)
     redis.Redis.from_url(own_redis.url).config_set("requirepass", password)
@@ -224,7 +228,7 @@ def test_apply_kafka_log_on_standalone_cluster(
         ["public.kc"],
         name=pipe.name,
         log=log,
-        sinks=[LAKE, cache],
+        sinks=[LAKE, cache, {"name": "ice", "iceberg": {"warehouse": "ice"}}],
         spark=cluster_spark(spark_cluster),
     )
     kafka_snapshot(pipe)
@@ -236,13 +240,18 @@ def test_apply_kafka_log_on_standalone_cluster(
     out, err, cmdlines = run_on_cluster(driver, spark_cluster, tmp_path, executor_env=launched)
     new = assert_ran_on_executors(spark_cluster, before, out, err, cmdlines)
     assert shipped(new, "spark-sql-kafka-*.jar"), "the executors did not get Spark's Kafka source"
-    assert "sink cache: applied cut" in out, out
+    assert "sink cache: applied cut" in out and "sink ice: applied cut" in out, out
+    assert shipped(new, "iceberg-spark-runtime-*.jar"), "the executors did not get Iceberg's runtime"
     assert any(e.get("CDC_SECRET_CACHE_PASSWORD") == password for e in launched), (
         "no executor got it at launch"
     )
     assert not [c for c in cmdlines if password in c] and password not in out + err
     kafka_verified(pipe, spark)
     assert_delta_is_source(spark, pipe, pg_db, "public.kc")
+    iceberg = iceberg_rows(tmp_path / "ice", "public.kc")  # pyiceberg, not the sink
+    assert {k: r["v"] for k, r in iceberg.items()} == {
+        k: r["v"] for k, r in source_rows(pg_db, "public.kc", ("id",)).items()
+    }
     client = redis.Redis.from_url(
         own_redis.url.replace("redis://", f"redis://:{password}@"), decode_responses=True
     )

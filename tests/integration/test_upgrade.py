@@ -43,6 +43,16 @@ def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
     assert json.loads(ckpt_file.read_text()) == {"format": STATE.version, "cdc_version": VERSION, **before}
     assert "upgraded" not in ok("log", "read", pipe).err  # once only
 
+    # 0.1.0's marker keeps its own position (end, cut_id): the self-check compares that offset
+    from deltalake import DeltaTable
+
+    from cdc.ground.tables import TableName
+    from sinks.delta.paths import table_path
+
+    items = str(table_path(work / "lake", TableName("public", "items")))
+    old_marker = json.loads(DeltaTable(items).metadata().configuration["cdc.follower"])
+    assert old_marker["end"] == 4 and old_marker["cut_id"] == 3, old_marker
+
     runs = apply_once(pipe, spark)
     assert [(r.sink, r.cut_id) for r in runs] == [("lake", 5)], runs
     after = json.loads(ckpt_file.read_text())
@@ -51,6 +61,12 @@ def test_state_of_0_1_0_upgraded_and_the_follower_continues_exactly(
         5,
         {"public.items": [1, 7]},
     ), after
+    # written again, the table's marker takes the new form: the position is the MERGE's txn version
+    marker = json.loads(DeltaTable(items).metadata().configuration["cdc.follower"])
+    assert "end" not in marker and {k: marker[k] for k in ("pipeline", "sink", "base")} == {
+        k: old_marker[k] for k in ("pipeline", "sink", "base")
+    }, marker
+    assert after["written"] == {"public.items": 5}, after
     code, report = verify(pipe, spark)
     assert code == 0, report
     # the lake's _cdc_cuts of 0.1.0 got the format columns with the new cut's row (its old row: null)

@@ -5,12 +5,13 @@ test_delta_table_deleted_while_idle_is_found_by_status_and_apply (status reads a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from sinks.delta.logfiles import LogUnreadable, is_delta_table, table_properties
+from sinks.delta.logfiles import LogUnreadable, is_delta_table, table_properties, txn_version
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +53,49 @@ def test_no_table_and_no_marker(tmp_path: Path) -> None:
     assert KEY not in table_properties(tmp_path / "plain")
     with pytest.raises(LogUnreadable):
         table_properties(tmp_path / "empty")
+
+
+def follower_commits(path: Path, *cuts: int, app_id: str = "cdc:p:s:log") -> None:
+    """Data commits carrying the follower's idempotent-write id, as the sink's MERGEs do."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    for cut in cuts:
+        props = CommitProperties(app_transactions=[Transaction(app_id, cut)])
+        write_deltalake(str(path), pa.table({"id": [cut]}), mode="append", commit_properties=props)
+
+
+def test_txn_version_is_the_newest_cut_of_the_app_id(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    path = tmp_path / "t"
+    marked_table(path)
+    assert txn_version(path, "cdc:p:s:log") is None  # no commit of the follower yet
+    follower_commits(path, 3, 4)
+    follower_commits(path, 9, app_id="cdc:other:s:log")  # another follower's commit after them
+    assert txn_version(path, "cdc:p:s:log") == 4
+    assert txn_version(path, "cdc:other:s:log") == 9
+    assert DeltaTable(str(path)).transaction_version("cdc:p:s:log") == 4  # delta-rs agrees
+
+
+def test_txn_version_from_the_checkpoint_and_from_the_checksum(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    path = tmp_path / "t"
+    marked_table(path)
+    follower_commits(path, 5)
+    table = DeltaTable(str(path))
+    table.create_checkpoint()
+    at = table.version()
+    from deltalake import write_deltalake
+
+    write_deltalake(str(path), pa.table({"id": [0]}), mode="append")  # a commit without the txn after it
+    for commit in (path / "_delta_log").glob("*.json"):
+        if int(commit.stem) <= at:
+            commit.unlink()  # log cleanup: only the checkpoint holds cut 5
+    assert txn_version(path, "cdc:p:s:log") == 5
+    # the latest version's checksum file lists every app id's version (Spark's Delta writes one)
+    latest = max(int(c.stem) for c in (path / "_delta_log").glob("*.json"))
+    checksum = {"setTransactions": [{"appId": "cdc:p:s:log", "version": 6, "lastUpdated": 0}]}
+    (path / "_delta_log" / f"{latest:020d}.crc").write_text(json.dumps(checksum))
+    assert txn_version(path, "cdc:p:s:log") == 6
+    assert txn_version(path, "cdc:none") is None

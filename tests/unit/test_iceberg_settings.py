@@ -123,6 +123,50 @@ def test_an_iceberg_sink_follows_derived_views_and_drops_columns_in_scd1(tmp_pat
     assert sink.dropped_columns == "drop"
 
 
+def test_a_table_may_have_its_own_write_mode(tmp_path: Path) -> None:
+    """table_options.<table>.write_mode overrides the sink's write_mode for that table only, beside
+    the options every kind has (keys parsed as SQL names)."""
+    from cdc.ground.tables import TableName
+    from sinks.iceberg.writemode import write_properties
+
+    options = {"public.t": {"write_mode": "copy-on-write", "mask": {"a": "null"}}}
+    pipeline = parse_pipeline(
+        {
+            "name": "p",
+            "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t", "public.u", "public.v"]}},
+            "sinks": [
+                {"name": "ice", "iceberg": {"warehouse": "w", "table_options": options | {"public.u": {}}}},
+                {
+                    "name": "cow",
+                    "iceberg": {
+                        "warehouse": "c",
+                        "write_mode": "copy-on-write",
+                        "table_options": {'"public".v': {"write_mode": "merge-on-read"}},
+                    },
+                },
+            ],
+        },
+        base_dir=tmp_path,
+    )
+    ice, cow = (s.settings for s in pipeline.sinks)
+    t, u, v = (TableName("public", n) for n in "tuv")
+    assert [ice.write_mode_for(x) for x in (t, u, v)] == ["copy-on-write", "merge-on-read", "merge-on-read"]
+    assert [cow.write_mode_for(x) for x in (t, u, v)] == ["copy-on-write", "copy-on-write", "merge-on-read"]
+    opts = ice.options_for(t)
+    assert opts is not None and opts.mask == {"a": "null"}  # the shared options still apply
+    # the table's write mode shapes no value: changing it rebuilds nothing (the apply job rebuilds a
+    # table whose shape record changed), a mask still does
+    from sinks.shaping import shape_record
+
+    assert shape_record(pipeline.sinks[1], v) == "" and shape_record(pipeline.sinks[0], u) == ""
+    assert shape_record(pipeline.sinks[0], t) == '{"mask": {"a": "null"}}'
+    assert write_properties("copy-on-write") == {
+        "write.merge.mode": "copy-on-write",
+        "write.update.mode": "copy-on-write",
+        "write.delete.mode": "copy-on-write",
+    }
+
+
 @pytest.mark.parametrize(
     ("iceberg", "sink", "said"),
     [
@@ -137,6 +181,16 @@ def test_an_iceberg_sink_follows_derived_views_and_drops_columns_in_scd1(tmp_pat
         ({"warehouse": "w", "views": ["v"]}, {}, "unknown view"),
         ({"warehouse": "w", "mode": "scd2"}, {"dropped_columns": "drop"}, "scd2 keeps every version"),
         ({"warehouse": "w", "write_mode": "fast"}, {}, "write_mode"),
+        (
+            {"warehouse": "w", "table_options": {"public.t": {"write_mode": "fast"}}},
+            {},
+            r"table_options\.public\.t\.write_mode: Input should be 'merge-on-read' or 'copy-on-write'",
+        ),
+        (
+            {"warehouse": "w", "table_options": {"public.x": {"write_mode": "copy-on-write"}}},
+            {},
+            "table public.x is not among this sink's tables",
+        ),
         ({"warehouse": "w", "mode": "scd3"}, {}, "mode"),
         ({}, {}, "warehouse"),
     ],

@@ -1,6 +1,6 @@
-"""A keyless table in Delta as a multiset (docs/keyless-tables.md).
+"""A keyless table as a multiset, in Delta and in Iceberg (docs/keyless-tables.md).
 
-Each Delta row is one source row, identified by the position of the event that inserted it
+Each follower row is one source row, identified by the position of the event that inserted it
 (`_cdc_lsn`, `_cdc_seq`: a snapshot row's or an insert's). A delete names no position, only the
 deleted row's content (REPLICA IDENTITY FULL sends the whole old row; an update is logged as that
 delete and an insert of the new row): it removes one row with that content. Identical rows are
@@ -8,10 +8,11 @@ interchangeable, so which one goes does not change the multiset; the choice is s
 cut always means the same commit: per content, among the rows the table has and the rows the cut
 inserts, the oldest positions go, as many as the cut deletes.
 
-The cut's changes and those removals are one MERGE on the position, committed with the
-follower's idempotent-write id (txnAppId = follower, txnVersion = cut id): a cut applied again
-after a crash before the checkpoint is skipped by Delta, so no second copy is removed. An
-insert-only table's cuts have no deletes and MERGE their inserts on the position alone.
+The cut's changes and those removals are one MERGE on the position, committed with the follower's
+cut id (Delta: its idempotent-write id, txnAppId = follower, txnVersion = cut id; Iceberg: the
+snapshot summary's cut id, sinks/iceberg/commit.py): a cut applied again after a crash before the
+checkpoint is skipped, so no second copy is removed. An insert-only table's cuts have no deletes
+and add their inserts on the position alone.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def multiset_source(
     """The MERGE source of one cut: the inserted rows that stay (op 'c'/'r', their own position) and,
     as op 'd' at their position, the table's rows that the cut's deletes remove. `changes`: one row
     per event (a keyless table's log key is the position), typed, stored column names + META_COLUMNS;
-    `target`: the Delta table as it is (None for a table made in this cut). `restart`: the cut starts
+    `target`: the follower table as it is (None for a table made in this cut). `restart`: the cut starts
     the table over from a new base (its whole history is in the cut), so every row the table holds
     goes, in the same commit, except those the cut inserts again at the same position."""
     cols = [q(c) for c in content]

@@ -1,0 +1,331 @@
+"""What a scheduled `cdc apply --once` costs before and after its cut (issue 37 item 6), step by step.
+
+Run from the repo root:  .venv/bin/python bench/apply_start.py [--keys 1000] [--changes 100] [--repeat 3]
+                                                                [--json out.json]
+
+One table (`--keys` rows, the 10-column bench shape) snapshotted into one pipeline per variant (each its
+own slot, local SQLite log and Delta follower), applied once untimed. Then `--repeat` rounds: one
+transaction updates `--changes` rows, each variant streams it into its log (untimed) and runs
+`cdc apply --once`, timed from spawn to exit, variants in turn:
+
+* `before`: the session as it was: every jar group on the class path (Delta, Kafka, Iceberg; given
+  as the pipeline's `spark.jars`) and no class archive (`spark.class_archive: false`);
+* `jars only`: the jars the pipeline needs (Delta: a local log, a Delta follower), no archive;
+* `shipped`: the defaults: those jars and the JVM class archive (made by an untimed first run,
+  whose time is reported as `first run`: it writes the archive as its JVM exits);
+* `as tests run it`: shipped plus the tests' FAST_JVM (tests/fixtures/lake.py: C1-only JIT, two
+  shuffle partitions, no whole-stage code generation);
+* floor: a bare pyspark session (Delta's jars and SQL extension, nothing of cdc, no archive; the
+  shuffle and Delta snapshot partitions cdc sets on 2 local cores, without which Delta's 50-task
+  snapshot rebuild alone costs more than the MERGE) and one Delta MERGE of `--changes` rows into a
+  copy of the follower's table, in a process of its own.
+
+Each `cdc` run goes through a wrapper around the real console entry that stamps the moments it
+passes (pyspark's launch_gateway called and returned, getOrCreate returned, ApplyJob.run_once
+entered and left, the last atexit hook) and runs with `--log-format json`, whose stage lines
+give the cut's own steps. Phases: interpreter + imports; pipeline load; JVM launch (Spark's
+launcher JVM, then the driver's, up to py4j); SparkSession build (context, jars); state load
+(sources, job, log, lock, follower checks, up to the first stage of the cut); the cut (reading and
+checking its events, the MERGE, markers, the cut record); report and exit (atexit hooks: the archive
+written on a first run). The machine's load is printed: on a shared machine wall seconds are noisy,
+the tree's CPU seconds (the JVM and Python workers included) less so.
+
+The class archive lives in the work dir (XDG_CACHE_HOME) so every run starts from none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from harness.bench import Bench
+from harness.main import main
+from harness.proc import Timed, checked, run_timed
+from harness.report import Report
+from harness.services import say
+from harness.workload import COLUMNS, row_expr
+
+MASTER = "local[2]"
+FAST_JVM = {
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.sql.shuffle.partitions": 2,
+    "spark.sql.codegen.wholeStage": "false",
+}
+MARK = "#marks "
+# The real console entry, with the moments it passes stamped (time.time()) and printed at exit.
+WRAPPER = f"""
+import atexit, json, sys, time
+T = {{}}
+def mark(key):
+    T.setdefault(key, time.time())
+atexit.register(lambda: (mark("exit"), sys.stderr.write("\\n{MARK}" + json.dumps(T) + "\\n")))  # runs last
+import pyspark.java_gateway as gateway
+from pyspark.sql import SparkSession
+from pipelines.apply.job import ApplyJob
+from pipelines.cli import main
+mark("imports")
+launch = gateway.launch_gateway
+def launch_gateway(*args, **kwargs):
+    mark("jvm_launch")
+    g = launch(*args, **kwargs)
+    mark("jvm_up")
+    return g
+gateway.launch_gateway = launch_gateway
+build = SparkSession.Builder.getOrCreate
+def get_or_create(self):
+    session = build(self)
+    mark("session")
+    return session
+SparkSession.Builder.getOrCreate = get_or_create
+run_once = ApplyJob.run_once
+def timed_run_once(self, *args, **kwargs):
+    mark("run_once")
+    try:
+        return run_once(self, *args, **kwargs)
+    finally:
+        mark("cut_end")
+ApplyJob.run_once = timed_run_once
+main()
+"""
+# The floor: nothing of cdc, pyspark's own builder with Delta's jars, one MERGE.
+FLOOR = """
+import sys, time, json
+T = {"start_py": time.time()}
+from pyspark.sql import SparkSession
+from delta.tables import DeltaTable
+T["imports"] = time.time()
+jars, target, rows, prepare_from = sys.argv[1:5]
+spark = (SparkSession.builder.master("local[2]").appName("floor").config("spark.jars", jars)
+    .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+    .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "8")
+    .config("spark.databricks.delta.snapshotPartitions", "2").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+T["session"] = time.time()
+if prepare_from != "-":
+    table = spark.read.format("delta").load(prepare_from)
+    table.write.format("delta").mode("overwrite").save(target)
+    table.limit(int(sys.argv[5])).write.mode("overwrite").parquet(rows)
+else:
+    (DeltaTable.forPath(spark, target).alias("t").merge(spark.read.parquet(rows).alias("s"), "t.id = s.id")
+        .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+T["merge"] = time.time()
+sys.stderr.write("\\n#marks " + json.dumps(T) + "\\n")
+"""
+PHASES = (
+    ("interpreter + imports", "spawn", "imports"),
+    ("pipeline load", "imports", "jvm_launch"),
+    ("JVM launch", "jvm_launch", "jvm_up"),
+    ("SparkSession build", "jvm_up", "session"),
+    ("state load", "session", "cut_start"),
+    ("the cut", "cut_start", "cut_end"),
+    ("report + exit", "cut_end", "end"),
+)
+FLOOR_PHASES = (
+    ("interpreter + imports", "spawn", "imports"),
+    ("session (JVM + build)", "imports", "session"),
+    ("one Delta MERGE", "session", "merge"),
+    ("exit", "merge", "end"),
+)
+STEPS = ("reading and checking", "preparing the follower", "applying offsets", "marker", "recording the cut")
+
+
+def marks(t: Timed, spawned: float) -> dict[str, float]:
+    found = json.loads(t.err.rpartition(MARK)[2].splitlines()[0])
+    return {"spawn": spawned, **found, "end": spawned + t.wall_s}
+
+
+def stage_lines(t: Timed) -> list[dict]:
+    out = []
+    for text in t.err.splitlines():
+        if text.startswith("{"):
+            record = json.loads(text)
+            if "stage" in record.get("fields", {}):
+                out.append(record)
+    return out
+
+
+def cut_start(stages: list[dict]) -> float:
+    """The moment the cut's first stage began (a `sink <name>: ...` stage), as time.time()."""
+    from datetime import UTC, datetime
+
+    for record in stages:
+        if record["fields"]["stage"].startswith("sink ") and record["fields"].get("status") == "started":
+            return datetime.strptime(record["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    raise RuntimeError("no stage of the cut in the apply's output")
+
+
+def cut_steps(stages: list[dict]) -> dict[str, float]:
+    seconds = dict.fromkeys(STEPS, 0.0)
+    for record in stages:
+        f = record["fields"]
+        if f.get("status") == "done" and f["stage"].startswith("sink "):
+            for step in STEPS:
+                if step in f["stage"]:
+                    seconds[step] += f["seconds"]
+    return seconds
+
+
+def breakdown(t: Timed, spawned: float, phases: tuple, stages: list[dict] | None = None) -> dict[str, float]:
+    m = marks(t, spawned)
+    if stages is not None:
+        m["cut_start"] = cut_start(stages)
+    return {name: m[b] - m[a] for name, a, b in phases}
+
+
+def body(b: Bench) -> Report:
+    keys, changes, repeat = b.args.keys, b.args.changes, b.args.repeat
+    b.start_postgres(durable=False)
+    b.sql(
+        f"CREATE TABLE start_t ({COLUMNS})",
+        f"INSERT INTO start_t SELECT {row_expr()} FROM generate_series(1, {keys}) g",
+    )
+    from pipelines.spark import SPARK_JAR_GROUPS, spark_jars
+
+    every_jar = ",".join(spark_jars(SPARK_JAR_GROUPS))
+    variants = {
+        "before": {"class_archive": False, "conf": {"spark.jars": every_jar}},
+        "jars only": {"class_archive": False},
+        "shipped": {},
+        "as tests run it": {"conf": FAST_JVM},
+    }
+    env = b.cdc_env() | {"XDG_CACHE_HOME": str(b.work / "cache"), "CDC_LOG_FORMAT": "json"}
+    pipes: dict[str, Path] = {}
+    for n, (label, spark) in enumerate(variants.items()):
+        name = f"start{n}"
+        pipes[label] = b.pipeline(
+            name,
+            ["public.start_t"],
+            slot=f"{name}_slot",
+            publication=f"{name}_pub",
+            log=b.local_log(name),
+            sinks=[{"name": "lake", "delta": {"path": str(b.work / f"lake{n}")}}],
+            spark={"master": MASTER, **spark},
+        )
+        b.cdc(f"{name}_snapshot", "snapshot", pipes[label], "--no-progress", env=env)
+    b.warm_bytecode("pipelines.cli", "pipelines.apply.job", "pipelines.spark", "pyspark.sql", "delta.tables")
+
+    def apply(label: str, name: str) -> tuple[Timed, float]:
+        spawned = time.time()
+        run = b.timed(
+            [sys.executable, "-c", WRAPPER, "apply", str(pipes[label]), "--once"], env, name, tree=True
+        )
+        return checked(run, f"cdc apply ({label})"), spawned
+
+    # untimed bootstrap (the snapshot applied); the shipped variants' first run makes the archive
+    first: dict[str, tuple[Timed, float]] = {}
+    for label in variants:
+        first[label] = apply(label, f"bootstrap-{label.replace(' ', '_')}")
+    archives = sorted((b.work / "cache" / "cdc" / "jvm").glob("*.jsa"))
+    say(f"class archives made: {[f'{a.name} {a.stat().st_size / 1e6:.0f} MB' for a in archives]}")
+
+    from pipelines.spark import jars_dir
+
+    delta_jars = ",".join(str(p) for p in sorted((jars_dir() / "spark").glob("*.jar")))
+    floor_argv = [
+        sys.executable,
+        "-c",
+        FLOOR,
+        delta_jars,
+        str(b.work / "floor"),
+        str(b.work / "rows.parquet"),
+    ]
+    checked(
+        run_timed(
+            [*floor_argv, str(b.work / "lake2/public/start_t"), str(changes)],
+            b.cdc_env(),
+            b.work,
+            "floor-prepare",
+        ),
+        "floor set-up",
+    )
+
+    results: dict[str, list[dict]] = {label: [] for label in [*variants, "floor"]}
+    b.load("before the rounds")
+    for i in range(repeat):
+        b.sql(f"UPDATE start_t SET qty = qty + 1, updated_at = now() WHERE id <= {changes}")
+        for label in variants:
+            b.cdc(
+                f"r{i}-stream-{label.replace(' ', '_')}",
+                "stream",
+                pipes[label],
+                "--until",
+                "current",
+                env=env,
+            )
+        for label in variants:
+            run, spawned = apply(label, f"r{i}-apply-{label.replace(' ', '_')}")
+            stages = stage_lines(run)
+            row = {"wall_s": run.wall_s, "cpu_s": run.tree_cpu_s, **breakdown(run, spawned, PHASES, stages)}
+            row |= {f"cut: {k}": v for k, v in cut_steps(stages).items()}
+            results[label].append(row)
+            say(
+                f"[{i}] {label:16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
+                + _phases_text(row, PHASES)
+            )
+        spawned = time.time()
+        run = checked(b.timed([*floor_argv, "-", "0"], b.cdc_env(), f"r{i}-floor", tree=True), "floor")
+        row = {"wall_s": run.wall_s, "cpu_s": run.tree_cpu_s, **breakdown(run, spawned, FLOOR_PHASES)}
+        results["floor"].append(row)
+        say(
+            f"[{i}] {'floor':16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
+            + _phases_text(row, FLOOR_PHASES)
+        )
+    b.load("after the rounds")
+
+    rep = Report(
+        f"cdc apply --once of a small cut ({changes} changes, one table of {keys} rows) vs a bare session + MERGE",
+        ("wall s", "runs", "CPU s", "JVM launch", "session", "the cut"),
+    )
+    rep.subtitle = f"{repeat} rounds, medians; every variant its own pipeline, slot, log and Delta follower"
+    floor_wall = statistics.median(r["wall_s"] for r in results["floor"])
+    b.results["rounds"] = results
+    b.results["first_runs"] = {k: {"wall_s": t.wall_s, "cpu_s": t.tree_cpu_s} for k, (t, _s) in first.items()}
+    b.results["config"].update(keys=keys, changes=changes, repeat=repeat)
+    for label, rows in results.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        phases = FLOOR_PHASES if label == "floor" else PHASES
+        rep.add(
+            "apply --once",
+            label,
+            med["wall_s"],
+            "s",
+            role="ceiling" if label == "floor" else "diag" if label != "shipped" else "cdc",
+            ratio=med["wall_s"] / floor_wall,
+            less_is_better=True,
+            notes=_phases_text(med, phases),
+            wall_s=f"{med['wall_s']:.2f}",
+            runs=f"{min(r['wall_s'] for r in rows):.1f}-{max(r['wall_s'] for r in rows):.1f}s",
+            CPU_s=f"{med['cpu_s']:.1f}",
+            JVM_launch=f"{med.get('JVM launch', 0):.1f}",
+            session=f"{med.get('SparkSession build', med.get('session (JVM + build)', 0)):.1f}",
+            the_cut=f"{med.get('the cut', med.get('one Delta MERGE', 0)):.1f}",
+        )
+    t, _ = first["shipped"]
+    rep.summary.append(
+        f"first run of `shipped` (writes the class archive as its JVM exits): {t.wall_s:.1f}s wall, {t.tree_cpu_s:.1f} CPU s"
+    )
+    rep.targets["apply --once"] = (10.0, "target 10 s")
+    return rep
+
+
+def _phases_text(row: dict[str, float], phases: tuple) -> str:
+    text = ", ".join(f"{name} {row[name]:.1f}" for name, _a, _b in phases if name in row)
+    steps = ", ".join(
+        f"{k.removeprefix('cut: ')} {v:.1f}" for k, v in row.items() if k.startswith("cut: ") and v
+    )
+    return text + (f" (cut: {steps})" if steps else "")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    sys.exit(main(parser, body, prefix="apply-start"))
