@@ -37,7 +37,7 @@ from cdc.ground.errors import CdcError, ExitCode
 from cdc.ground.lsn import format_lsn
 from cdc.ground.private import private_dir
 from cdc.ground.tables import TableName
-from cdc.log import open_log_view
+from cdc.log import empty_log_error, open_log_view
 from cdc.source import connect
 from cdc.source.slots import _slot
 from cdc.tablewatch import catalog_oid, check_pipeline_source, raise_unless_captured
@@ -75,9 +75,7 @@ def run_verify(
     try:
         cut = log.latest_cut()
         if cut is None:
-            from cdc.ground.errors import LogError
-
-            raise LogError("the log is empty", f"run `{pipeline.command('snapshot')}` first")
+            raise empty_log_error(pipeline)
         # followers follow the file's tables; those dropped in the source have nothing to compare with
         followed = pipeline_tables(pipeline, list(cut.tables))
         gone = gone_tables(conn, log, followed)

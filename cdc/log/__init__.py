@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cdc.ground.errors import LogError
+
 if TYPE_CHECKING:
     from cdc.ground.config import Pipeline
     from cdc.log.kafka.debezium import DebeziumLogView
@@ -46,3 +48,15 @@ def open_log_view(pipeline: Pipeline) -> LocalLog | KafkaLogView | DebeziumLogVi
 
         return KafkaLogView(pipeline)
     return open_log(pipeline, readonly=True)
+
+
+def empty_log_error(pipeline: Pipeline) -> LogError:
+    """What `apply` and `verify` say when the log holds no cut yet, with the fix for its kind."""
+    kafka = pipeline.log_config.kafka
+    if kafka is not None and kafka.format == "debezium":  # the connector captures, not `cdc snapshot`
+        return LogError(
+            f"no complete cut in Debezium's topics under prefix {kafka.topic_prefix or pipeline.name!r} yet",
+            "check that the connector runs and has finished its snapshot of the followed tables "
+            "(its topics exist and hold the snapshot's last record), then run this again",
+        )
+    return LogError("the log is empty", f"run `{pipeline.command('snapshot')}` first")

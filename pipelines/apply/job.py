@@ -22,10 +22,10 @@ from pyspark.sql import SparkSession
 
 from cdc import health, metrics
 from cdc.ground.config import Pipeline, SinkConfig, pipeline_tables, sink_tables, sink_views
-from cdc.ground.errors import CdcError, LogError, SinkError, UsageError
+from cdc.ground.errors import CdcError, SinkError, UsageError
 from cdc.ground.lsn import format_lsn
 from cdc.ground.tables import TableName
-from cdc.log import open_log_view
+from cdc.log import empty_log_error, open_log_view
 from cdc.log.base import Cut
 from pipelines.apply.cut import SinkCut, SinkRun, held_tables
 from pipelines.apply.health import ApplyHealth
@@ -114,7 +114,7 @@ class ApplyJob:
         try:
             cut = log.latest_cut()
             if cut is None:
-                raise LogError("the log is empty", f"run `{self.pipeline.command('snapshot')}` first")
+                raise empty_log_error(self.pipeline)
             # derived views first: their followers then apply the cut's view changes
             self._run_views(log, cut, sinks)
             if len(sinks) > 1 and self.pipeline.spark.apply_parallelism != 1:

@@ -30,8 +30,9 @@ from cdc.ground.errors import LogError
 from cdc.session import libpq_options
 from pipelines.cli import cli
 from tests.fixtures.debezium import wait_caught_up
+from tests.fixtures.topics import end_offset
 from tests.fixtures.topics import topic_records as read_topic
-from tests.harness import apply_once, cdc, verify, write_pipeline
+from tests.harness import apply_once, cdc, verify, wait_for, write_pipeline
 
 pytestmark = [pytest.mark.integration]
 
@@ -458,6 +459,17 @@ def test_readme_debezium_example_runs_as_written(pg_db, debezium, kafka, spark, 
     dbz = debezium(pg_db, "dbz", ["public.items"])
     _run(pg_db, "UPDATE items SET title = 'changed' WHERE id = 3", "DELETE FROM items WHERE id = 4")
     wait_caught_up(dbz, pg_db)
+    # The slot's confirmation says Connect flushed its offsets; the records themselves are then
+    # visible to a new consumer too, which this waits for (20 snapshot rows, the update, the delete
+    # and its tombstone; the transaction's BEGIN and END), so a failure below is cdc's.
+    wait_for(
+        "the connector's records visible in Kafka",
+        lambda: (
+            end_offset(kafka.bootstrap, "dbz.public.items") >= 23
+            and end_offset(kafka.bootstrap, "dbz.transaction") >= 2
+        ),
+        timeout=60,
+    )
     (tmp_path / "dbz_shop.yml").write_text(_readme_debezium_example(), encoding="utf-8")
     monkeypatch.setenv("PG_DSN", pg_db)
     monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka.bootstrap)

@@ -78,3 +78,25 @@ def test_change_reader_per_view(tmp_path: Path, log: dict | None, view: type, re
         opened.close()
     with pytest.raises(TypeError, match="no Spark reader"):
         change_reader(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("log", "problem", "fix"),
+    [
+        (None, "the log is empty", "run `cdc snapshot"),
+        (
+            {"kafka": {"bootstrap_servers": "127.0.0.1:1", "format": "debezium", "topic_prefix": "dbz"}},
+            "no complete cut in Debezium's topics under prefix 'dbz' yet",
+            "has finished its snapshot",
+        ),
+    ],
+)
+def test_an_empty_log_names_the_fix_for_its_kind(
+    tmp_path: Path, log: dict | None, problem: str, fix: str
+) -> None:
+    """Debezium's topics are filled by the connector: `cdc snapshot` is never the fix there."""
+    from cdc.log import empty_log_error
+
+    extra = {"log": log} if log else {}
+    error = empty_log_error(load_pipeline(write_pipeline(tmp_path, "postgresql://x", ["public.t"], **extra)))
+    assert error.problem == problem and fix in error.fix and ("cdc snapshot" in error.fix) == (log is None)
