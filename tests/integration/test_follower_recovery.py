@@ -611,6 +611,7 @@ def test_cdc_run_finds_a_follower_flushed_while_idle(
     """A running `cdc run` with an idle source rebuilds a flushed Redis follower by itself, within
     spark.follower_check_interval_s (1 s here)."""
     make_items(pg_db)
+    sql(pg_db, "CREATE TABLE unfollowed(n int)")
     file = write_pipeline(
         tmp_path,
         pg_db,
@@ -620,34 +621,45 @@ def test_cdc_run_finds_a_follower_flushed_while_idle(
     )
     client = redis.Redis.from_url(redis_db)
     proc = cdc_popen("run", file)
+    failed: AssertionError | None = None
     try:
         until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the first apply")
         # the rows are in before the cut's marker and checkpoint: a flush in between would leave a
         # marker written after it (an engine wiped during an apply, not while idle)
-        until(
-            lambda: cut_saved(tmp_path / ".cdc" / "test" / "checkpoints" / "cache.json"),
-            proc,
-            "the checkpoint",
-        )
+        # The stream's first cut after the snapshot's carries the table's schema, so its apply writes
+        # the table's marker again (with no rows): a flush during that apply would be hidden by it.
+        # Wait until the follower's checkpoint is past it: later cuts of the idle source write none.
+        checkpoint = tmp_path / ".cdc" / "test" / "checkpoints" / "cache.json"
+        until(lambda: cut_saved(checkpoint), proc, "the checkpoint")
+        first = json.loads(checkpoint.read_text())["cut_id"]
+
+        def past_the_first_stream_cut() -> bool:
+            sql(pg_db, "INSERT INTO unfollowed VALUES (1)")  # the WAL moves on: the stream cuts again
+            return cut_saved(checkpoint, after=first + 1)
+
+        until(past_the_first_stream_cut, proc, "the stream's first cut applied")
         until(lambda: run("status", file)[0] == 0, proc, "status clean")
         client.flushall()
         until(lambda: len(redis_rows(client, "public.items:")) == ROWS, proc, "the rebuild")
+    except AssertionError as exc:
+        failed = exc
     finally:
         # SIGTERM, not SIGKILL, also when a step above failed: cdc run stops its stream child, which
         # would otherwise outlive it holding the output pipes (communicate() would never return)
         out, err = stop_process(proc, timeout=180)
+    assert failed is None, f"{failed}\ncdc run printed:\n{out}\n{err}"  # what it did meanwhile
     assert proc.returncode == 0, (out, err)
     assert "sink cache: the follower lost data it had applied (public.items: its marker is gone" in out, out
     assert verify(file, spark, "cache")[0] == 0
 
 
-def cut_saved(checkpoint: Path) -> bool:
-    """The follower's checkpoint records an applied cut with none pending."""
+def cut_saved(checkpoint: Path, after: int = 0) -> bool:
+    """The follower's checkpoint records an applied cut (past cut `after`) with none pending."""
     try:
         saved = json.loads(checkpoint.read_text())
     except (FileNotFoundError, ValueError):
         return False
-    return bool(saved.get("cut_id")) and saved.get("pending") is None
+    return (saved.get("cut_id") or 0) > after and saved.get("pending") is None
 
 
 def until(check, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
