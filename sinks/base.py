@@ -81,6 +81,13 @@ class Sink(ABC):
         """The table's marker text as the engine holds it (None: there is none)."""
         return None
 
+    def begin_cut(self, cut_id: int) -> None:
+        """Called before a cut's markers are checked and its rows written. An engine that can lose
+        everything without a trace a later check would see (a Redis FLUSHALL during the apply, after
+        which `write_marker` would write the markers again over the loss) puts down here what lets
+        `write_marker` tell (sinks/cache/sink.py: a fence key). Most engines need nothing."""
+        return None
+
     def write_marker(self, table: TableName, text: str) -> int | None:
         """Store the table's marker in the engine, after the batch's rows. A sink whose marker keeps
         no position (Delta, Iceberg: the data commit carries the cut, sinks/marker.py) returns the

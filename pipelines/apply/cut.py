@@ -122,6 +122,8 @@ class SinkCut:
         purged = self._purged()
         sink = self.job.sink_for(self.log, self.sink_cfg)
         sink.check_engine()  # e.g. a Redis that may evict keys: refused before anything is read or written
+        if sink.markers:  # before the check: a wipe from here on is seen when the markers are written
+            sink.begin_cut(self.cut_id)
         self._clear_for_rebuild(sink)
         self._rebuild_reshaped(sink)
         self._check_markers(sink)

@@ -40,6 +40,7 @@ TOMBSTONE = INTERNAL + "d:"
 TRUNCATED = INTERNAL + "t:"
 DEFAULTS = INTERNAL + "s:"
 MARKER = INTERNAL + "m:"
+FENCE = INTERNAL + "f:"  # + the follower's app id: its current cut's fence (sinks/cache/sink.py)
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 

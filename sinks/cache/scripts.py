@@ -206,6 +206,19 @@ return ARGV[1] .. ':' .. ARGV[2]
 """
 )
 
+# KEYS[1]: the follower's fence; KEYS[2]: a table's marker; ARGV: the fence's token, the marker. The
+# marker is written only while the fence the cut began with is there: else Redis lost its data during
+# the cut (FLUSHALL, FLUSHDB, a restart without persistence) and the marker is removed instead, so the
+# next check finds the table lost. Returns 1 (written) or 0 (the fence was gone).
+FENCED_MARKER = r"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return 1
+end
+redis.call('DEL', KEYS[2])
+return 0
+"""
+
 # KEYS[1]: truncate marker; KEYS[2..]: row keys (from SCAN). Deletes the cached rows older than the
 # marker; other keys (newer rows, values of other types or not ours) are left alone. Returns the count.
 PURGE = (

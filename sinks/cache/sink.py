@@ -49,6 +49,13 @@ Writes (sinks/cache/writer.py, scripts.py)
     cut after the expiry could write that older version back (until the next change or ttl).
     `cdc verify` compares every row, so use it only on followers without `ttl`.
 
+Markers (sinks/marker.py)
+  * `__cdc:m:<table pattern>`: each table's marker, written after the cut's rows. A cut begins by
+    setting the follower's fence `__cdc:f:<app id>` = `<cut id>:<random token>` (before the markers
+    are checked); a marker is written only while that fence is there (scripts.FENCED_MARKER). So a
+    FLUSHALL, FLUSHDB or restart without persistence during the apply leaves no marker behind: the
+    cut fails and the next run rebuilds the lost tables, as after a wipe while idle.
+
 Exactly once
   The compare-and-set makes re-applying a cut idempotent: a cut applied again (after a crash
   between the writes and the checkpoint, or after Redis died mid-apply) writes only what
@@ -76,6 +83,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +103,7 @@ from cdc.schema import schema_types
 from sinks.base import ApplyStats, Sink
 from sinks.cache import scripts
 from sinks.cache.eviction import EVICTION_FIX, eviction_problem
-from sinks.cache.keys import INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape
+from sinks.cache.keys import FENCE, INTERNAL, TOMBSTONE, KeyTemplate, TableKeys, glob_escape
 from sinks.cache.writer import add_counts, connect, describe, tagged_message, write_partition
 from sinks.changes import META_COLUMNS, Batch, NetChanges
 from sinks.executor_env import missing_error, provide
@@ -164,6 +172,7 @@ class RedisSink(Sink):
         renames = {TableName.parse(t): o.rename for t, o in self.settings.table_options.items() if o.rename}
         self.template = KeyTemplate(self.settings.key, self.name, renames)
         self._conn: Any = None
+        self._fence: str | None = None  # this cut's fence token (begin_cut)
 
     def describe(self) -> str:
         return f"{self.name} (redis {redact(self.url)})"
@@ -435,9 +444,33 @@ class RedisSink(Sink):
         raw = self._redis("reading from", client.get, self.template.for_table(table).marker_key)
         return raw.decode() if isinstance(raw, bytes) else raw
 
+    def begin_cut(self, cut_id: int) -> None:
+        """A fence key for this cut, set before the markers are checked: a wipe of Redis from now
+        on (FLUSHALL, a restart without persistence) takes it with the rows, so `write_marker`
+        does not write markers over the loss (scripts.FENCED_MARKER)."""
+        self._fence = f"{cut_id}:{uuid.uuid4().hex}"
+        self._redis("writing to", self._client().set, FENCE + self.app_id, self._fence)
+
     def write_marker(self, table: TableName, text: str) -> None:
-        client = self._client()
-        self._redis("writing to", client.set, self.template.for_table(table).marker_key, text)
+        client, marker_key = self._client(), self.template.for_table(table).marker_key
+        if self._fence is None:  # no cut begun (the fence is the apply job's)
+            self._redis("writing to", client.set, marker_key, text)
+            return
+        script = client.register_script(scripts.FENCED_MARKER)
+        written = self._redis(
+            "writing to", script, keys=[FENCE + self.app_id, marker_key], args=[self._fence, text]
+        )
+        if not written:
+            cut = self._fence.split(":", 1)[0]
+            raise SinkError(
+                redact(
+                    f"sink {self.name}: Redis at {self.url} lost this follower's data while cut {cut} was applied: "
+                    "its fence key is gone (FLUSHALL or FLUSHDB, or a restart without persistence); "
+                    "no marker was written over the loss"
+                ),
+                f"run `{self.pipeline.command('apply', '--once', '--sink', self.name)}` again: it finds the "
+                "tables lost and rebuilds them from the log's base (with `on_lost: stop` it stops and prints the fix)",
+            )
 
     def close(self) -> None:
         if self._conn is not None:

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +43,7 @@ from tests.harness import (
     stop_process,
     stream_changes,
     verify,
+    wait_for,
     write_pipeline,
 )
 
@@ -152,6 +154,44 @@ def test_redis_flushed_with_on_lost_stop_follows_the_fix(
     assert verify(file, spark, "cache")[0] == 0
     code, status = run("status", file)
     assert "LOST DATA" not in status, status
+
+
+def test_redis_flushed_during_an_apply_is_not_covered_up(
+    tmp_path: Path, pg_db: str, redis_db: str, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis wiped while a cut is applied, its rows written and its markers not yet: the markers
+    must not then be written over the loss (the follower would look whole and stay empty). The cut
+    fails naming the loss, leaves no marker, and the next apply rebuilds the table."""
+    file = items_applied(tmp_path, pg_db, cache_sink(redis_db))
+    client = redis.Redis.from_url(redis_db)
+    change_and_stream(pg_db, file)
+    held = tmp_path / "held"
+    monkeypatch.setenv("CDC_PAUSE", "apply:after-merge")  # pipelines/faults.py: holds the apply there
+    monkeypatch.setenv("CDC_PAUSE_FILE", str(held))
+    done: list[tuple[int, str]] = []
+    applying = threading.Thread(
+        target=lambda: done.append(run("apply", file, "--once", "--sink", "cache")), daemon=True
+    )
+    applying.start()
+    wait_for("the apply held with the cut's rows written", held.exists, timeout=240)
+    assert redis_rows(client, "public.items:")["public.items:1"]["title"] == "changed"
+    client.flushall()
+    monkeypatch.delenv("CDC_PAUSE")
+    held.unlink()
+    applying.join(timeout=240)
+    [(code, out)] = done
+    assert code == 4, out
+    assert "lost this follower's data while cut" in out and "no marker was written over the loss" in out, out
+    assert client.keys("__cdc:m:*") == []
+
+    code, out = run("apply", file, "--once", "--sink", "cache")
+    assert code == 0, out
+    assert "lost data it had applied" in out and "rebuilding from the log's base" in out, out
+    cached = redis_rows(client, "public.items:")
+    want = source(pg_db)
+    assert len(cached) == len(want) == ROWS - 1
+    assert {(str(v["id"]),): v["title"] for v in cached.values()} == {k: r["title"] for k, r in want.items()}
+    assert verify(file, spark, "cache")[0] == 0
 
 
 # ---- search --------------------------------------------------------------------------------------
