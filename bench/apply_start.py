@@ -14,7 +14,10 @@ transaction updates `--changes` rows, each variant streams it into its log (unti
 * `shipped`: the defaults: those jars and the JVM class archive (made by an untimed first run,
   whose time is reported as `first run`: it writes the archive as its JVM exits);
 * `as tests run it`: shipped plus the tests' FAST_JVM (tests/fixtures/lake.py: C1-only JIT, two
-  shuffle partitions, no whole-stage code generation);
+  shuffle partitions, no whole-stage or expression code generation);
+* `C1 JIT only` and `no codegen only`: shipped plus one of FAST_JVM's settings each, to tell which
+  of them saves the time;
+* `--variants a,b` runs only those (and `shipped`, whose first run makes the class archive);
 * floor: a bare pyspark session (Delta's jars and SQL extension, nothing of cdc, no archive; the
   shuffle and Delta snapshot partitions cdc sets on 2 local cores, without which Delta's 50-task
   snapshot rebuild alone costs more than the MERGE) and one Delta MERGE of `--changes` rows into a
@@ -54,6 +57,7 @@ FAST_JVM = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.sql.shuffle.partitions": 2,
     "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
 MARK = "#marks "
 # The real console entry, with the moments it passes stamped (time.time()) and printed at exit.
@@ -192,7 +196,13 @@ def body(b: Bench) -> Report:
         "jars only": {"class_archive": False},
         "shipped": {},
         "as tests run it": {"conf": FAST_JVM},
+        "C1 JIT only": {"conf": {"spark.driver.extraJavaOptions": FAST_JVM["spark.driver.extraJavaOptions"]}},
+        "no codegen only": {"conf": {k: v for k, v in FAST_JVM.items() if "codegen" in k}},
     }
+    if b.args.variants:
+        unknown = set(b.args.variants) - set(variants)
+        assert not unknown, f"unknown variants {sorted(unknown)}; known: {sorted(variants)}"
+        variants = {k: v for k, v in variants.items() if k in b.args.variants or k == "shipped"}
     env = b.cdc_env() | {"XDG_CACHE_HOME": str(b.work / "cache"), "CDC_LOG_FORMAT": "json"}
     pipes: dict[str, Path] = {}
     for n, (label, spark) in enumerate(variants.items()):
@@ -236,7 +246,11 @@ def body(b: Bench) -> Report:
     ]
     checked(
         run_timed(
-            [*floor_argv, str(b.work / "lake2/public/start_t"), str(changes)],
+            [
+                *floor_argv,
+                str(b.work / f"lake{list(variants).index('shipped')}/public/start_t"),
+                str(changes),
+            ],
             b.cdc_env(),
             b.work,
             "floor-prepare",
@@ -328,4 +342,9 @@ if __name__ == "__main__":
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--changes", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        type=lambda text: [v.strip() for v in text.split(",") if v.strip()],
+        help="only these variants (by label, comma-separated), and shipped",
+    )
     sys.exit(main(parser, body, prefix="apply-start"))

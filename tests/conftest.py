@@ -58,10 +58,15 @@ def pg_any_db(pg_any: LocalPostgres) -> Iterator[str]:
         yield dsn
 
 
-# Tests run many small queries of ever new shapes: whole-stage code generation compiles (Janino,
-# then the JIT) more than these queries cost to interpret. test_apply.py took 275-323 s without it,
-# 390 s with it, on the same loaded machine. Production keeps Spark's default.
-TEST_SQL_CONF = {"spark.sql.codegen.wholeStage": "false"}
+# Tests run many small queries of ever new shapes over tables of a few rows: generated code
+# (Janino, then the JIT) costs more to compile than these queries cost to interpret. Whole-stage
+# code generation: test_apply.py took 275-323 s without it, 390 s with it, on the same loaded
+# machine. The expressions' generated code (projections, predicates; factoryMode NO_CODEGEN uses
+# their interpreted form, which Spark keeps for every expression): test_view_followers.py and
+# test_schema_changes.py took 243 s without it, 275 s with it, one after the other on an idle
+# machine (2026-12-02). Production keeps Spark's defaults: on a table of 1M rows a small MERGE
+# runs slower interpreted (bench/codegen.py).
+TEST_SQL_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 @pytest.fixture(scope="session")
