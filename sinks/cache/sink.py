@@ -51,7 +51,7 @@ Writes (sinks/cache/writer.py, scripts.py)
 
 Markers (sinks/marker.py)
   * `__cdc:m:<table pattern>`: each table's marker, written after the cut's rows. A cut begins by
-    setting the follower's fence `__cdc:f:<app id>` = `<cut id>:<random token>` (before the markers
+    setting the follower's fence `__cdc:f:<app id>` = `<cut id>` (before the markers
     are checked); a marker is written only while that fence is there (scripts.FENCED_MARKER). So a
     FLUSHALL, FLUSHDB or restart without persistence during the apply leaves no marker behind: the
     cut fails and the next run rebuilds the lost tables, as after a wipe while idle.
@@ -83,7 +83,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -448,7 +447,9 @@ class RedisSink(Sink):
         """A fence key for this cut, set before the markers are checked: a wipe of Redis from now
         on (FLUSHALL, a restart without persistence) takes it with the rows, so `write_marker`
         does not write markers over the loss (scripts.FENCED_MARKER)."""
-        self._fence = f"{cut_id}:{uuid.uuid4().hex}"
+        # the cut id alone: a flush removes the key whatever it holds, and a replayed cut then
+        # writes the same value again (a replay leaves Redis byte for byte as it was)
+        self._fence = str(cut_id)
         self._redis("writing to", self._client().set, FENCE + self.app_id, self._fence)
 
     def write_marker(self, table: TableName, text: str) -> None:
@@ -461,7 +462,7 @@ class RedisSink(Sink):
             "writing to", script, keys=[FENCE + self.app_id, marker_key], args=[self._fence, text]
         )
         if not written:
-            cut = self._fence.split(":", 1)[0]
+            cut = self._fence
             raise SinkError(
                 redact(
                     f"sink {self.name}: Redis at {self.url} lost this follower's data while cut {cut} was applied: "
