@@ -9,19 +9,22 @@ transaction updates `--changes` rows, each variant streams it into its log (unti
 `cdc apply --once`, timed from spawn to exit, variants in turn:
 
 * `before`: the session as it was: every jar group on the class path (Delta, Kafka, Iceberg; given
-  as the pipeline's `spark.jars`) and no class archive (`spark.class_archive: false`);
-* `jars only`: the jars the pipeline needs (Delta: a local log, a Delta follower), no archive;
-* `shipped`: the defaults: those jars and the JVM class archive (made by an untimed first run,
-  whose time is reported as `first run`: it writes the archive as its JVM exits);
-* `as tests run it`: shipped plus the tests' FAST_JVM (tests/fixtures/lake.py: C1-only JIT, two
+  as the pipeline's `spark.jars`), no class archive (`spark.class_archive: false`), both JIT tiers;
+* `jars only`: the jars the pipeline needs (Delta: a local log, a Delta follower), no archive, both
+  JIT tiers;
+* `both JIT tiers`: those jars and the JVM class archive, with HotSpot's C2 compiler too (shipped
+  until the short-lived verbs' C1-only JIT, pipelines/spark.py SHORT_LIVED_JVM_OPTIONS);
+* `shipped`: the defaults: those jars, the class archive (made by an untimed first run, whose
+  time is reported as `first run`: it writes the archive as its JVM exits) and the C1-only JIT;
+* `as tests run it`: shipped plus the rest of the tests' FAST_JVM (tests/fixtures/lake.py: two
   shuffle partitions, no whole-stage or expression code generation);
-* `C1 JIT only` and `no codegen only`: shipped plus one of FAST_JVM's settings each, to tell which
-  of them saves the time;
+* `no codegen only`: shipped plus FAST_JVM's code generation settings alone;
 * `--variants a,b` runs only those (and `shipped`, whose first run makes the class archive);
 * floor: a bare pyspark session (Delta's jars and SQL extension, nothing of cdc, no archive; the
   shuffle and Delta snapshot partitions cdc sets on 2 local cores, without which Delta's 50-task
   snapshot rebuild alone costs more than the MERGE) and one Delta MERGE of `--changes` rows into a
-  copy of the follower's table, in a process of its own.
+  copy of the follower's table, in a process of its own, with Spark's default JVM (both JIT tiers);
+  `floor, C1 JIT` is the same with `-XX:TieredStopAtLevel=1` as cdc's short-lived verbs run.
 
 Each `cdc` run goes through a wrapper around the real console entry that stamps the moments it
 passes (pyspark's launch_gateway called and returned, getOrCreate returned, ApplyJob.run_once
@@ -59,6 +62,9 @@ FAST_JVM = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+# HotSpot's default (C1 then C2): after cdc's C1-only option on the command line, so it wins
+BOTH_TIERS = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}
+FLOORS = {"floor": "-XX:TieredStopAtLevel=4", "floor, C1 JIT": "-XX:TieredStopAtLevel=1"}
 MARK = "#marks "
 # The real console entry, with the moments it passes stamped (time.time()) and printed at exit.
 WRAPPER = f"""
@@ -102,8 +108,9 @@ T = {"start_py": time.time()}
 from pyspark.sql import SparkSession
 from delta.tables import DeltaTable
 T["imports"] = time.time()
-jars, target, rows, prepare_from = sys.argv[1:5]
+jars, target, rows, prepare_from, _n, java_options = sys.argv[1:7]
 spark = (SparkSession.builder.master("local[2]").appName("floor").config("spark.jars", jars)
+    .config("spark.driver.extraJavaOptions", java_options)
     .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
     .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "8")
@@ -192,11 +199,11 @@ def body(b: Bench) -> Report:
 
     every_jar = ",".join(spark_jars(SPARK_JAR_GROUPS))
     variants = {
-        "before": {"class_archive": False, "conf": {"spark.jars": every_jar}},
-        "jars only": {"class_archive": False},
+        "before": {"class_archive": False, "conf": {"spark.jars": every_jar, **BOTH_TIERS}},
+        "jars only": {"class_archive": False, "conf": BOTH_TIERS},
+        "both JIT tiers": {"conf": BOTH_TIERS},
         "shipped": {},
         "as tests run it": {"conf": FAST_JVM},
-        "C1 JIT only": {"conf": {"spark.driver.extraJavaOptions": FAST_JVM["spark.driver.extraJavaOptions"]}},
         "no codegen only": {"conf": {k: v for k, v in FAST_JVM.items() if "codegen" in k}},
     }
     if b.args.variants:
@@ -250,6 +257,7 @@ def body(b: Bench) -> Report:
                 *floor_argv,
                 str(b.work / f"lake{list(variants).index('shipped')}/public/start_t"),
                 str(changes),
+                FLOORS["floor"],
             ],
             b.cdc_env(),
             b.work,
@@ -258,7 +266,7 @@ def body(b: Bench) -> Report:
         "floor set-up",
     )
 
-    results: dict[str, list[dict]] = {label: [] for label in [*variants, "floor"]}
+    results: dict[str, list[dict]] = {label: [] for label in [*variants, *FLOORS]}
     b.load("before the rounds")
     for i in range(repeat):
         b.sql(f"UPDATE start_t SET qty = qty + 1, updated_at = now() WHERE id <= {changes}")
@@ -281,14 +289,16 @@ def body(b: Bench) -> Report:
                 f"[{i}] {label:16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
                 + _phases_text(row, PHASES)
             )
-        spawned = time.time()
-        run = checked(b.timed([*floor_argv, "-", "0"], b.cdc_env(), f"r{i}-floor", tree=True), "floor")
-        row = {"wall_s": run.wall_s, "cpu_s": run.tree_cpu_s, **breakdown(run, spawned, FLOOR_PHASES)}
-        results["floor"].append(row)
-        say(
-            f"[{i}] {'floor':16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
-            + _phases_text(row, FLOOR_PHASES)
-        )
+        for label, options in FLOORS.items():
+            spawned = time.time()
+            argv = [*floor_argv, "-", "0", options]
+            run = checked(b.timed(argv, b.cdc_env(), f"r{i}-{label.replace(' ', '_')}", tree=True), label)
+            row = {"wall_s": run.wall_s, "cpu_s": run.tree_cpu_s, **breakdown(run, spawned, FLOOR_PHASES)}
+            results[label].append(row)
+            say(
+                f"[{i}] {label:16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
+                + _phases_text(row, FLOOR_PHASES)
+            )
     b.load("after the rounds")
 
     rep = Report(
@@ -302,7 +312,7 @@ def body(b: Bench) -> Report:
     b.results["config"].update(keys=keys, changes=changes, repeat=repeat)
     for label, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        phases = FLOOR_PHASES if label == "floor" else PHASES
+        phases = FLOOR_PHASES if label in FLOORS else PHASES
         rep.add(
             "apply --once",
             label,

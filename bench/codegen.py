@@ -28,7 +28,7 @@ import json, sys, time
 mode, rows, merges, size, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 from delta.tables import DeltaTable
 from pipelines.spark import spark_session
-spark = spark_session(master="local[2]", make_archive=False)
+spark = spark_session(master="local[2]", short_lived=False)
 spark.range(size).selectExpr("id", "id AS v", "cast(id AS string) AS s", "id * 1.5 AS d").write.format("delta").save(path)
 if mode == "interpreted":
     spark.conf.set("spark.sql.codegen.wholeStage", "false")

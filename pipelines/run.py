@@ -80,7 +80,7 @@ def _run(
             from pipelines.apply.job import ApplyJob
             from pipelines.spark import spark_session
 
-            job = ApplyJob(pipeline, spark_session(pipeline, make_archive=False))  # long-running: uses one
+            job = ApplyJob(pipeline, spark_session(pipeline, short_lived=False))  # long-running: uses one
             job.guard_stalls(report, before_exit=lambda: _stop(child))  # the stream must not outlive us
             if not stopping:
                 job.run_forever(keep_going=lambda: child.poll() is None and not stopping)

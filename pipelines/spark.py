@@ -88,6 +88,13 @@ def master_cores(master: str) -> int | None:
 # threads die one by one on OutOfMemoryError and the apply fails later on unrelated-looking errors
 # ("stopped SparkContext"); now the job names the cause (pipelines/apply/job.py check_driver).
 JVM_OPTIONS = "-XX:ReservedCodeCacheSize=240m -XX:+ExitOnOutOfMemoryError"
+# A short-lived verb's driver (`apply --once`, verify, sql, maintain) stops its JIT at C1: C2's
+# compilations take a core for most of a JVM's first minute and pay off only in code that runs
+# for minutes. A small `apply --once`: 22.9 s and 39 CPU s with both tiers, 16.0 s and 20.5 CPU s
+# with C1 alone; a cut of 1M changes into 100k rows took 30 s either way (bench/apply_start.py,
+# bench/apply.py --only throughput). Long-running verbs keep both tiers. A pipeline's own
+# -XX:TieredStopAtLevel comes after this one and wins.
+SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 JVM_OUT_OF_MEMORY_EXIT = 3  # HotSpot's exit code under -XX:+ExitOnOutOfMemoryError
 
 
@@ -268,14 +275,29 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def session_conf(pipeline: Pipeline | None, master: str | None, short_lived: bool) -> dict[str, str]:
+    """cdc's confs, then the pipeline's `spark.conf` over them (JVM options joined after ours)."""
+    conf = base_conf(
+        master or (pipeline.spark.master if pipeline else "local[2]"), pipeline_jar_groups(pipeline)
+    )
+    conf = with_user_conf(conf, warehouse_conf(pipeline))  # joins the driver's JVM options
+    if short_lived:
+        conf = with_user_conf(conf, {"spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS})
+    if pipeline is not None:
+        conf = with_user_conf(conf, pipeline.spark.conf)
+    return conf | security_conf(pipeline)
+
+
 def spark_session(
-    pipeline: Pipeline | None = None, master: str | None = None, make_archive: bool = True
+    pipeline: Pipeline | None = None, master: str | None = None, short_lived: bool = True
 ) -> SparkSession:
     """Get (or create) the process's SparkSession. A session that already exists is reused as
     is: one JVM per process, so tests and `cdc run` pay start-up once. Under spark-submit the
     session is built on the JVM spark-submit started, its --master/--conf/--jars kept.
-    `make_archive`: a JVM started with no class archive for its class path makes one as it exits
-    (pipelines/jvmarchive.py); long-running verbs say False (their exit should not wait for it)."""
+    `short_lived`: the JVM ends with this verb's one piece of work. Its JIT stops at C1
+    (SHORT_LIVED_JVM_OPTIONS), and a JVM started with no class archive for its class path makes one
+    as it exits (pipelines/jvmarchive.py). Long-running verbs say False: both JIT tiers, and their
+    exit does not wait for an archive."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise CdcError(
             "Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
@@ -288,15 +310,9 @@ def spark_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    conf = base_conf(
-        master or (pipeline.spark.master if pipeline else "local[2]"), pipeline_jar_groups(pipeline)
-    )
-    conf = with_user_conf(conf, warehouse_conf(pipeline))  # joins the driver's JVM options
     if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
         private_dir(pipeline.state_path)
-    if pipeline is not None:
-        conf = with_user_conf(conf, pipeline.spark.conf)
-    conf |= security_conf(pipeline)
+    conf = session_conf(pipeline, master, short_lived)
     submitted = under_spark_submit()
     if submitted:
         conf = _not_submitted(conf)
@@ -305,7 +321,7 @@ def spark_session(
     archive = None if submitted else _class_archive(conf, pipeline)
     if archive is not None:
         options = (
-            f"-Dlog4j2.configurationFile={SPARK_CONF_DIR / LOG4J_FILE} {archive.java_options(make_archive)}"
+            f"-Dlog4j2.configurationFile={SPARK_CONF_DIR / LOG4J_FILE} {archive.java_options(short_lived)}"
         )
         conf = with_user_conf(conf, {"spark.driver.extraJavaOptions": options})
     builder = SparkSession.builder

@@ -76,7 +76,7 @@ def spark():
 
     # lives as long as the test session: uses a class archive if there is one, never waits at exit
     # to write one (pipelines/jvmarchive.py; CI's fresh home would pay that dump on every run)
-    session = spark_session(master="local[2]", make_archive=False)
+    session = spark_session(master="local[2]", short_lived=False)
     session.conf.set("spark.sql.shuffle.partitions", "2")
     for key, value in TEST_SQL_CONF.items():
         session.conf.set(key, value)

@@ -52,7 +52,7 @@ def apply(
         serving(p, "apply", metrics_port, one_shot=once),
         reporting(),
     ):  # stage lines on stderr (pipelines/stages.py)
-        job = ApplyJob(p, spark_session(p, make_archive=once), lock_wait_s=lock_wait_s)
+        job = ApplyJob(p, spark_session(p, short_lived=once), lock_wait_s=lock_wait_s)
         job.guard_stalls(report_error)
         if not once:
             job.run_forever(sink_name)

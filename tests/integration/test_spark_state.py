@@ -30,10 +30,7 @@ def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
         ["public.t"],
         state_dir=str(tmp_path / "state"),
         sinks=[{"name": "lake", "delta": {"path": str(tmp_path / "lake")}}],
-        # both JVMs with C1-only JIT (a third less CPU for a short-lived JVM); the default options
-        # (not extraJavaOptions, tests/fixtures/lake.py FAST_JVM) keep the Derby home cdc sets
-        spark={"conf": {"spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1"}},
-    )
+    )  # both JVMs as shipped: a short-lived verb's JIT stops at C1 (pipelines/spark.py)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     assert cdc("snapshot", file, cwd=cwd).code == 0

@@ -6,7 +6,15 @@ import os
 
 import pytest
 
-from pipelines.spark import JVM_OPTIONS, base_conf, master_cores, warehouse_conf, with_user_conf
+from pipelines.spark import (
+    JVM_OPTIONS,
+    SHORT_LIVED_JVM_OPTIONS,
+    base_conf,
+    master_cores,
+    session_conf,
+    warehouse_conf,
+    with_user_conf,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +72,27 @@ def test_code_cache_keeps_its_default_size_under_a_c1_only_jit() -> None:
         base_conf("local[2]"), {"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=512m"}
     )
     assert mine["spark.driver.extraJavaOptions"].split()[-1] == "-XX:ReservedCodeCacheSize=512m"
+
+
+def _driver_options(short_lived: bool, spark: dict | None = None) -> list[str]:
+    from sinks.registry import parse_pipeline
+
+    pipeline = parse_pipeline(
+        {
+            "name": "p",
+            "source": {"postgres": {"dsn": "dbname=x", "tables": ["public.t"]}},
+            "spark": spark or {},
+        }
+    )
+    return session_conf(pipeline, None, short_lived)["spark.driver.extraJavaOptions"].split()
+
+
+def test_a_short_lived_verb_stops_the_jit_at_c1_and_the_pipeline_can_undo_it() -> None:
+    """`apply --once`, verify, sql: C1 alone (SHORT_LIVED_JVM_OPTIONS); `cdc run` and a continuous
+    apply keep both tiers; a pipeline's own -XX:TieredStopAtLevel comes after ours and wins."""
+    assert SHORT_LIVED_JVM_OPTIONS == "-XX:TieredStopAtLevel=1"
+    short = _driver_options(True)
+    assert short[:2] == JVM_OPTIONS.split() and short[-1] == "-XX:TieredStopAtLevel=1", short
+    assert not any("Tiered" in o for o in _driver_options(False))
+    mine = _driver_options(True, {"conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}})
+    assert [o for o in mine if "Tiered" in o] == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4"]
