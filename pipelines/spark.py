@@ -275,13 +275,13 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def session_conf(pipeline: Pipeline | None, master: str | None, short_lived: bool) -> dict[str, str]:
+def session_conf(pipeline: Pipeline | None, master: str | None, c1_jit: bool) -> dict[str, str]:
     """cdc's confs, then the pipeline's `spark.conf` over them (JVM options joined after ours)."""
     conf = base_conf(
         master or (pipeline.spark.master if pipeline else "local[2]"), pipeline_jar_groups(pipeline)
     )
     conf = with_user_conf(conf, warehouse_conf(pipeline))  # joins the driver's JVM options
-    if short_lived:
+    if c1_jit:
         conf = with_user_conf(conf, {"spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS})
     if pipeline is not None:
         conf = with_user_conf(conf, pipeline.spark.conf)
@@ -289,7 +289,10 @@ def session_conf(pipeline: Pipeline | None, master: str | None, short_lived: boo
 
 
 def spark_session(
-    pipeline: Pipeline | None = None, master: str | None = None, short_lived: bool = True
+    pipeline: Pipeline | None = None,
+    master: str | None = None,
+    short_lived: bool = True,
+    c1_jit: bool | None = None,
 ) -> SparkSession:
     """Get (or create) the process's SparkSession. A session that already exists is reused as
     is: one JVM per process, so tests and `cdc run` pay start-up once. Under spark-submit the
@@ -297,7 +300,8 @@ def spark_session(
     `short_lived`: the JVM ends with this verb's one piece of work. Its JIT stops at C1
     (SHORT_LIVED_JVM_OPTIONS), and a JVM started with no class archive for its class path makes one
     as it exits (pipelines/jvmarchive.py). Long-running verbs say False: both JIT tiers, and their
-    exit does not wait for an archive."""
+    exit does not wait for an archive. `c1_jit` says otherwise for the JIT alone (the tests' one
+    long session, whose many small queries of ever new shapes C2 rarely pays back)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise CdcError(
             "Spark needs a Java runtime and none was found", "install Java 17 (scripts/setup.sh does)"
@@ -312,7 +316,7 @@ def spark_session(
         return active
     if pipeline is not None:  # made owner-only here, or Hadoop would create state_dir 0755 on its way
         private_dir(pipeline.state_path)
-    conf = session_conf(pipeline, master, short_lived)
+    conf = session_conf(pipeline, master, short_lived if c1_jit is None else c1_jit)
     submitted = under_spark_submit()
     if submitted:
         conf = _not_submitted(conf)

@@ -61,7 +61,7 @@ def test_apply_from_another_cwd(pg_db: str, tmp_path: Path) -> None:
 
 
 def test_spark_jvm_code_cache_is_set_at_launch(spark) -> None:
-    """pipelines/spark.py JVM_OPTIONS reaches the driver JVM's command line (unit test: it stays
+    """pipelines/spark.py JVM_OPTIONS and the C1-only JIT reach the driver JVM's command line (unit test: it stays
     ahead of a pipeline's -XX:TieredStopAtLevel=1, which alone would shrink the cache to 48 MB)."""
     jvm = spark.sparkContext._jvm
     bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
@@ -71,6 +71,9 @@ def test_spark_jvm_code_cache_is_set_at_launch(spark) -> None:
     assert (size.getValue(), size.getOrigin().toString()) == (str(240 << 20), "VM_CREATION")
     exits = bean.getVMOption("ExitOnOutOfMemoryError")  # an OOM ends the JVM (test_driver_out_of_memory.py)
     assert (exits.getValue(), exits.getOrigin().toString()) == ("true", "VM_CREATION")
+    # the C1-only JIT (SHORT_LIVED_JVM_OPTIONS; the test session asks for it) reaches the JVM too
+    tier = bean.getVMOption("TieredStopAtLevel")
+    assert (tier.getValue(), tier.getOrigin().toString()) == ("1", "VM_CREATION")
 
 
 def test_class_archive_made_at_exit_then_mapped_and_a_stale_one_ignored(
