@@ -371,12 +371,15 @@ def test_unreachable_broker_fails_fast_and_clearly(pg_db: str, tmp_path: Path) -
     make_table(pg_db, "t", 10)
     address = f"127.0.0.1:{free_port()}"
     pipe = make_kpipe(tmp_path, pg_db, ["public.t"], address)
-    for args in (("snapshot", pipe.file, "--no-progress"), ("stream", pipe.file, "--until", "current")):
-        proc = cdc_popen(*args)
+    # side by side: each waits out the client's bootstrap timeout, and neither gets past it
+    verbs = (("snapshot", pipe.file, "--no-progress"), ("stream", pipe.file, "--until", "current"))
+    procs = [cdc_popen(*args) for args in verbs]
+    for args, proc in zip(verbs, procs, strict=True):
         try:
             out, err = proc.communicate(timeout=300)  # a guard against waiting forever, not a figure
         except subprocess.TimeoutExpired:
-            kill_tree(proc)
+            for running in (p for p in procs if p.poll() is None):
+                kill_tree(running)
             raise AssertionError(f"cdc {args[0]} did not give up on an unreachable broker") from None
         assert proc.returncode == 4, f"cdc {args[0]} exited {proc.returncode}:\n{out}\n{err}"
         no_traceback((out, err))

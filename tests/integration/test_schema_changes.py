@@ -238,6 +238,10 @@ def test_rename_and_drop_column_local_log(pg_db: str, tmp_path: Path, spark, red
     assert delta_df(spark, pipe, "public.acc").count() == 22
 
 
+# `make test-slow`: the scenario is the followers' (the local log's run above); `make test` has the Kafka
+# log's schema versions in test_kafka_log.py (an added column) and test_ddl_capture.py (a rename on the
+# schemas topic at its commit), and OpenSearch's field rename and drop in test_ddl_capture.py.
+@pytest.mark.slow
 def test_rename_and_drop_column_kafka_log(
     pg_db: str, tmp_path: Path, spark, kafka, opensearch, redis_db: str
 ) -> None:
