@@ -4,6 +4,7 @@ Delta (and later Kafka) jars from the folder set-up resolved them into, nothing 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import shutil
@@ -117,9 +118,30 @@ def _context_exit(context, wait_s: float) -> int | None:
     except Exception:  # py4j's connection is gone: the JVM is exiting or has exited
         pass
     try:
-        return proc.wait(timeout=wait_s)
+        code = proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         return None
+    # py4j's finalizer thread would go on sending "forget this object" to the dead JVM
+    client = getattr(context._gateway, "_gateway_client", None)
+    if client is not None:
+        client.is_connected = False
+    return code
+
+
+class _Py4jNetworkNoise(logging.Filter):
+    """py4j logs each command that fails on a closed connection on the root logger, with a
+    traceback (an object freed by its finalizer thread after the driver JVM has died, too). The
+    caller still gets the exception, and a verb reports it (pipelines/cli/failures.py): the
+    traceback would only bury that message. CDC_DEBUG=1 keeps it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Exception while sending command")
+
+
+def _quiet_py4j_network_errors() -> None:
+    root = logging.getLogger()
+    if not os.environ.get("CDC_DEBUG") and not any(isinstance(f, _Py4jNetworkNoise) for f in root.filters):
+        root.addFilter(_Py4jNetworkNoise())
 
 
 def _end_jvm_for_archive(spark: SparkSession, archive: Archive, jvm: subprocess.Popen | None) -> None:
@@ -350,6 +372,7 @@ def spark_session(
             "check Java 17 is installed and spark.master/spark.conf in the pipeline file",
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
+    _quiet_py4j_network_errors()
     global _driver_memory
     _driver_memory = conf.get("spark.driver.memory")
     if not master_url.startswith("local"):
