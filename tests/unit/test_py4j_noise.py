@@ -51,8 +51,10 @@ def _py4j_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 @pytest.fixture
 def root_filters():
+    """The root logger without the filter (a Spark session of this test session may have added it)."""
     root = logging.getLogger()
     before = list(root.filters)
+    root.filters[:] = [f for f in before if not isinstance(f, spark_module._Py4jNetworkNoise)]
     yield root
     root.filters[:] = before
 
