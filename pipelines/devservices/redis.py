@@ -59,9 +59,9 @@ class LocalRedis(OwnedServerProcess):
     base_dir: Path
     port: int = 0
     appendonly: bool = True  # AOF persistence: data survives kill -9 + restart
-    appendfsync: str = (
-        "everysec"  # always | everysec | no (a SIGKILL loses nothing either way; a power cut may)
-    )
+    # always | everysec | no. With everysec a SIGKILL can lose the last second of acknowledged
+    # writes: Redis postpones the AOF write while a slow background fsync runs.
+    appendfsync: str = "everysec"
     maxmemory: str | None = None  # e.g. "256mb"; None = unlimited
     start_seconds: float | None = field(default=None, init=False)  # how long the last start() took
 

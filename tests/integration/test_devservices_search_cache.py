@@ -46,7 +46,8 @@ def test_redis_set_get(redis_server: LocalRedis) -> None:
 
 
 def test_redis_kill_and_restart_keeps_aof_data(tmp_path: Path) -> None:
-    server = LocalRedis(tmp_path / "redis")
+    # appendfsync always: with everysec a SIGKILL may lose the last second (a slow disk in CI did)
+    server = LocalRedis(tmp_path / "redis", appendfsync="always")
     try:
         server.start()
         # start() returns once the server answers (no duration asserted; it records how long it took)
