@@ -6,7 +6,6 @@ excused. The outcome is a TableVerdict.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from pyspark.sql import functions as F
 
 from cdc.ground.tables import spark_ident as q
 from cdc.log.base import TableSchema
+from pipelines.apply.readers.copyfiles import copy_rows
 from sinks.changes import typed_columns
 from sinks.shaping import Shape, shape_rows
 
@@ -56,7 +56,7 @@ def _typed_source(
     spark: SparkSession, schema: TableSchema, path: Path, shape: Shape | None = None
 ) -> DataFrame:
     """The source's rows typed like apply types them; shaped (columns, masks) like the sink's when given."""
-    raw = shape_rows(spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load(), shape)
+    raw = shape_rows(copy_rows(spark, path), shape)
     schema = shape.schema if shape is not None else schema
     typed = typed_columns(schema, [F.col("vals")[i] for i in range(len(schema.columns))])
     return raw.select(*(t.alias(n) for n, t, _ in typed))

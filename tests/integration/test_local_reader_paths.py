@@ -69,6 +69,10 @@ def test_driver_and_executor_reads_give_the_same_rows(pg_db: str, tmp_path: Path
         ranges = [(state.base, end), (state.base + 3, end - 2), (end, end)]
         assert "LocalRelation" in _plan(reader.read_changes(spark, table, state.base, end, schema))
         driver = {r: _rows(reader.read_changes(spark, table, *r, schema)) for r in ranges}
+        # values over the byte bound: read by executors whatever the count
+        monkeypatch.setattr(local_reader, "DRIVER_READ_BYTES", 100)
+        assert "LocalRelation" not in _plan(reader.read_changes(spark, table, state.base, end, schema))
+        monkeypatch.setattr(local_reader, "DRIVER_READ_BYTES", 8 << 20)
         monkeypatch.setattr(local_reader, "DRIVER_READ_EVENTS", -1)  # every range through `cdclog`
         executors = {r: _rows(reader.read_changes(spark, table, *r, schema)) for r in ranges}
         assert "LocalRelation" not in _plan(reader.read_changes(spark, table, state.base, end, schema))
@@ -85,3 +89,43 @@ def test_driver_and_executor_reads_give_the_same_rows(pg_db: str, tmp_path: Path
     ops = [r[3] for r in rows]
     assert {"u", "d", "c", "t"} <= set(ops), ops
     assert any(r[6] for r in rows), "no unchanged-TOAST marker in the range"  # unch
+
+
+def test_copy_files_read_in_the_driver_or_by_executors_alike(
+    pg_db: str, tmp_path: Path, spark, monkeypatch
+) -> None:
+    """`cdc verify`'s source copies (COPY text, as PostgreSQL wrote them) read in the driver or by
+    the `cdccopy` data source: the same values (NULLs, escapes, tabs and newlines in values, a
+    long value, non-ASCII text), and an empty copy is an empty frame."""
+    import psycopg2
+
+    from pipelines.apply.readers import copyfiles
+
+    sql(
+        pg_db,
+        "CREATE TABLE c (id int, v text, w text)",
+        "INSERT INTO c VALUES (1, NULL, 'a\tb'), (2, E'line\\nbreak\\\\back', ''), (3, 'héllo ✓', repeat('x', 70000))",
+        "CREATE TABLE e (id int)",
+    )
+    files = {}
+    conn = psycopg2.connect(pg_db)
+    try:
+        with conn.cursor() as cur:
+            for name in ("c", "e"):
+                files[name] = tmp_path / f"{name}.copy"
+                with files[name].open("wb") as f:
+                    cur.copy_expert(f"COPY {name} TO STDOUT", f)
+    finally:
+        conn.close()
+    driver = {n: _rows(copyfiles.copy_rows(spark, p)) for n, p in files.items()}
+    assert "LocalRelation" in _plan(copyfiles.copy_rows(spark, files["c"]))
+    monkeypatch.setattr(copyfiles, "DRIVER_READ_BYTES", -1)
+    assert "LocalRelation" not in _plan(copyfiles.copy_rows(spark, files["c"]))
+    executors = {n: _rows(copyfiles.copy_rows(spark, p)) for n, p in files.items()}
+    assert driver == executors
+    assert driver["e"] == []
+    assert driver["c"] == [
+        (["1", None, "a\tb"],),
+        (["2", "line\nbreak\\back", ""],),
+        (["3", "héllo ✓", "x" * 70000],),
+    ]

@@ -1,12 +1,35 @@
 """Not a log: the COPY text files `cdc verify` writes of the source at its verification point,
-read by Spark through the Python data source `cdccopy` (registered by pipelines.spark)."""
+read by Spark through the Python data source `cdccopy` (registered by pipelines.spark); a small
+file by the same reader in the driver (`copy_rows`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SCHEMA = "vals array<string>"
+# A file of at most this many bytes is read in the driver and handed to Spark as a local relation:
+# no Python worker and no planning round trip for the data source (most tables `cdc verify`
+# compares are small: their check costs Spark's fixed work, not the rows).
+DRIVER_READ_BYTES = 4 << 20
+
+
+def copy_rows(spark: SparkSession, path: Path) -> DataFrame:
+    """A COPY file's rows (SCHEMA), read in the driver when small, else by executors."""
+    if path.stat().st_size > DRIVER_READ_BYTES:
+        return spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load()
+    import pyarrow as pa
+
+    values = [row[0] for row in CopyFileReader([str(path)]).read(CopyFiles(str(path)))]
+    table = pa.table({"vals": pa.array(values, type=pa.list_(pa.string()))})
+    return spark.createDataFrame(table, schema=SCHEMA)
 
 
 class CopyFiles(InputPartition):
@@ -24,7 +47,7 @@ class CopyFileSource(DataSource):
         return "cdccopy"
 
     def schema(self) -> str:
-        return "vals array<string>"
+        return SCHEMA
 
     def reader(self, schema) -> CopyFileReader:
         return CopyFileReader(json.loads(self.options["paths"]))
