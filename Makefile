@@ -9,10 +9,10 @@ test: setup
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
 	.venv/bin/mypy  # settings and checked folders: pyproject.toml [tool.mypy]
-	# three sessions side by side, a test module each at a time: the tests wait on services and
-	# subprocesses, so one session left the 2 cores 40% idle; three kept them 95% busy and a slice
-	# of six modules took 404 s instead of 471 s with two (docs/development.md "Test sessions")
-	.venv/bin/python -m pytest -m "not slow" -n 3 --dist loadfile
+	# two sessions side by side, a test module each at a time: a lone session kept the 2 cores
+	# 60% busy (waits on services and subprocesses); two kept them 92% busy and a slice of four
+	# modules took 766 s instead of 972 s (docs/development.md "Test sessions")
+	.venv/bin/python -m pytest -m "not slow" -n 2 --dist loadfile
 # Long campaigns (crash rounds, load tests): run before resolving an issue
 # whose code they exercise; not part of CI's time budget.
 test-slow: setup
