@@ -54,6 +54,18 @@ class cached_property:  # functools.cached_property, without its lock
         return value
 
 
+def is_local(df: DataFrame) -> bool:
+    """Spark's optimized plan of `df` is data already in the driver (a local relation): collecting
+    it runs no job."""
+    execution = df._jdf.queryExecution()
+    leaves = (
+        execution.analyzed().collectLeaves()
+    )  # asked first: optimizing a data source's plan plans its scan
+    if any(leaves.apply(i).getClass().getSimpleName() != "LocalRelation" for i in range(leaves.size())):
+        return False
+    return bool(execution.optimizedPlan().getClass().getSimpleName() == "LocalRelation")
+
+
 def unchanged_flag(index: int) -> str:
     return f"__cdc_u_{index}"
 
@@ -180,9 +192,17 @@ class TableBatch:
         return self.last_offset <= self.first_offset
 
     @cached_property
+    def in_driver(self) -> bool:
+        """The batch's rows are already in the driver (a small range read there,
+        pipelines/apply/readers/local.py) and every step over them so far folds into that data:
+        Spark evaluates projections and filters of a local relation while planning, with no job."""
+        return is_local(self.raw)
+
+    @cached_property
     def events(self) -> DataFrame:
-        """The batch's rows, read from the log once and kept for the passes below."""
-        return self.raw.persist()
+        """The batch's rows, read from the log once and kept for the passes below (rows already in
+        the driver are not cached: caching them would cost a job and stop the folding)."""
+        return self.raw if self.in_driver else self.raw.persist()
 
     @cached_property
     def _summary(self) -> dict:
@@ -192,9 +212,19 @@ class TableBatch:
         ever turned into a silent NULL)."""
         names = [c.name for c in self.schema.columns]
         texts = [F.col("vals")[i] for i in range(len(names))]
+        failures = [
+            failed & (F.col("op") != "t")
+            for _, _, failed in typed_columns(self.schema, texts, self.value_kind)
+        ]
+        found = self._summary_in_driver(failures) if self.in_driver else None
+        if found is not None:
+            summary, first_bad = found
+            if first_bad:
+                self._cast_error([(names[i], key) for i, key in sorted(first_bad.items())])
+            return summary
         checks = [
-            F.first(F.when(failed & (F.col("op") != "t"), F.col("key")), ignorenulls=True).alias(f"f{i}")
-            for i, (_, _, failed) in enumerate(typed_columns(self.schema, texts, self.value_kind))
+            F.first(F.when(failed, F.col("key")), ignorenulls=True).alias(f"f{i}")
+            for i, failed in enumerate(failures)
         ]
         row = self.events.agg(
             F.max(F.when(F.col("op") == "t", F.struct("lsn", "seq"))).alias("truncate"),
@@ -214,6 +244,44 @@ class TableBatch:
             "deletes": row["deletes"],
             "not_inserts": row["not_inserts"],
         }
+
+    def _summary_in_driver(self, failures: list[Column]) -> tuple[dict, dict[int, bytes]] | None:
+        """The summary of rows already in the driver, without a Spark job: a projection of each event
+        (Spark folds it into the local data while planning) summed up here. Returns the summary and
+        the first key per column index whose value cannot be stored; None when the projection does
+        not fold (a check that needs a Python UDF): the aggregate pass then runs instead."""
+        failing = F.array_compact(F.array(*[F.when(f, F.lit(i)) for i, f in enumerate(failures)]))
+        projected = self.events.select(
+            "op",
+            "lsn",
+            "seq",
+            (F.size("unch") > 0).alias("unchanged"),
+            failing.alias("failing"),
+            F.when(F.size(failing) > 0, F.col("key")).alias("key"),
+        )
+        if not is_local(projected):
+            return None
+        truncate: tuple[int, int] | None = None
+        unchanged = False
+        deletes = not_inserts = 0
+        bad: dict[int, bytes] = {}
+        rows = projected.collect()
+        for op, lsn, seq, toast, failing_at, key in rows:
+            if op == "t" and (truncate is None or (lsn, seq) > truncate):
+                truncate = (lsn, seq)
+            unchanged = unchanged or bool(toast)
+            deletes += op == "d"
+            not_inserts += op != "c"
+            for i in failing_at or ():
+                bad.setdefault(i, key)
+        summary = {
+            "truncate": truncate,
+            "unchanged": unchanged,
+            "rows": len(rows),
+            "deletes": deletes,
+            "not_inserts": not_inserts,
+        }
+        return summary, bad
 
     def check(self) -> None:
         """Raise now if a value cannot be stored: the job checks every table before writing any."""

@@ -2,7 +2,7 @@
 
 A log view (cdc/log/: the embedded log, Kafka topics, Debezium topics) is plain Python: cuts,
 tables, schemas, state. Its reader reads the view's change events into a DataFrame, in
-executors (the embedded log reads a range of a few thousand events in the driver). Every reader returns the same columns (SCHEMA), so the
+executors (the embedded log reads a range of up to 20,000 events and 8 MiB in the driver). Every reader returns the same columns (SCHEMA), so the
 net-change and merge code after it does not know which log it reads.
 """
 

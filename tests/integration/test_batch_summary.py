@@ -1,0 +1,97 @@
+"""A batch's summary pass (sinks/changes.py TableBatch._summary: the last truncate, unchanged TOAST
+values, row, delete and non-insert counts, values that cannot be stored) gives the same answer for
+events already in the driver (summed up there, with no Spark job) as for events read in executors
+(one aggregate over the cached events); both stop the batch on the same unstorable values."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from cdc.ground.errors import SinkError
+from cdc.ground.tables import TableName
+from cdc.log.base import Column, TableSchema
+from pipelines.apply.readers.base import SCHEMA as EVENT_SCHEMA
+from sinks.changes import TableBatch
+
+pytestmark = pytest.mark.integration
+
+TABLE = TableName("public", "t")
+TYPES = {
+    23: {"oid": 23, "name": "int4", "kind": "base"},
+    1082: {"oid": 1082, "name": "date", "kind": "base"},
+    25: {"oid": 25, "name": "text", "kind": "base"},
+}
+SCHEMA = TableSchema(
+    (Column("id", 23, -1, attnum=1), Column("d", 1082, -1, attnum=2), Column("note", 25, -1, attnum=3)),
+    ("id",),
+    TYPES,
+)
+NONE3: list[str | None] = [None, None, None]
+STORABLE = [  # (lsn, seq, op, key, vals, unch)
+    (10, 0, "c", b"1", ["1", "2024-01-01", "a"], []),
+    (11, 0, "u", b"1", ["1", "2024-01-02", None], [2]),  # note: unchanged TOAST
+    (12, 0, "t", b"", NONE3, []),
+    (13, 0, "d", b"3", ["3", None, None], []),
+    (14, 0, "t", b"", NONE3, []),  # the last truncate
+    (15, 0, "c", b"4", ["4", "2024-01-03", "z"], []),
+]
+UNSTORABLE = [
+    (16, 0, "u", b"2", ["2", "infinity", "b"], []),  # no Spark date for it
+    (17, 0, "c", b"5", ["x", "2024-01-01", "c"], []),  # not an int4
+]
+
+
+def _events(spark, rows: list[tuple], in_driver: bool):
+    events = [
+        (i + 1, lsn, seq, op, key, vals, unch, 0) for i, (lsn, seq, op, key, vals, unch) in enumerate(rows)
+    ]
+    cols = list(zip(*events, strict=True))
+    names = ["off", "lsn", "seq", "op", "key", "vals", "unch", "ts"]
+    frame = spark.createDataFrame(pa.table(dict(zip(names, cols, strict=True))), schema=EVENT_SCHEMA)
+    return frame if in_driver else frame.repartition(2)  # not folded away: read like an executor's range
+
+
+def _batch(spark, rows: list[tuple], in_driver: bool) -> TableBatch:
+    return TableBatch(TABLE, SCHEMA, _events(spark, rows, in_driver), False, None, 0, len(rows), "pgtext")
+
+
+def _last_job(spark) -> int:
+    return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
+
+
+def test_driver_summary_matches_the_aggregate_and_runs_no_job(spark) -> None:
+    local, spread = _batch(spark, STORABLE, True), _batch(spark, STORABLE, False)
+    assert local.in_driver and not spread.in_driver
+    before = _last_job(spark)
+    local.check()
+    assert _last_job(spark) == before, "the summary of events in the driver started a Spark job"
+    spread.check()
+    assert _last_job(spark) > before
+    assert (
+        local._summary
+        == spread._summary
+        == {
+            "truncate": (14, 0),
+            "unchanged": True,
+            "rows": 6,
+            "deletes": 1,
+            "not_inserts": 4,
+        }
+    )
+    # the net change is the same rows either way (the local one is never cached)
+    assert sorted(local.net().df.collect()) == sorted(spread.net().df.collect())
+    spread.release()
+
+
+def test_driver_summary_stops_on_the_same_unstorable_values(spark) -> None:
+    errors = []
+    for in_driver in (True, False):
+        batch = _batch(spark, STORABLE + UNSTORABLE, in_driver)
+        with pytest.raises(SinkError) as raised:
+            batch.check()
+        errors.append(str(raised.value))
+        batch.release()
+    assert errors[0] == errors[1]
+    assert "2 column(s) affected: id, d" in errors[0], errors[0]
+    assert "first at key 5" in errors[0], errors[0]
