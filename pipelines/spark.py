@@ -379,7 +379,6 @@ def spark_session(
         # executors got the sinks' secrets at launch: pyspark's copy must not ride with every task
         keep_out_of_tasks(spark.sparkContext, executor_secrets(pipeline) if pipeline else {})
         ship_code(spark, pipeline)
-    _register_sources(spark)
     attach_spark(spark)
     return spark
 
@@ -576,11 +575,3 @@ def port_answers(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _register_sources(spark: SparkSession) -> None:
-    from pipelines.apply.readers.copyfiles import CopyFileSource
-    from pipelines.apply.readers.local import LocalLogSource
-
-    spark.dataSource.register(LocalLogSource)
-    spark.dataSource.register(CopyFileSource)

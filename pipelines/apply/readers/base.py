@@ -8,11 +8,13 @@ net-change and merge code after it does not know which log it reads.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+    from pyspark.sql.datasource import DataSource
 
     from cdc.ground.tables import TableName
     from cdc.log.base import TableSchema
@@ -24,6 +26,20 @@ if TYPE_CHECKING:
 # side, and no task runs so long that a stalled apply (pipelines/apply/stall.py) could be mistaken.
 EVENTS_PER_PARTITION = 200_000
 SCHEMA = "off long, lsn long, seq long, op string, key binary, vals array<string>, unch array<int>, ts long"
+
+
+_registering = threading.Lock()
+
+
+def python_source(spark: SparkSession, source: type[DataSource]) -> DataFrameReader:
+    """`spark.read.format(<source's name>)`, the Python data source registered with the session
+    on first use: registering one costs about a second in a fresh JVM (bench/apply_start.py), which
+    a scheduled apply whose cut is read in the driver never needs."""
+    name = source.name()
+    with _registering:
+        if not spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name):
+            spark.dataSource.register(source)
+    return spark.read.format(name)
 
 
 class ChangeReader(ABC):

@@ -1,5 +1,5 @@
 """Not a log: the COPY text files `cdc verify` writes of the source at its verification point,
-read by Spark through the Python data source `cdccopy` (registered by pipelines.spark); a small
+read by Spark through the Python data source `cdccopy` (registered on first use: readers.base.python_source); a small
 file by the same reader in the driver (`copy_rows`)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from pipelines.apply.readers.base import python_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -24,7 +26,7 @@ DRIVER_READ_BYTES = 4 << 20
 def copy_rows(spark: SparkSession, path: Path) -> DataFrame:
     """A COPY file's rows (SCHEMA), read in the driver when small, else by executors."""
     if path.stat().st_size > DRIVER_READ_BYTES:
-        return spark.read.format("cdccopy").option("paths", json.dumps([str(path)])).load()
+        return python_source(spark, CopyFileSource).option("paths", json.dumps([str(path)])).load()
     import pyarrow as pa
 
     values = [row[0] for row in CopyFileReader([str(path)]).read(CopyFiles(str(path)))]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from pipelines.apply.readers.base import EVENTS_PER_PARTITION, SCHEMA, ChangeReader
+from pipelines.apply.readers.base import EVENTS_PER_PARTITION, SCHEMA, ChangeReader, python_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -88,7 +88,7 @@ class LocalReader(ChangeReader):
             small = _read_in_driver(spark, options)
             if small is not None:
                 return small
-        return spark.read.format("cdclog").options(**options).load()
+        return python_source(spark, LocalLogSource).options(**options).load()
 
     def count_events(
         self, spark: SparkSession, table: TableName, after: int, upto: int, below_lsn: int
