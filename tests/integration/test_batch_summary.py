@@ -95,3 +95,33 @@ def test_driver_summary_stops_on_the_same_unstorable_values(spark) -> None:
     assert errors[0] == errors[1]
     assert "2 column(s) affected: id, d" in errors[0], errors[0]
     assert "first at key 5" in errors[0], errors[0]
+
+
+INSERTS = [
+    (20, 0, "c", b"7", ["7", "2024-02-01", "p"], []),
+    (20, 1, "c", b"8", ["8", "2024-02-02", "q"], []),
+    (21, 0, "c", b"9", ["9", "2024-02-03", "r"], []),
+]
+
+
+def test_a_range_of_new_keys_is_its_own_net_change(spark) -> None:
+    """Inserts alone, of keys the log promises are new (`inserts_new`): each key occurs once, so the
+    net change is the typed events themselves, with no grouping; read in the driver it stays there
+    (no Spark job to net it). The same range without that promise is grouped, with the same rows."""
+    promised, grouped = _batch(spark, INSERTS, True), _batch(spark, INSERTS, True)
+    promised.inserts_new = True
+    assert promised.inserts_only and grouped.inserts_only
+    before = _last_job(spark)
+    net = promised.net().df.collect()
+    assert _last_job(spark) == before, "netting a range of new keys in the driver started a Spark job"
+    assert sorted(net) == sorted(grouped.net().df.collect())
+    assert [(r["id"], r["note"], r["_cdc_op"]) for r in sorted(net)] == [
+        (7, "p", "c"),
+        (8, "q", "c"),
+        (9, "r", "c"),
+    ]
+    # a delete in the range: keys may repeat, so the range is netted as before
+    mixed = _batch(spark, [*INSERTS, (22, 0, "d", b"7", ["7", None, None], [])], True)
+    mixed.inserts_new = True
+    assert not mixed.inserts_only
+    assert sorted((r["id"], r["_cdc_op"]) for r in mixed.net().df.collect()) == [(7, "d"), (8, "c"), (9, "c")]
