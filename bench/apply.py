@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 from harness.bench import BIN, Bench
-from harness.inproc import MASTER, apply_job
+from harness.inproc import MASTER, apply_job, job_names, last_job_id
 from harness.main import main
 from harness.report import Report
 from harness.services import say
@@ -326,30 +326,6 @@ def bare_merge_keys(spark, target: str, keys: int, n: int, seed: int) -> float:
         f"MERGE INTO {target} t USING _bench_keys s ON t.id = s.id WHEN MATCHED THEN UPDATE SET t.ver = s.ver"
     )
     return time.monotonic() - t0
-
-
-def last_job_id(spark) -> int:
-    """The id of the newest Spark job (ids count up from 0; cdc sets no job groups)."""
-    return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
-
-
-def job_names(spark, after: int, upto: int) -> list[str]:
-    """The Spark jobs after id `after` up to `upto`: '<id> <name> (<stages> stages, <s> s)' each, from
-    Spark's status store (the job list of the web UI), for `--steps`' profile of a batch."""
-    store = spark.sparkContext._jsc.sc().statusStore()
-    found = []
-    for job_id in range(after + 1, upto + 1):
-        try:
-            data = store.job(job_id)
-        except Exception:  # dropped from the store (spark.ui.retainedJobs)
-            continue
-        took = ""
-        if data.submissionTime().isDefined() and data.completionTime().isDefined():
-            took = f", {(data.completionTime().get().getTime() - data.submissionTime().get().getTime()) / 1000:.2f} s"
-        described = data.description()
-        what = described.get() if described.isDefined() else data.name()
-        found.append(f"{job_id} {what[:160]} ({data.stageIds().size()} stages{took})")
-    return found
 
 
 def make_tables(b: Bench, names: list[str], keys: int) -> None:
