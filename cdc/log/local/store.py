@@ -1,6 +1,7 @@
 """The embedded log's SQLite database: its schema, the connection, and what writer and reader share.
 
 Layout of <path>/:
+  log.db.setup                 an empty file; its flock makes opening a new log one process at a time
   log.db                       SQLite: tables, schemas, snapshots, segments, cuts, meta, and one
                                event table ev_<id> per source table (offset = INTEGER PRIMARY KEY)
   segments/t<id>/s<snap>/c<chunk>.copy
@@ -13,11 +14,14 @@ on it, and LocalLog (this package) is all of them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shlex
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -112,6 +116,29 @@ def add_table_columns(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE tables ADD COLUMN {name} {kind}")
 
 
+@contextlib.contextmanager
+def setup_lock(path: Path, readonly: bool) -> Iterator[None]:
+    """Two processes opening one log at once (`cdc snapshot` beside `cdc stream`) must not both
+    switch it to WAL, create its tables or add columns: SQLite answers such a race with "database is
+    locked" or "duplicate column" rather than waiting. A writer sets the log up under an exclusive
+    flock on <path>/log.db.setup; a reader waits for a setup in progress under a shared one."""
+    lock_file = path / "log.db.setup"
+    if readonly:
+        try:
+            fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # a log set up before the lock existed, or none at all
+            yield
+            return
+    else:
+        private_dir(path)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if readonly else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 class LocalStore:
     """The connection to one embedded log, its meta, write transactions, tables and schemas."""
 
@@ -121,23 +148,28 @@ class LocalStore:
         self.path = Path(path)
         self.readonly = readonly
         self._command = command  # builds the commands of fix: lines (cdc/ground/remedy.py)
-        self.db = open_db(self.path, synchronous, readonly, command)
-        self._check_format()
-        if not readonly:
-            self.db.executescript(DDL)
-            add_table_columns(self.db)
-            if self._meta("format") is None:
-                self._set_meta("format", FORMAT_VERSION)
-            if self._meta("cdc_version") != VERSION:  # the last release that wrote to it
-                self._set_meta("cdc_version", VERSION)
-            if self._meta("log_id") is None:
-                self._set_meta("log_id", uuid.uuid4().hex[:12])
+        with setup_lock(self.path, readonly):
+            self.db = open_db(self.path, synchronous, readonly, command)
+            self._check_format()
+            if not readonly:
+                self._set_up()
         self._in_batch = False
         # called with each committed cut (cdc stream with log: kafka rings its publisher with it)
         self.on_commit: Callable[[Cut], object] | None = None
         self._snapshot_lsn: dict[int, int] = {}
         self._schemas: dict[tuple[int, int], TableSchema] = {}
         self._latest_version: dict[int, tuple[int, TableSchema]] = {}
+
+    def _set_up(self) -> None:
+        """Tables, added columns and meta of this format (idempotent; under setup_lock)."""
+        self.db.executescript(DDL)
+        add_table_columns(self.db)
+        if self._meta("format") is None:
+            self._set_meta("format", FORMAT_VERSION)
+        if self._meta("cdc_version") != VERSION:  # the last release that wrote to it
+            self._set_meta("cdc_version", VERSION)
+        if self._meta("log_id") is None:
+            self._set_meta("log_id", uuid.uuid4().hex[:12])
 
     def close(self) -> None:
         if self._in_batch:
