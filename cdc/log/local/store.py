@@ -83,6 +83,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def no_log(path: Path, command: Command) -> LogError:
+    return LogError(f"no log at {path}", f"run `{command('snapshot')}` first")
+
+
 def open_db(
     path: Path, synchronous: str = "full", readonly: bool = False, command: Command = placeholder
 ) -> sqlite3.Connection:
@@ -90,7 +94,7 @@ def open_db(
     db_file = path / "log.db"
     if readonly:
         if not db_file.exists():
-            raise LogError(f"no log at {path}", f"run `{command('snapshot')}` first")
+            raise no_log(path, command)
         conn = sqlite3.connect(
             f"file:{db_file}?mode=ro", uri=True, isolation_level=None, timeout=60, check_same_thread=False
         )
@@ -117,18 +121,23 @@ def add_table_columns(db: sqlite3.Connection) -> None:
 
 
 @contextlib.contextmanager
-def setup_lock(path: Path, readonly: bool) -> Iterator[None]:
+def setup_lock(path: Path, readonly: bool, command: Command = placeholder) -> Iterator[None]:
     """Two processes opening one log at once (`cdc snapshot` beside `cdc stream`) must not both
     switch it to WAL, create its tables or add columns: SQLite answers such a race with "database is
-    locked" or "duplicate column" rather than waiting. A writer sets the log up under an exclusive
-    flock on <path>/log.db.setup; a reader waits for a setup in progress under a shared one."""
+    locked" or "duplicate column" rather than waiting, and a reader could find log.db without its
+    tables. A writer sets the log up under an exclusive flock on <path>/log.db.setup, made before
+    log.db; a reader waits for a setup in progress under a shared one."""
     lock_file = path / "log.db.setup"
     if readonly:
         try:
             fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:  # a log set up before the lock existed, or none at all
-            yield
-            return
+        except FileNotFoundError:
+            if not (path / "log.db").exists():  # decided here, once: a writer may start any moment
+                raise no_log(path, command) from None
+            if not lock_file.exists():  # log.db without the lock file: set up before the lock was
+                yield
+                return
+            fd = os.open(lock_file, os.O_RDONLY | os.O_CLOEXEC)  # a writer began meanwhile
     else:
         private_dir(path)
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -148,7 +157,7 @@ class LocalStore:
         self.path = Path(path)
         self.readonly = readonly
         self._command = command  # builds the commands of fix: lines (cdc/ground/remedy.py)
-        with setup_lock(self.path, readonly):
+        with setup_lock(self.path, readonly, command):
             self.db = open_db(self.path, synchronous, readonly, command)
             self._check_format()
             if not readonly:
