@@ -24,7 +24,10 @@ transaction updates `--changes` rows, each variant streams it into its log (unti
   shuffle and Delta snapshot partitions cdc sets on 2 local cores, without which Delta's 50-task
   snapshot rebuild alone costs more than the MERGE) and one Delta MERGE of `--changes` rows into a
   copy of the follower's table, in a process of its own, with Spark's default JVM (both JIT tiers);
-  `floor, C1 JIT` is the same with `-XX:TieredStopAtLevel=1` as cdc's short-lived verbs run.
+  `floor, C1 JIT` is the same with `-XX:TieredStopAtLevel=1` as cdc's short-lived verbs run, and
+  `floor, C1 JIT + archive` with a class archive of its own too (made by an untimed floor run that
+  waits for its JVM to write it at exit), as `shipped` runs: the floor of a fresh JVM with both of
+  cdc's start-up settings.
 
 Each `cdc` run goes through a wrapper around the real console entry that stamps the moments it
 passes (pyspark's launch_gateway called and returned, getOrCreate returned, ApplyJob.run_once
@@ -64,7 +67,13 @@ FAST_JVM = {
 }
 # HotSpot's default (C1 then C2): after cdc's C1-only option on the command line, so it wins
 BOTH_TIERS = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}
-FLOORS = {"floor": "-XX:TieredStopAtLevel=4", "floor, C1 JIT": "-XX:TieredStopAtLevel=1"}
+FLOORS = {
+    "floor": "-XX:TieredStopAtLevel=4",
+    "floor, C1 JIT": "-XX:TieredStopAtLevel=1",
+    # the floor with both of cdc's start-up settings: its own class archive (made by an untimed run)
+    "floor, C1 JIT + archive": "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile={archive} -Xlog:cds*=off",
+}
+FLOOR_ARCHIVE_MAKE = "-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={archive} -Xlog:cds*=off"
 MARK = "#marks "
 # The real console entry, with the moments it passes stamped (time.time()) and printed at exit.
 WRAPPER = f"""
@@ -126,6 +135,12 @@ else:
         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
 T["merge"] = time.time()
 sys.stderr.write("\\n#marks " + json.dumps(T) + "\\n")
+if "ArchiveClassesAtExit" in java_options:  # the JVM writes its class archive as it exits: wait for it
+    jvm = spark.sparkContext._gateway.proc
+    spark.stop()
+    spark.sparkContext._gateway.shutdown()
+    jvm.stdin.close()  # Spark's gateway server exits when its stdin closes
+    jvm.wait(timeout=600)
 """
 PHASES = (
     ("interpreter + imports", "spawn", "imports"),
@@ -266,6 +281,19 @@ def body(b: Bench) -> Report:
         "floor set-up",
     )
 
+    archive = b.work / "floor-archive.jsa"
+    floor_options = {label: options.format(archive=archive) for label, options in FLOORS.items()}
+    checked(
+        run_timed(
+            [*floor_argv, "-", "0", FLOOR_ARCHIVE_MAKE.format(archive=archive)],
+            b.cdc_env(),
+            b.work,
+            "floor-archive",
+        ),
+        "the floor's class archive",
+    )
+    say(f"the floor's class archive: {archive.stat().st_size / 1e6:.0f} MB")
+
     results: dict[str, list[dict]] = {label: [] for label in [*variants, *FLOORS]}
     b.load("before the rounds")
     for i in range(repeat):
@@ -289,7 +317,7 @@ def body(b: Bench) -> Report:
                 f"[{i}] {label:16} {run.wall_s:6.1f}s wall, {run.tree_cpu_s:5.1f} CPU s  "
                 + _phases_text(row, PHASES)
             )
-        for label, options in FLOORS.items():
+        for label, options in floor_options.items():
             spawned = time.time()
             argv = [*floor_argv, "-", "0", options]
             run = checked(b.timed(argv, b.cdc_env(), f"r{i}-{label.replace(' ', '_')}", tree=True), label)
