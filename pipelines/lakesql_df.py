@@ -27,6 +27,14 @@ def _reraise_ours(exc: BaseException) -> None:
         raise exc
 
 
+QUERY_CONFIG = {
+    "datafusion.execution.target_partitions": "2",  # small reads, a shared machine
+    # Spark wrote timestamps as Parquet INT96 until 2026-12 (pipelines/spark.py): read as
+    # nanoseconds, a value outside 1677-2262 wrapped around silently (year 9999 read as 1816)
+    "datafusion.execution.parquet.coerce_int96": "us",
+}
+
+
 def source_header(columns: list[str], fields: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
     """The output's column names with a table column stored encoded (`unit_x0020_price`, a name
     plain Delta cannot hold) given back under its source name (`unit price`), as its comment says.
@@ -41,7 +49,7 @@ def query_at_cut(
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
-    qb = QueryBuilder({"datafusion.execution.target_partitions": "2"})  # small reads, a shared machine
+    qb = QueryBuilder(QUERY_CONFIG)
     try:
         for schema in schemas_of(record.versions):
             if schema != "public":  # DataFusion's default schema exists already

@@ -206,6 +206,10 @@ def base_conf(master: str, groups: tuple[str, ...] = SPARK_JAR_GROUPS) -> dict[s
             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
             "spark.sql.session.timeZone": "UTC",
+            # Parquet INT64 microseconds, as Delta's other writers and readers use: Spark's default
+            # INT96 is read as nanoseconds by delta-rs and DataFusion, so a timestamp outside
+            # 1677-2262 wrapped around there (sinks/delta/rswrite.py reads a table only if so made)
+            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
             "spark.sql.shuffle.partitions": "8",
             "spark.sql.adaptive.enabled": "true",
             # The tables of a cut are applied from several driver threads, a scheduler pool per sink

@@ -22,6 +22,7 @@ _CONFLICT = re.compile(
     r"DELTA_CONCURRENT_|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED"
     r"|Concurrent(Append|DeleteRead|DeleteDelete|Write|Transaction)Exception"
     r"|MetadataChangedException|ProtocolChangedException|DeltaConcurrentModificationException"
+    r"|CommitFailedError"  # delta-rs (sinks/delta/rswrite.py): a concurrent commit conflicted
 )
 
 

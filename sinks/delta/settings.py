@@ -38,6 +38,15 @@ class DeltaSettings(SinkSettings):
         "date -> timestamp): rewrite the table with the new type (every reader keeps it), widen in place "
         "with Delta type widening (only Spark with Delta 4+ reads the table then), or stop the apply",
     )
+    small_cuts: Literal["delta-rs", "spark"] = Field(
+        default="delta-rs",
+        description="who writes a small cut (one the apply reads in its driver: at most 20,000 events and "
+        "8 MiB per table) into a table on a local path: delta-rs in the apply's own process (tens of "
+        "milliseconds where a Spark MERGE takes seconds; the same commit: rows and the follower's "
+        "transaction id) or Spark, as for large cuts. A table with a feature delta-rs does not write "
+        "(column mapping, type widening, deletion vectors, change data feed), a keyless table's deletes "
+        "and `mode: scd2` are always written by Spark",
+    )
 
     _tables = field_validator("tables")(check_tables)
     _views = field_validator("views")(view_names)

@@ -58,6 +58,7 @@ from cdc.ground.tables import TableName
 from cdc.ground.tables import spark_ident as q
 from sinks.base import ApplyStats, Sink
 from sinks.changes import META_COLUMNS, META_TYPES, POSITION_KEY, Batch, NetChanges, TableBatch
+from sinks.delta import rswrite
 from sinks.delta.batch import DeltaBatch
 from sinks.delta.conflicts import retry_conflicts
 from sinks.delta.cuts import forget_table, record_cut, table_version
@@ -339,6 +340,7 @@ class DeltaSink(Sink):
         if self.markers and base is not None:
             marker = Marker(self.pipeline.name, self.name, self.log_id, base, None, None)
             properties[MARKER_PROPERTY] = marker.to_json()
+        properties |= rswrite.INT64_TIMESTAMPS  # every writer of this table writes them so
         if self.settings.column_mapping == "name":
             properties |= COLUMN_MAPPING
             self._say_feature(batch, "columnMapping", "column_mapping: name")
@@ -442,6 +444,7 @@ class DeltaSink(Sink):
             return stats
         # sinks/multiset.py; a derived view always has a key
         multiset = isinstance(source, TableBatch) and not source.schema.key and source.deletes > 0
+        rs = self._writes_in_process(source, path)
         if fresh:
             if multiset:  # the cut's deletes remove rows the cut inserted (the table has none yet)
                 content = [f.name for f in batch.spark_schema.fields]
@@ -449,13 +452,13 @@ class DeltaSink(Sink):
             # A table made for this cut holds no row, so the MERGE's whole effect is inserting the
             # netted rows that are not deletes: an append does that without the join. A replay
             # (a crash before the checkpoint) finds the table made and MERGEs, which changes nothing.
-            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id))
+            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id, rs))
             self._retire(path, batch)
             return stats
         if self._appends(source):
             # rows the table cannot hold yet: the MERGE would only insert them (a replay of this cut
             # is skipped by Delta: same transaction id)
-            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id))
+            stats.inserted = retry_conflicts(lambda: self._append(path, batch, changes, cut_id, rs))
             self._retire(path, batch)
             return stats
         if batch.bootstrap and batch.snapshot_lsn is not None and not fresh:
@@ -468,7 +471,7 @@ class DeltaSink(Sink):
             older = self._older_than(*batch.truncate_position)
             retry_conflicts(lambda: target.delete(older))
         # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
-        merge = self._merge_multiset if multiset else self._merge
+        merge = self._merge_multiset if multiset else self._merge_rs if rs else self._merge
         metrics = retry_conflicts(lambda: merge(target, batch, changes, cut_id))
         self._retire(path, batch)
         if metrics is not None:
@@ -525,13 +528,24 @@ class DeltaSink(Sink):
             return held.end == source.first_offset
         return source.written_at is not None and held.cut_id == source.written_at
 
-    def _append(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int) -> int:
+    def _writes_in_process(self, source: Batch, path: str) -> bool:
+        """delta-rs writes this cut (sinks/delta/rswrite.py): a table's small cut, already in the
+        driver (so its netted rows are few), into a table delta-rs writes as Spark would."""
+        if self.settings.small_cuts != "delta-rs" or not isinstance(source, TableBatch):
+            return False
+        return source.in_driver and rswrite.writable(path)
+
+    def _append(
+        self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int, rs: bool = False
+    ) -> int:
         """The rows the MERGE's insert clause would write, appended; returns how many."""
         types = {f.name: f.dataType for f in batch.spark_schema.fields} | self._meta()
         columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
         rows = changes.df.where(F.col("_cdc_op") != "d").select(
             *(F.col(q(c)).cast(types[c]).alias(c) for c in columns)
         )
+        if rs:
+            return rswrite.append(path, rows.toArrow(), self.app_id, cut_id)
         # the idempotent write's id as writer options: the session confs of follower_write belong to
         # this sink's session, while a DataFrame write uses the session the batch was read in
         # (another one when tables are applied side by side)
@@ -564,6 +578,40 @@ class DeltaSink(Sink):
                 .execute()
                 .first()
             )
+
+    def _merge_rs(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
+        """`_merge`'s MERGE, written by delta-rs: the same clauses in DataFusion's SQL."""
+        c = rswrite.ident
+        on = " AND ".join(f"t.{c(k)} = s.{c(k)}" for k in batch.key_columns)
+        newer = f"NOT {self._older_than_cols()}"
+        columns = [f.name for f in batch.spark_schema.fields]
+        update: dict[str, str] = {}
+        for name in columns:
+            flag = changes.unchanged.get(name)
+            value = f"s.{c(name)}"
+            update[c(name)] = f"CASE WHEN s.{c(flag)} THEN t.{c(name)} ELSE {value} END" if flag else value
+        for m in META_COLUMNS:
+            update[c(m)] = f"s.{c(m)}"
+        insert = {c(name): f"s.{c(name)}" for name in [*columns, *META_COLUMNS]}
+        metrics = rswrite.merge(
+            str(self.path_of(batch.table)),
+            changes.df.toArrow(),
+            on=on,
+            delete_when=f"s._cdc_op = 'd' AND {newer}",
+            update_when=f"s._cdc_op != 'd' AND {newer}",
+            update=update,
+            insert_when="s._cdc_op != 'd'",
+            insert=insert,
+            app_id=self.app_id,
+            cut_id=cut_id,
+        )
+        if metrics is None:
+            return None
+        return {
+            "num_inserted_rows": metrics["num_target_rows_inserted"],
+            "num_updated_rows": metrics["num_target_rows_updated"],
+            "num_deleted_rows": metrics["num_target_rows_deleted"],
+        }
 
     def _merge_multiset(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         """A keyless table's cut with deletes: each removes one row of its content (sinks/multiset.py).

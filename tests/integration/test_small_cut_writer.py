@@ -1,0 +1,127 @@
+"""Small cuts written by delta-rs in the apply's own process (sinks/delta/rswrite.py; issue 37
+item 7, bench/small_cut.py): the same log applied by a follower that lets delta-rs write its small
+cuts and by one that keeps Spark (`small_cuts: spark`) ends identical to the source (`cdc verify`)
+and to each other, read by delta-rs itself; updates that leave a TOASTed value unchanged, deletes,
+a key change, inserts, and timestamps outside the nanosecond range (which delta-rs would read wrong
+from Spark's INT96 files) go through it. A replayed cut writes nothing; a table with a feature
+delta-rs does not write (column mapping) or one that may hold INT96 timestamps stays with Spark.
+And `cdc sql`'s DataFusion engine reads INT96 timestamps written before right.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sinks.delta import rswrite
+from tests.fixtures.lake import apply_ok, delta_dir, lake_app_id, make_pipe, snapshot, stream, verified
+from tests.fixtures.readers import delta_rows
+from tests.harness import sql
+
+pytestmark = pytest.mark.integration
+
+SETUP = (
+    "CREATE TABLE w(id int PRIMARY KEY, v text, big text, ts timestamptz, tsa timestamptz[], n numeric(12,2),"
+    " b bytea, arr int[])",
+    "ALTER TABLE w ALTER COLUMN big SET STORAGE EXTERNAL",  # TOASTed, so updates of v leave it unchanged
+    "INSERT INTO w SELECT g, 'v' || g, repeat('x', 9000) || g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 day',"
+    " ARRAY['2024-01-01 00:00:00+00'::timestamptz], g * 1.25, '\\x00ff'::bytea, ARRAY[g, NULL] FROM generate_series(1, 50) g",
+)
+ROUNDS = (
+    ("UPDATE w SET v = v || '!' WHERE id <= 10",),  # big unchanged (TOAST)
+    (
+        "UPDATE w SET ts = '9999-12-31 23:59:59.999999+00', tsa = ARRAY['0001-01-01 00:00:00+00'::timestamptz] WHERE id = 11",
+        "DELETE FROM w WHERE id BETWEEN 20 AND 24",
+        "INSERT INTO w VALUES (100, 'new', 'small', '0001-01-01 00:00:00+00', NULL, 1.5, NULL, NULL)",
+    ),
+    ("UPDATE w SET id = id + 1000 WHERE id = 30", "UPDATE w SET n = n + 1, v = 'again' WHERE id > 40"),
+    ("INSERT INTO w SELECT g, 'ins', 'i', now(), NULL, 0, NULL, NULL FROM generate_series(200, 260) g",),
+)
+SINKS = [
+    {"name": "lake", "delta": {"path": "lake"}},  # small_cuts: delta-rs (the default)
+    {"name": "spk", "delta": {"path": "spk", "small_cuts": "spark"}},
+    {"name": "cm", "delta": {"path": "cm", "column_mapping": "name"}},
+]
+
+
+def writers(path: Path) -> list[tuple[str | None, str]]:
+    """(operation, who wrote it: delta-rs or Spark) of each commit, oldest first."""
+    out = []
+    for f in sorted((path / "_delta_log").glob("*.json")):
+        info = next(
+            (a["commitInfo"] for a in map(json.loads, f.read_text().splitlines()) if "commitInfo" in a), {}
+        )
+        who = "delta-rs" if "delta-rs" in str(info.get("clientVersion", "")) else "spark"
+        out.append((info.get("operation"), who))
+    return out
+
+
+def comparable(rows: dict[tuple, dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    return {k: {c: v for c, v in r.items() if c != "_cdc_commit_ts"} for k, r in rows.items()}
+
+
+def test_small_cuts_written_by_delta_rs_match_spark_and_the_source(pg_db: str, tmp_path: Path, spark) -> None:
+    sql(pg_db, *SETUP)
+    pipe = make_pipe(tmp_path, pg_db, ["public.w"], sinks=SINKS)
+    snapshot(pipe)
+    apply_ok(pipe, spark)
+    lake, spk, cm = (delta_dir(pipe, "public.w", base) for base in ("lake", "spk", "cm"))
+    assert rswrite.writable(str(lake)) and not rswrite.writable(str(cm)), "column mapping stays with Spark"
+    bootstrap = len(writers(lake))
+    for statements in ROUNDS:
+        sql(pg_db, *statements)
+        stream(pipe)
+        apply_ok(pipe, spark)
+        verified(pipe, spark)
+    # every cut after the bootstrap written by delta-rs in the lake, by Spark elsewhere
+    cuts = writers(lake)[bootstrap:]
+    assert cuts and all(who == "delta-rs" for _, who in cuts), cuts
+    assert {op for op, _ in cuts} >= {"MERGE", "WRITE"}, cuts  # the insert-only cut appended
+    assert all(who == "spark" for _, who in writers(spk) + writers(cm)), (writers(spk), writers(cm))
+    # the two followers hold the same rows, read by delta-rs (the timestamps outside nanoseconds too)
+    ours, theirs = comparable(delta_rows(spark, lake)), comparable(delta_rows(spark, spk))
+    assert ours == theirs
+    assert str(ours[("11",)]["ts"]).startswith("9999-12-31 23:59:59.999999")
+    assert str(ours[("100",)]["ts"]).startswith("0001-01-01 00:00:00")
+
+    # A replayed cut (a crash between the write and the checkpoint) writes nothing.
+    app_id = lake_app_id(pipe)
+    from deltalake import DeltaTable
+
+    cut = DeltaTable(str(lake)).transaction_version(app_id)
+    version = DeltaTable(str(lake)).version()
+    assert cut is not None and rswrite.holds(str(lake), app_id, cut)
+    assert rswrite.append(str(lake), DeltaTable(str(lake)).to_pyarrow_table().slice(0, 1), app_id, cut) == 1
+    assert DeltaTable(str(lake)).version() == version, "a replayed cut committed again"
+
+
+def test_int96_timestamps_stay_with_spark_and_read_right_in_datafusion(tmp_path: Path, spark) -> None:
+    """A table made before cdc wrote INT64 timestamps (no `cdc.timestamps` property) may hold
+    Spark's INT96 ones: delta-rs does not rewrite it, and DataFusion (`cdc sql`) reads them right."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    from pipelines.lakesql_df import QUERY_CONFIG
+
+    path = str(tmp_path / "old")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # Spark's default until now
+    try:
+        spark.sql(
+            "SELECT 1 AS id, timestamp'9999-12-31 23:59:59.999999' AS ts, timestamp'0001-01-01 00:00:00' AS early"
+        ).write.format("delta").save(path)
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    assert not rswrite.writable(path)
+    query = "SELECT CAST(ts AS BIGINT) AS ts, CAST(early AS BIGINT) AS early FROM t"
+    micros = {"ts": 253402300799999999, "early": -62135596800000000}
+
+    def read(config: dict[str, str]) -> dict[str, int]:
+        qb = QueryBuilder(config)
+        qb.register("t", DeltaTable(path))
+        return pa.table(qb.execute(query).read_all()).to_pylist()[0]
+
+    assert read(QUERY_CONFIG) == micros
+    assert read({}) != micros, "DataFusion's default read INT96 right: the setting is not needed any more"
