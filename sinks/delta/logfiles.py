@@ -44,6 +44,16 @@ def _listing(log: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]], i
     return commits, checkpoints, checkpoints[-1][0] if checkpoints else -1
 
 
+def latest_version(path: str | Path) -> int | None:
+    """The table's newest version (None: no table there)."""
+    try:
+        commits, _, newest_checkpoint = _listing(Path(path) / LOG_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    newest = max([v for v, _ in commits] + [newest_checkpoint])
+    return None if newest < 0 else newest
+
+
 def txn_version(path: str | Path, app_id: str) -> int | None:
     """The newest idempotent-write version `app_id` committed to the table (None: none)."""
     log = Path(path) / LOG_DIR

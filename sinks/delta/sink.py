@@ -72,7 +72,7 @@ from sinks.delta.features import (
     set_properties_sql,
 )
 from sinks.delta.idempotent import follower_write
-from sinks.delta.logfiles import is_delta_table, table_properties, txn_version
+from sinks.delta.logfiles import is_delta_table, latest_version, table_properties, txn_version
 from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
@@ -144,7 +144,7 @@ class DeltaSink(Sink):
     reads_without_spark = True
 
     def _exists(self, path: str) -> bool:
-        if self.spark is None:
+        if self._reads_log_files(path):
             return is_delta_table(path)
         return DeltaTable.isDeltaTable(self.spark, path)
 
@@ -166,17 +166,25 @@ class DeltaSink(Sink):
         """Record the Delta version of every follower table at this cut in `_cdc_cuts`
         (sinks/delta/cuts.py), so readers can read all tables as of the same cut; a cut recorded
         already (`again`: an earlier run started it) is not recorded twice."""
-        versions = {
-            str(t): v for t in tables if (v := table_version(self.spark, self.path_of(t))) is not None
-        }
+        versions = {str(t): v for t in tables if (v := self._version(self.path_of(t))) is not None}
         paths = {
             str(t): str(Path(self.path_of(t)).relative_to(self.base)) for t in tables if str(t) in versions
         }
         record_cut(self.spark, self.base, self.log_id, cut_id, lsn, versions, paths, again)
 
+    def _version(self, path: str) -> int | None:
+        return latest_version(path) if self._reads_log_files(path) else table_version(self.spark, path)
+
+    def _reads_log_files(self, path: str) -> bool:
+        """Read the marker and the cut from the table's `_delta_log` files (sinks/delta/logfiles.py,
+        milliseconds) rather than through Spark: without a session, and where delta-rs writes the
+        small cuts. Spark would rebuild the table's state after each delta-rs commit (its commits
+        have no checksum file): 3 jobs, 0.7-1 s per cut on 2 cores."""
+        return self.spark is None or (self.settings.small_cuts == "delta-rs" and rswrite.is_local(path))
+
     def _stored_marker(self, path: str) -> str | None:
         """The table property as it is (the table must exist)."""
-        if self.spark is None:
+        if self._reads_log_files(path):
             return table_properties(path).get(MARKER_PROPERTY)
         return table_property(self.spark, path, MARKER_PROPERTY)  # no file list built (detail() would)
 
@@ -190,11 +198,13 @@ class DeltaSink(Sink):
         marker = Marker.from_json(text)
         if marker is None or marker.end is not None:
             return text  # none, not ours, or one written before (it keeps its position)
-        if self.spark is None:
-            cut = txn_version(path, self.app_id)
-        else:
-            cut = spark_txn_version(self.spark, path, self.app_id)
-        return marker.with_cut(cut).to_json()
+        return marker.with_cut(self._cut_held(path)).to_json()
+
+    def _cut_held(self, path: str) -> int | None:
+        """The newest cut this follower's commits carry (Delta's txn version of its app id)."""
+        if self._reads_log_files(path):
+            return txn_version(path, self.app_id)
+        return spark_txn_version(self.spark, path, self.app_id)
 
     def write_marker(self, table: TableName, text: str) -> int | None:
         """Only the fixed parts go in the property (a commit when the table is re-based, or holds a
@@ -211,7 +221,7 @@ class DeltaSink(Sink):
                     f"ALTER TABLE delta.{q(path)} SET TBLPROPERTIES ('{MARKER_PROPERTY}' = '{value}')"
                 )
             )
-        return spark_txn_version(self.spark, path, self.app_id)
+        return self._cut_held(path)
 
     # ---- schema --------------------------------------------------------------------------------
     @property
@@ -434,8 +444,8 @@ class DeltaSink(Sink):
             return stats
         if replace is not None:
             end_history(self.spark, path, replace.rename, replace.replace, batch, changes)
-        target = DeltaTable.forPath(self.spark, path)
         if self.scd2:
+            target = DeltaTable.forPath(self.spark, path)
             # each step is safe to run again (as after a crash), so a conflict retries them all
             scd2 = retry_conflicts(
                 lambda: apply_scd2(self.spark, target, batch, changes, cut_id, self.app_id, fresh)
@@ -466,13 +476,13 @@ class DeltaSink(Sink):
             # A keyless table's snapshot rows sit at the point with negative seqs (cdc.keys.snapshot_seq),
             # so a cut applied again after a crash before the checkpoint must not take them for older.
             older = f"_cdc_lsn < {batch.snapshot_lsn}"
-            retry_conflicts(lambda: target.delete(older))
+            retry_conflicts(lambda: DeltaTable.forPath(self.spark, path).delete(older))
         if batch.truncate_position is not None and not fresh:
             older = self._older_than(*batch.truncate_position)
-            retry_conflicts(lambda: target.delete(older))
+            retry_conflicts(lambda: DeltaTable.forPath(self.spark, path).delete(older))
         # a conflict with `cdc maintain` (OPTIMIZE) fails the commit without writing: merge again
         merge = self._merge_multiset if multiset else self._merge_rs if rs else self._merge
-        metrics = retry_conflicts(lambda: merge(target, batch, changes, cut_id))
+        metrics = retry_conflicts(lambda: merge(path, batch, changes, cut_id))
         self._retire(path, batch)
         if metrics is not None:
             stats.inserted = int(metrics["num_inserted_rows"])
@@ -553,7 +563,7 @@ class DeltaSink(Sink):
         writer.option("txnAppId", self.app_id).option("txnVersion", str(cut_id)).save(path)
         return written_rows(self.spark, path, self.app_id, cut_id)
 
-    def _merge(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
+    def _merge(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in batch.key_columns)
         newer = f"NOT {self._older_than_cols()}"
         columns = [f.name for f in batch.spark_schema.fields]
@@ -570,7 +580,8 @@ class DeltaSink(Sink):
         insert: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in [*columns, *META_COLUMNS]}
         with follower_write(self.spark, self.app_id, cut_id):
             return (
-                target.alias("t")
+                DeltaTable.forPath(self.spark, path)
+                .alias("t")
                 .merge(changes.df.alias("s"), on)
                 .whenMatchedDelete(condition=f"s._cdc_op = 'd' AND {newer}")
                 .whenMatchedUpdate(condition=f"s._cdc_op != 'd' AND {newer}", set=update)
@@ -579,7 +590,7 @@ class DeltaSink(Sink):
                 .first()
             )
 
-    def _merge_rs(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
+    def _merge_rs(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         """`_merge`'s MERGE, written by delta-rs: the same clauses in DataFusion's SQL."""
         c = rswrite.ident
         on = " AND ".join(f"t.{c(k)} = s.{c(k)}" for k in batch.key_columns)
@@ -594,7 +605,7 @@ class DeltaSink(Sink):
             update[c(m)] = f"s.{c(m)}"
         insert = {c(name): f"s.{c(name)}" for name in [*columns, *META_COLUMNS]}
         metrics = rswrite.merge(
-            str(self.path_of(batch.table)),
+            path,
             changes.df.toArrow(),
             on=on,
             delete_when=f"s._cdc_op = 'd' AND {newer}",
@@ -613,18 +624,19 @@ class DeltaSink(Sink):
             "num_deleted_rows": metrics["num_target_rows_deleted"],
         }
 
-    def _merge_multiset(self, target: DeltaTable, batch: DeltaBatch, changes: NetChanges, cut_id: int):
+    def _merge_multiset(self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int):
         """A keyless table's cut with deletes: each removes one row of its content (sinks/multiset.py).
         The table is read inside the retried step, so a retry after a conflict chooses from a fresh read."""
         content = [f.name for f in batch.spark_schema.fields]
         restart = batch.bootstrap and batch.snapshot_lsn is not None  # a new base: history replayed whole
-        held = self.spark.read.format("delta").load(self.path_of(batch.table))  # the table as of now
+        held = self.spark.read.format("delta").load(path)  # the table as of now
         source = multiset_source(changes.df, content, held, restart)
         on = " AND ".join(f"t.{k} = s.{k}" for k in POSITION_KEY)
         insert: dict[str, str | Column] = {q(c): F.col(f"s.{q(c)}") for c in [*content, *META_COLUMNS]}
         with follower_write(self.spark, self.app_id, cut_id):
             return (
-                target.alias("t")
+                DeltaTable.forPath(self.spark, path)
+                .alias("t")
                 .merge(source.alias("s"), on)
                 .whenMatchedDelete(condition="s._cdc_op = 'd'")
                 .whenNotMatchedInsert(condition="s._cdc_op != 'd'", values=insert)
