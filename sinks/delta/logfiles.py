@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -88,6 +89,16 @@ def txn_version(path: str | Path, app_id: str) -> int | None:
 
 def table_properties(path: str | Path) -> dict[str, str]:
     """The configuration of the table's newest metaData action; LogUnreadable when none is found."""
+    return dict(table_metadata(path).get("configuration") or {})
+
+
+def table_schema(path: str | Path) -> dict[str, Any]:
+    """The table's schema as its newest metaData action holds it: Spark's StructType JSON."""
+    return json.loads(table_metadata(path)["schemaString"])
+
+
+def table_metadata(path: str | Path) -> dict[str, Any]:
+    """The table's newest metaData action (its configuration as a dict); LogUnreadable when none is found."""
     log = Path(path) / LOG_DIR
     commits, checkpoints, newest_checkpoint = _listing(log)
     for version, name in reversed(commits):
@@ -101,17 +112,17 @@ def table_properties(path: str | Path) -> dict[str, str]:
     raise LogUnreadable(f"{log}: no metaData action in its commits")
 
 
-def _metadata_in_commit(path: Path) -> dict[str, str] | None:
+def _metadata_in_commit(path: Path) -> dict[str, Any] | None:
     for line in path.read_text().splitlines():
         if '"metaData"' not in line:  # most lines are add/remove actions: skip them unparsed
             continue
         action = json.loads(line)
         if "metaData" in action:
-            return dict(action["metaData"].get("configuration") or {})
+            return dict(action["metaData"])
     return None
 
 
-def _metadata_in_checkpoint(parts: list[Path]) -> dict[str, str]:
+def _metadata_in_checkpoint(parts: list[Path]) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     for part in parts:
@@ -119,5 +130,5 @@ def _metadata_in_checkpoint(parts: list[Path]) -> dict[str, str]:
         for meta in table.column("metaData").to_pylist():
             if meta is not None:
                 conf = meta.get("configuration") or []
-                return dict(conf)  # a map column reads as (key, value) pairs
+                return {**meta, "configuration": dict(conf)}  # a map column reads as (key, value) pairs
     raise LogUnreadable(f"{parts[0].parent}: no metaData action in its checkpoint")

@@ -72,7 +72,7 @@ from sinks.delta.features import (
     set_properties_sql,
 )
 from sinks.delta.idempotent import follower_write
-from sinks.delta.logfiles import is_delta_table, latest_version, table_properties, txn_version
+from sinks.delta.logfiles import is_delta_table, latest_version, table_properties, table_schema, txn_version
 from sinks.delta.names import ColumnNames, decoded, source_names
 from sinks.delta.paths import table_path
 from sinks.delta.retype import end_history, rebuild_scd1, rewrite_columns
@@ -238,15 +238,28 @@ class DeltaSink(Sink):
         name`), else encoded (sinks/delta/names.py)."""
         if not self._exists(path):
             return ColumnNames(mapped=self.settings.column_mapping == "name")
-        mode = table_property(self.spark, path, "delta.columnMapping.mode")
+        if self._reads_log_files(path):
+            mode = table_properties(path).get("delta.columnMapping.mode")
+        else:
+            mode = table_property(self.spark, path, "delta.columnMapping.mode")
         if schema is None:
-            schema = DeltaTable.forPath(self.spark, path).toDF().schema
+            schema = self._schema(path)
         return ColumnNames.of_table(mode not in (None, "none"), schema)
+
+    def _schema(self, path: str) -> T.StructType:
+        """The table's columns as Spark reads them. A plain table's schema from its log files where
+        they are read (as Spark's own StructType JSON, without the Spark job a snapshot costs); a
+        table with column mapping or type widening (whose log keeps more in each field) through Spark."""
+        if self._reads_log_files(path):
+            properties = table_properties(path)
+            if not (has_column_mapping(properties) or has_type_widening(properties)):
+                return T.StructType.fromJson(table_schema(path))
+        return DeltaTable.forPath(self.spark, path).toDF().schema
 
     def _plan(self, source: Batch) -> _Evolution:
         path = self.path_of(source.table)
         exists = self._exists(path)
-        schema = DeltaTable.forPath(self.spark, path).toDF().schema if exists else None
+        schema = self._schema(path) if exists else None
         names = self._names(path, schema)
         batch = DeltaBatch(source, names)
         meta = self._meta()
