@@ -167,6 +167,8 @@ def play(
     if result.error is None:
         _compare(result, services, db_dsn, work, name)
         result.verify_code = _cdc(env, "verify", pipeline, timeout=900, check=False).returncode
+    if result.error is not None:
+        _say_last_run(logs)
     _teardown(env, pipeline, services, name, work, keep=not result.clean)
     return result
 
@@ -189,6 +191,15 @@ def _compare(result: RoundResult, services: Services, dsn: str, work: Path, name
             result.tallies.setdefault(follower, compare.Tally()).add(tally)
             for line in tally.examples:
                 say(f"    MISMATCH {line}")
+
+
+def _say_last_run(logs: Path, lines: int = 60) -> None:
+    """The end of the newest `cdc run` log: a round that failed shows where the run stood, even
+    where the kept directory is gone by the time someone looks (pytest keeps three)."""
+    runs = sorted(logs.glob("run-*.log"), key=lambda p: int(p.stem.split("-")[1]))
+    if runs:
+        tail = runs[-1].read_text(errors="replace").splitlines()[-lines:]
+        say(f"  the last {len(tail)} lines of {runs[-1].name}:\n" + "\n".join(f"    {line}" for line in tail))
 
 
 # -- plumbing --------------------------------------------------------------------------------------------
