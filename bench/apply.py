@@ -32,7 +32,8 @@ Run from the repo root:  .venv/bin/python bench/apply.py [--changes 1000000] [--
    sinks/delta/sink.py `_appends`), one with every cut MERGEd as before (DeltaSink.append_inserts
    off). Beside them, the floor: a bare Delta append of the same rows (read back once, kept in
    Parquet) into a copy of the table. `--repeat` rounds (default 3), the followers' order
-   alternating; medians. Target: the appended cut <= 1.3x the bare append.
+   alternating; medians. Target: the appended cut <= 1.3x the bare append. `--profile DIR`
+   writes a cProfile of each cut's apply (where its time goes, in shares).
 
 All apply in this process (pipelines.apply.job.ApplyJob on one SparkSession, start-up not
 counted). It starts its own PostgreSQL (bench/harness) and removes it.
@@ -41,6 +42,7 @@ counted). It starts its own PostgreSQL (bench/harness) and removes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import signal
 import statistics
@@ -48,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.bench import BIN, Bench
@@ -423,6 +426,25 @@ def insert_rows(dsn: str, first: int, count: int, per_txn: int = 1000) -> None:
     conn.close()
 
 
+@contextlib.contextmanager
+def _profiled(where: str | None, name: str) -> Iterator[None]:
+    """cProfile of the block into WHERE/NAME.prof (`--profile`; read with `python -m pstats`);
+    nothing when WHERE is None. The profiler slows the block: its times are for shares, not figures."""
+    if where is None:
+        yield
+        return
+    import cProfile
+
+    Path(where).mkdir(parents=True, exist_ok=True)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(str(Path(where) / f"{name}.prof"))
+
+
 def inserts_cost(b: Bench) -> dict:
     """A cut of inserts alone: seconds per cut appended, MERGEd (as before), and the bare append."""
     from sinks.delta.sink import DeltaSink
@@ -461,7 +483,8 @@ def inserts_cost(b: Bench) -> dict:
             try:
                 before = last_job_id(spark)
                 t0 = time.monotonic()
-                (run,) = job.run_once(sink)
+                with _profiled(b.args.profile, f"{sink}-{r + 1}"):
+                    (run,) = job.run_once(sink)
                 seconds[sink].append(time.monotonic() - t0)
                 jobs[sink].append(last_job_id(spark) - before)
             finally:
@@ -662,6 +685,11 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="freshness: a runtime Spark SQL conf to try (repeatable)",
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="inserts: a cProfile of each cut's `cdc apply --once` step into DIR (append-N.prof, merge-N.prof)",
     )
     ap.add_argument(
         "--steps",
