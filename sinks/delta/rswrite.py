@@ -127,12 +127,19 @@ def merge(
 
 def append(path: str, rows: pyarrow.Table, app_id: str, cut_id: int) -> int:
     """Append `rows` in one commit carrying (app_id, cut_id), cast to the table's own types;
-    a replay writes nothing. Returns how many rows the cut holds."""
+    a replay writes nothing. Returns how many rows the cut holds. A column of the table the rows
+    lack (one the source dropped, kept by `dropped_columns: keep`) is NULL in them, as Spark's
+    append writes it and as the MERGE inserts it."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
     if not holds(path, app_id, cut_id):
         schema = pa.schema(DeltaTable(path).schema().to_arrow())
-        target = rows.select([f.name for f in schema]).cast(schema)  # Spark's Arrow types, the table's names
+        columns = [
+            rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+            for f in schema
+        ]
+        # Spark's Arrow types, the table's names
+        target = pa.Table.from_arrays(columns, names=schema.names).cast(schema)
         write_deltalake(path, target, mode="append", commit_properties=_commit(app_id, cut_id))
     return rows.num_rows

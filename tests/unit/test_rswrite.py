@@ -87,3 +87,18 @@ def test_the_position_survives_checkpoints_and_log_cleanup(tmp_path: Path) -> No
         commit.unlink()
     (log / "_last_checkpoint").unlink()
     assert txn_version(path, APP) == 9
+
+
+def test_an_append_leaves_a_column_the_rows_lack_null(tmp_path: Path) -> None:
+    """A column the source dropped stays in the table (`dropped_columns: keep`) and the cut's rows
+    lack it: the crash campaign's Delta follower failed every cut after such a drop (KeyError)."""
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array([1], pa.int64()), "gone": ["kept"], "Name": ["v1"]}))
+    assert rswrite.append(path, rows([2, 3]), APP, 7) == 2
+    got = DeltaTable(path).to_pyarrow_table().sort_by("id").to_pylist()
+    assert got == [
+        {"id": 1, "gone": "kept", "Name": "v1"},
+        {"id": 2, "gone": None, "Name": "v2"},
+        {"id": 3, "gone": None, "Name": "v3"},
+    ]
+    assert txn_version(path, APP) == 7
