@@ -92,6 +92,9 @@ class NetChanges:
         default_factory=dict
     )  # column -> flag column (True = keep target value)
     cached: DataFrame | None = None
+    # The same rows as a pyarrow Table, typed in the driver (sinks/arrowtyping.py) when the batch
+    # could: a writer in this process takes them with no Spark job. None: only `df` has them.
+    arrow: Any = None
 
     def release(self) -> None:
         if self.cached is not None:
@@ -166,6 +169,9 @@ class TableBatch:
     # every change of the table in position order and a key names one row (the embedded log and
     # cdc's Kafka topics; not Debezium's). With `inserts_only` it lets a follower append the rows.
     inserts_new: bool = False
+    # The events of `raw` as the pyarrow Table it was made from, when the range was read in the
+    # driver (ChangeReader.read_changes_held); None otherwise.
+    held: Any = None
 
     def default_value(self, column: str):
         """The typed Spark literal of a column's fast default."""
@@ -210,6 +216,8 @@ class TableBatch:
         whether unchanged-TOAST markers occur, the row and delete counts, and per column the first key whose
         value cannot be stored in the follower's type (checked on every event, so no value is
         ever turned into a silent NULL)."""
+        if self.typed_in_driver is not None:
+            return self._summary_held()  # every value parsed into its type: none to report
         names = [c.name for c in self.schema.columns]
         texts = [F.col("vals")[i] for i in range(len(names))]
         failures = [
@@ -243,6 +251,36 @@ class TableBatch:
             "rows": row["rows"],
             "deletes": row["deletes"],
             "not_inserts": row["not_inserts"],
+        }
+
+    @cached_property
+    def typed_in_driver(self) -> Any:
+        """The events (truncates aside) typed by pyarrow in the driver (sinks/arrowtyping.py), as
+        the follower's columns and META_COLUMNS; None when the batch holds no events here or a
+        column or value is not typed there (Spark types it then)."""
+        if self.held is None or self.value_kind != "pgtext":
+            return None
+        from sinks.arrowtyping import typed_events
+
+        return typed_events(self.held, self.schema)
+
+    def _summary_held(self) -> dict:
+        """The summary of events held in the driver, summed up by pyarrow."""
+        import pyarrow.compute as pc
+
+        events = self.held
+        ops = events["op"]
+        truncates = events.filter(pc.equal(ops, "t"))
+        truncate = None
+        if truncates.num_rows:
+            last = truncates.sort_by([("lsn", "descending"), ("seq", "descending")]).slice(0, 1)
+            truncate = (last["lsn"][0].as_py(), last["seq"][0].as_py())
+        return {
+            "truncate": truncate,
+            "unchanged": bool(pc.max(pc.list_value_length(events["unch"])).as_py() or 0),
+            "rows": events.num_rows,
+            "deletes": pc.sum(pc.equal(ops, "d")).as_py() or 0,
+            "not_inserts": pc.sum(pc.not_equal(ops, "c")).as_py() or 0,
         }
 
     def _summary_in_driver(self, failures: list[Column]) -> tuple[dict, dict[int, bytes]] | None:
@@ -370,7 +408,7 @@ class TableBatch:
             # and no delete in between could free it again. The events are the net change as they
             # are, with no grouping (a shuffle; a range read in the driver stays there).
             typed, unchanged = self._typed(self.events, {}, [])
-            return NetChanges(typed, unchanged)
+            return NetChanges(typed, unchanged, arrow=self.typed_in_driver)
         return self._latest(self._after_truncate(), ["key"])
 
     def versions(self) -> NetChanges:

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from cdc import metrics
@@ -289,14 +290,18 @@ class SinkCut:
             followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
             schema = followed.schema
             # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
-            raw = self.reader.read_changes(self.spark, table, after, upto, schema, followed.retired)
+            raw, held = self.reader.read_changes_held(
+                self.spark, table, after, upto, schema, followed.retired
+            )
             if not bootstrap and ckpt.lsn:
                 # Every transaction committed before the last applied cut's LSN is applied already:
                 # an event older than that in a later range is a copy (a producer retry, a replay).
                 # Dropping it keeps a follower without tombstones (SCD1 Delta) from bringing a
                 # since-deleted key back with it.
                 raw = raw.where(F.col("lsn") >= ckpt.lsn)
+                held = None if held is None else held.filter(pc.greater_equal(held["lsn"], ckpt.lsn))
             batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
+            batch.held = held
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
             batch.base = self.cut_tables[name].base

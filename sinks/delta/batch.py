@@ -76,4 +76,7 @@ class DeltaBatch:
             *(F.col(q(c)).alias(by_source[c]) if c in by_source else F.col(q(c)) for c in changes.df.columns)
         )
         unchanged = {by_source.get(c, c): flag for c, flag in changes.unchanged.items()}
-        return NetChanges(df, unchanged)  # the job releases the cached original
+        arrow = changes.arrow
+        if arrow is not None:
+            arrow = arrow.rename_columns([by_source.get(c, c) for c in arrow.column_names])
+        return NetChanges(df, unchanged, arrow=arrow)  # the job releases the cached original

@@ -562,6 +562,14 @@ class DeltaSink(Sink):
         self, path: str, batch: DeltaBatch, changes: NetChanges, cut_id: int, rs: bool = False
     ) -> int:
         """The rows the MERGE's insert clause would write, appended; returns how many."""
+        if rs and changes.arrow is not None:  # typed in the driver already: no Spark job
+            import pyarrow.compute as pc
+
+            held = changes.arrow
+            columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
+            return rswrite.append(
+                path, held.filter(pc.not_equal(held["_cdc_op"], "d")).select(columns), self.app_id, cut_id
+            )
         types = {f.name: f.dataType for f in batch.spark_schema.fields} | self._meta()
         columns = [*(f.name for f in batch.spark_schema.fields), *META_COLUMNS]
         rows = changes.df.where(F.col("_cdc_op") != "d").select(

@@ -42,18 +42,36 @@ UNSTORABLE = [
 ]
 
 
-def _events(spark, rows: list[tuple], in_driver: bool):
-    events = [
-        (i + 1, lsn, seq, op, key, vals, unch, 0) for i, (lsn, seq, op, key, vals, unch) in enumerate(rows)
+_ARROW_EVENTS = pa.schema(
+    [
+        ("off", pa.int64()),
+        ("lsn", pa.int64()),
+        ("seq", pa.int64()),
+        ("op", pa.string()),
+        ("key", pa.binary()),
+        ("vals", pa.list_(pa.string())),
+        ("unch", pa.list_(pa.int32())),
+        ("ts", pa.int64()),
     ]
-    cols = list(zip(*events, strict=True))
-    names = ["off", "lsn", "seq", "op", "key", "vals", "unch", "ts"]
-    frame = spark.createDataFrame(pa.table(dict(zip(names, cols, strict=True))), schema=EVENT_SCHEMA)
-    return frame if in_driver else frame.repartition(2)  # not folded away: read like an executor's range
+)
 
 
-def _batch(spark, rows: list[tuple], in_driver: bool) -> TableBatch:
-    return TableBatch(TABLE, SCHEMA, _events(spark, rows, in_driver), False, None, 0, len(rows), "pgtext")
+def _batch(spark, rows: list[tuple], where: str) -> TableBatch:
+    """The events held as pyarrow in the driver ("held", as the embedded log's reader hands a small
+    range over), in the driver as Spark data only ("driver"), or spread over executors ("spread")."""
+    events = [
+        (i + 1, lsn, seq, op, key, vals, unch, 1_700_000_000_000_000 + i)
+        for i, (lsn, seq, op, key, vals, unch) in enumerate(rows)
+    ]
+    held = pa.table(
+        dict(zip(_ARROW_EVENTS.names, zip(*events, strict=True), strict=True)), schema=_ARROW_EVENTS
+    )
+    frame = spark.createDataFrame(held, schema=EVENT_SCHEMA)
+    if where == "spread":
+        frame = frame.repartition(2)  # not folded away: read like an executor's range
+    batch = TableBatch(TABLE, SCHEMA, frame, False, None, 0, len(rows), "pgtext")
+    batch.held = held if where == "held" else None
+    return batch
 
 
 def _last_job(spark) -> int:
@@ -61,15 +79,18 @@ def _last_job(spark) -> int:
 
 
 def test_driver_summary_matches_the_aggregate_and_runs_no_job(spark) -> None:
-    local, spread = _batch(spark, STORABLE, True), _batch(spark, STORABLE, False)
+    held, local, spread = (_batch(spark, STORABLE, w) for w in ("held", "driver", "spread"))
     assert local.in_driver and not spread.in_driver
+    assert held.typed_in_driver is not None and local.typed_in_driver is None
     before = _last_job(spark)
+    held.check()
     local.check()
     assert _last_job(spark) == before, "the summary of events in the driver started a Spark job"
     spread.check()
     assert _last_job(spark) > before
     assert (
-        local._summary
+        held._summary
+        == local._summary
         == spread._summary
         == {
             "truncate": (14, 0),
@@ -86,13 +107,14 @@ def test_driver_summary_matches_the_aggregate_and_runs_no_job(spark) -> None:
 
 def test_driver_summary_stops_on_the_same_unstorable_values(spark) -> None:
     errors = []
-    for in_driver in (True, False):
-        batch = _batch(spark, STORABLE + UNSTORABLE, in_driver)
+    for where in ("held", "driver", "spread"):
+        batch = _batch(spark, STORABLE + UNSTORABLE, where)
+        assert batch.typed_in_driver is None  # pyarrow parses neither value: Spark decides
         with pytest.raises(SinkError) as raised:
             batch.check()
         errors.append(str(raised.value))
         batch.release()
-    assert errors[0] == errors[1]
+    assert errors[0] == errors[1] == errors[2]
     assert "2 column(s) affected: id, d" in errors[0], errors[0]
     assert "first at key 5" in errors[0], errors[0]
 
@@ -108,20 +130,31 @@ def test_a_range_of_new_keys_is_its_own_net_change(spark) -> None:
     """Inserts alone, of keys the log promises are new (`inserts_new`): each key occurs once, so the
     net change is the typed events themselves, with no grouping; read in the driver it stays there
     (no Spark job to net it). The same range without that promise is grouped, with the same rows."""
-    promised, grouped = _batch(spark, INSERTS, True), _batch(spark, INSERTS, True)
-    promised.inserts_new = True
-    assert promised.inserts_only and grouped.inserts_only
+    promised, grouped, held = (
+        _batch(spark, INSERTS, "driver"),
+        _batch(spark, INSERTS, "driver"),
+        _batch(spark, INSERTS, "held"),
+    )
+    promised.inserts_new = held.inserts_new = True
+    assert promised.inserts_only and grouped.inserts_only and held.inserts_only
     before = _last_job(spark)
     net = promised.net().df.collect()
     assert _last_job(spark) == before, "netting a range of new keys in the driver started a Spark job"
     assert sorted(net) == sorted(grouped.net().df.collect())
+    # held as pyarrow: the same rows, typed there, ride along for a writer in this process
+    before = _last_job(spark)
+    typed = held.net()
+    assert _last_job(spark) == before, "typing a range held in the driver started a Spark job"
+    assert promised.net().arrow is None
+    assert typed.arrow.to_pylist() == typed.df.toArrow().cast(typed.arrow.schema).to_pylist()
+    assert typed.arrow.num_rows == len(net) == 3
     assert [(r["id"], r["note"], r["_cdc_op"]) for r in sorted(net)] == [
         (7, "p", "c"),
         (8, "q", "c"),
         (9, "r", "c"),
     ]
     # a delete in the range: keys may repeat, so the range is netted as before
-    mixed = _batch(spark, [*INSERTS, (22, 0, "d", b"7", ["7", None, None], [])], True)
+    mixed = _batch(spark, [*INSERTS, (22, 0, "d", b"7", ["7", None, None], [])], "driver")
     mixed.inserts_new = True
     assert not mixed.inserts_only
     assert sorted((r["id"], r["_cdc_op"]) for r in mixed.net().df.collect()) == [(7, "d"), (8, "c"), (9, "c")]

@@ -107,6 +107,68 @@ def test_small_cuts_written_by_delta_rs_match_spark_and_the_source(pg_db: str, t
     assert DeltaTable(str(lake)).version() == version, "a replayed cut committed again"
 
 
+# Every column of a type pyarrow types as Spark does (sinks/arrowtyping.py), at the edges of its range
+TYPED = (
+    "CREATE TABLE e(id bigint PRIMARY KEY, s smallint, n int, amount numeric(12,2), ratio float8, f4 real,"
+    " ok bool, note varchar(20), body text, day date, at timestamptz, local timestamp, doc jsonb, u uuid)",
+    "INSERT INTO e SELECT g, g, g, g * 1.25, g / 7.0, g / 3.0, g % 2 = 0, 'n' || g, 'body ' || g,"
+    " '2024-01-01'::date + g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 hour',"
+    " '2024-01-01'::timestamp + g * interval '1 second', jsonb_build_object('g', g),"
+    " md5(g::text)::uuid FROM generate_series(1, 20) g",
+)
+EDGES = (
+    "INSERT INTO e VALUES"
+    " (100, 32767, 2147483647, 9999999999.99, 'Infinity', '-Infinity', true, 'ü✓', E'tab\\there', '0001-01-01',"
+    " '0001-01-01 00:00:00+00', '9999-12-31 23:59:59.999999', '{\"a\": [1, null]}', NULL),"
+    " (101, -32768, -2147483648, -0.01, '-0', 1e-45, false, '', '', '9999-12-31', '9999-12-31 23:59:59.999999+00',"
+    " '1582-10-04 12:00:00.5', 'null', '00000000-0000-0000-0000-000000000000'),"
+    " (102, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "INSERT INTO e SELECT g, g % 100, g, g * 0.01, g * 1e300, g / 9.0, true, 'x', repeat('y', g % 50),"
+    " '1970-01-01'::date - g, '1969-12-31 23:59:59.999999-08'::timestamptz + g * interval '1 microsecond',"
+    " '2000-02-29 00:00:00'::timestamp, '[]', NULL FROM generate_series(200, 700) g",
+)
+
+
+def _last_job(spark) -> int:
+    return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
+
+
+def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
+    pg_db: str, tmp_path: Path, spark
+) -> None:
+    """A small cut of inserts whose every column pyarrow types (sinks/arrowtyping.py) is checked,
+    typed and appended by delta-rs with no Spark job, and holds what Spark's typing writes."""
+    sql(pg_db, *TYPED)
+    pipe = make_pipe(tmp_path, pg_db, ["public.e"], sinks=SINKS[:2])
+    snapshot(pipe)
+    apply_ok(pipe, spark)
+    lake, spk = (delta_dir(pipe, "public.e", base) for base in ("lake", "spk"))
+    bootstrap = len(writers(lake))
+    sql(pg_db, *EDGES)
+    stream(pipe)
+    before = _last_job(spark)
+    apply_ok(pipe, spark, "lake")
+    assert _last_job(spark) == before, "the cut of inserts typed in the driver ran a Spark job"
+    assert writers(lake)[bootstrap:] == [("WRITE", "delta-rs")]
+    apply_ok(pipe, spark, "spk")
+    verified(pipe, spark)
+    ours, theirs = delta_rows(spark, lake), delta_rows(spark, spk)
+    assert len(ours) == 20 + 3 + 501
+    assert comparable(ours) == comparable(theirs)
+    assert ours[("102",)] == {
+        **dict.fromkeys(ours[("102",)], None),
+        **{k: ours[("102",)][k] for k in ("id", "_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")},
+    }
+    assert ours[("100",)]["ratio"] == float("inf")
+    assert str(ours[("101",)]["ratio"]) == str(theirs[("101",)]["ratio"]) == "-0.0"
+    # a cut with an update nets in Spark; its check needs no Spark job, its MERGE is delta-rs's
+    sql(pg_db, "UPDATE e SET note = 'upd', at = now() WHERE id < 10", "INSERT INTO e VALUES (800)")
+    stream(pipe)
+    apply_ok(pipe, spark)
+    verified(pipe, spark)
+    assert comparable(delta_rows(spark, lake)) == comparable(delta_rows(spark, spk))
+
+
 def test_int96_timestamps_stay_with_spark_and_read_right_in_datafusion(tmp_path: Path, spark) -> None:
     """A table made before cdc wrote INT64 timestamps (no `cdc.timestamps` property) may hold
     Spark's INT96 ones: delta-rs does not rewrite it, and DataFusion (`cdc sql`) reads them right."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, DataFrameReader, SparkSession
@@ -55,6 +55,20 @@ class ChangeReader(ABC):
     ) -> DataFrame:
         """The table's events with after < offset <= upto (SCHEMA), values aligned with `schema`
         (default: the newest); `retired` columns a row's schema version lacks are marked unchanged."""
+
+    def read_changes_held(
+        self,
+        spark: SparkSession,
+        table: TableName,
+        after: int,
+        upto: int,
+        schema: TableSchema | None = None,
+        retired: frozenset[str] = frozenset(),
+    ) -> tuple[DataFrame, Any]:
+        """`read_changes`, and the same events as a pyarrow Table when the reader read them in the
+        driver and made the DataFrame from it (else None): the apply may type them there
+        (sinks/arrowtyping.py)."""
+        return self.read_changes(spark, table, after, upto, schema, retired), None
 
     @abstractmethod
     def count_events(

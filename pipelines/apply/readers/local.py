@@ -72,6 +72,17 @@ class LocalReader(ChangeReader):
         schema: TableSchema | None = None,
         retired: frozenset[str] = frozenset(),
     ) -> DataFrame:
+        return self.read_changes_held(spark, table, after, upto, schema, retired)[0]
+
+    def read_changes_held(
+        self,
+        spark: SparkSession,
+        table: TableName,
+        after: int,
+        upto: int,
+        schema: TableSchema | None = None,
+        retired: frozenset[str] = frozenset(),
+    ) -> tuple[DataFrame, Any]:
         # Columns match across schema versions by attnum (cdc.log.history).
         schema = schema or self.view.schema(table)
         options = {
@@ -85,10 +96,10 @@ class LocalReader(ChangeReader):
             "missing": orjson.dumps([c.missing for c in schema.columns]).decode(),
         }
         if upto - after <= DRIVER_READ_EVENTS:
-            small = _read_in_driver(spark, options)
-            if small is not None:
-                return small
-        return python_source(spark, LocalLogSource).options(**options).load()
+            held = _read_in_driver(options)
+            if held is not None:
+                return spark.createDataFrame(held, schema=SCHEMA), held
+        return python_source(spark, LocalLogSource).options(**options).load(), None
 
     def count_events(
         self, spark: SparkSession, table: TableName, after: int, upto: int, below_lsn: int
@@ -99,8 +110,8 @@ class LocalReader(ChangeReader):
         return self.view.first_offset_from(table, lsn, upto)
 
 
-def _read_in_driver(spark: SparkSession, options: dict[str, str]) -> DataFrame | None:
-    """The range read here, through LocalLogReader as an executor reads it; None when the range
+def _read_in_driver(options: dict[str, str]) -> Any:
+    """The range read here (a pyarrow Table), through LocalLogReader as an executor reads it; None when the range
     has snapshot segments (files of any size) or its events hold more than DRIVER_READ_BYTES:
     read in executors."""
     import pyarrow as pa
@@ -114,7 +125,7 @@ def _read_in_driver(spark: SparkSession, options: dict[str, str]) -> DataFrame |
     empty = pa.RecordBatch.from_arrays([pa.array([], type=t) for t in types], names=COLUMN_NAMES)
     batches = [batch for part in parts for batch in reader.read(part)] or [empty]
     arrow_schema = pa.schema(list(zip(COLUMN_NAMES, types, strict=True)))
-    return spark.createDataFrame(pa.Table.from_batches(batches, schema=arrow_schema), schema=SCHEMA)
+    return pa.Table.from_batches(batches, schema=arrow_schema)
 
 
 def _event_bytes(reader: LocalLogReader) -> int:

@@ -1,0 +1,94 @@
+"""A small cut's events typed in the driver with pyarrow, where Spark's casts would give the same
+values (sinks/sparktypes.py `from_text`): no Spark job to check the values and none to bring the
+typed rows back for delta-rs (docs/performance.md, "What is left of an insert cut").
+
+Only for PostgreSQL text (the embedded log) and types PostgreSQL prints one way under cdc's session
+settings (cdc/session.py: DateStyle ISO, TimeZone UTC, extra_float_digits 3): integers, floats,
+bool, numeric(p,s) stored as decimal, date, timestamp, timestamptz, and every type Spark keeps as
+text. Anything else (arrays, bytea, time, timetz, interval), or a value pyarrow will not parse
+(NaN in a decimal, BC or infinite dates, years past 9999, a number too big), gives None: Spark then
+types the cut as before and names the value it cannot store. tests/integration/test_arrow_typing.py
+compares both on values PostgreSQL printed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import types as T
+
+from cdc.log.base import Column, TableSchema
+from cdc.schema import schema_types
+from cdc.typemap import PgType
+from sinks.sparktypes import spark_type
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# Spark type -> the Arrow type Spark's toArrow gives it (and pyarrow's cast parses the text into)
+_PARSED: dict[type[T.DataType], Callable[[T.DataType], pa.DataType]] = {
+    T.ShortType: lambda _: pa.int16(),
+    T.IntegerType: lambda _: pa.int32(),
+    T.LongType: lambda _: pa.int64(),
+    T.FloatType: lambda _: pa.float32(),
+    T.DoubleType: lambda _: pa.float64(),
+    T.DecimalType: lambda t: pa.decimal128(t.precision, t.scale),  # type: ignore[attr-defined]
+    T.DateType: lambda _: pa.date32(),
+    T.TimestampNTZType: lambda _: pa.timestamp("us"),
+    T.TimestampType: lambda _: pa.timestamp("us", tz="UTC"),  # PostgreSQL prints the offset (+00)
+}
+# Spark keeps these as text, but not PostgreSQL's own (cdc/typemap.py converts them)
+_NOT_AS_PRINTED = {"timetz", "interval"}
+# Spark's `time` is microseconds of the day, computed from the text (sinks/sparktypes.py)
+_COMPUTED = {"time"}
+
+
+def typed_text(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
+    """PostgreSQL's text of one column as Spark would type it; None when this module does not
+    type it so (the type) or a value does not parse (Spark then decides)."""
+    target = spark_type(t, column)
+    name = t.name if t.kind == "base" else ""
+    if isinstance(target, T.StringType):
+        return None if name in _NOT_AS_PRINTED else texts.cast(pa.string())
+    if isinstance(target, T.BooleanType):
+        return _bool(texts)
+    parsed = _PARSED.get(type(target))
+    if parsed is None or name in _COMPUTED:
+        return None  # arrays, bytea, time
+    try:
+        return pc.cast(texts, parsed(target), safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+def _bool(texts: pa.Array) -> pa.Array | None:
+    true = pc.equal(texts, "t")
+    if pc.any(pc.and_(pc.invert(true), pc.not_equal(texts, "f"))).as_py():
+        return None  # PostgreSQL prints only t and f
+    return true
+
+
+def typed_events(events: pa.Table, schema: TableSchema) -> pa.Table | None:
+    """The events other than truncates as the follower's typed columns plus the change's position,
+    operation and commit time (`_cdc_lsn`, `_cdc_seq`, `_cdc_op`, `_cdc_commit_ts`, as
+    sinks/changes.py types them); None when a column or value is not typed here."""
+    rows = events.filter(pc.not_equal(events["op"], "t"))
+    vals = rows["vals"].combine_chunks()
+    if pc.any(pc.less(pc.list_value_length(vals), len(schema.columns))).as_py():
+        return None  # every event holds a value (or NULL) per column; anything else is not ours to type
+    types = schema_types(schema)
+    columns: dict[str, pa.Array] = {}
+    for i, col in enumerate(schema.columns):
+        typed = typed_text(pc.list_element(vals, i), types[col.type_oid], col)
+        if typed is None:
+            return None
+        columns[col.name] = typed
+    columns |= {
+        "_cdc_lsn": rows["lsn"],
+        "_cdc_seq": rows["seq"],
+        "_cdc_op": rows["op"],
+        "_cdc_commit_ts": rows["ts"].cast(pa.timestamp("us", tz="UTC")),
+    }
+    return pa.table(columns)
