@@ -3,9 +3,9 @@ values (sinks/sparktypes.py `from_text`): no Spark job to check the values and n
 typed rows back for delta-rs (docs/performance.md, "What is left of an insert cut").
 
 Only for PostgreSQL text (the embedded log) and types PostgreSQL prints one way under cdc's session
-settings (cdc/session.py: DateStyle ISO, TimeZone UTC, extra_float_digits 3): integers, floats,
-bool, numeric(p,s) stored as decimal, date, timestamp, timestamptz, and every type Spark keeps as
-text. Anything else (arrays, bytea, time, timetz, interval), or a value pyarrow will not parse
+settings (cdc/session.py: DateStyle ISO, TimeZone UTC, extra_float_digits 3, bytea_output hex):
+integers, floats, bool, numeric(p,s) stored as decimal, date, timestamp, timestamptz, bytea, time,
+and every type Spark keeps as text. Anything else (arrays, timetz, interval), or a value pyarrow will not parse
 (NaN in a decimal, BC or infinite dates, years past 9999, a number too big), gives None: Spark then
 types the cut as before and names the value it cannot store. tests/integration/test_arrow_typing.py
 compares both on values PostgreSQL printed.
@@ -41,8 +41,8 @@ _PARSED: dict[type[T.DataType], Callable[[T.DataType], pa.DataType]] = {
 }
 # Spark keeps these as text, but not PostgreSQL's own (cdc/typemap.py converts them)
 _NOT_AS_PRINTED = {"timetz", "interval"}
-# Spark's `time` is microseconds of the day, computed from the text (sinks/sparktypes.py)
-_COMPUTED = {"time"}
+_HEX = r"^\\x([0-9a-fA-F]{2})*$"  # bytea as bytea_output=hex prints it
+_TIME = r"^[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?$"  # time: HH:MM:SS[.ffffff]
 
 
 def typed_text(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
@@ -54,9 +54,13 @@ def typed_text(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
         return None if name in _NOT_AS_PRINTED else texts.cast(pa.string())
     if isinstance(target, T.BooleanType):
         return _bool(texts)
+    if name == "bytea":
+        return _bytea(texts)
+    if name == "time":
+        return _micros_of_day(texts)
     parsed = _PARSED.get(type(target))
-    if parsed is None or name in _COMPUTED:
-        return None  # arrays, bytea, time
+    if parsed is None:
+        return None  # arrays
     try:
         return pc.cast(texts, parsed(target), safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -68,6 +72,32 @@ def _bool(texts: pa.Array) -> pa.Array | None:
     if pc.any(pc.and_(pc.invert(true), pc.not_equal(texts, "f"))).as_py():
         return None  # PostgreSQL prints only t and f
     return true
+
+
+def _all_match(texts: pa.Array, pattern: str) -> bool:
+    return not pc.any(pc.invert(pc.match_substring_regex(texts, pattern))).as_py()
+
+
+def _bytea(texts: pa.Array) -> pa.Array | None:
+    """`\\x00ff` -> its bytes (Spark: unhex of the digits)."""
+    if not _all_match(texts, _HEX):
+        return None
+    return pa.array([None if t is None else bytes.fromhex(t[2:]) for t in texts.to_pylist()], pa.binary())
+
+
+def _micros_of_day(texts: pa.Array) -> pa.Array | None:
+    """`HH:MM:SS[.ffffff]` -> microseconds since midnight, as Spark computes it (24:00:00 included)."""
+    if not _all_match(texts, _TIME):
+        return None
+    out: list[int | None] = []
+    for t in texts.to_pylist():
+        if t is None:
+            out.append(None)
+            continue
+        whole, _, fraction = t[6:].partition(".")
+        micros = int(fraction.ljust(6, "0")) if fraction else 0
+        out.append((int(t[0:2]) * 3600 + int(t[3:5]) * 60 + int(whole)) * 1_000_000 + micros)
+    return pa.array(out, pa.int64())
 
 
 def typed_events(events: pa.Table, schema: TableSchema) -> pa.Table | None:

@@ -110,22 +110,25 @@ def test_small_cuts_written_by_delta_rs_match_spark_and_the_source(pg_db: str, t
 # Every column of a type pyarrow types as Spark does (sinks/arrowtyping.py), at the edges of its range
 TYPED = (
     "CREATE TABLE e(id bigint PRIMARY KEY, s smallint, n int, amount numeric(12,2), ratio float8, f4 real,"
-    " ok bool, note varchar(20), body text, day date, at timestamptz, local timestamp, doc jsonb, u uuid)",
+    " ok bool, note varchar(20), body text, day date, at timestamptz, local timestamp, doc jsonb, u uuid,"
+    " bin bytea, tod time)",
     "INSERT INTO e SELECT g, g, g, g * 1.25, g / 7.0, g / 3.0, g % 2 = 0, 'n' || g, 'body ' || g,"
     " '2024-01-01'::date + g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 hour',"
     " '2024-01-01'::timestamp + g * interval '1 second', jsonb_build_object('g', g),"
-    " md5(g::text)::uuid FROM generate_series(1, 20) g",
+    " md5(g::text)::uuid, decode(md5(g::text), 'hex'), '00:00'::time + g * interval '1 minute'"
+    " FROM generate_series(1, 20) g",
 )
 EDGES = (
     "INSERT INTO e VALUES"
     " (100, 32767, 2147483647, 9999999999.99, 'Infinity', '-Infinity', true, 'ü✓', E'tab\\there', '0001-01-01',"
-    " '0001-01-01 00:00:00+00', '9999-12-31 23:59:59.999999', '{\"a\": [1, null]}', NULL),"
+    " '0001-01-01 00:00:00+00', '9999-12-31 23:59:59.999999', '{\"a\": [1, null]}', NULL, '\\x00ff', '24:00:00'),"
     " (101, -32768, -2147483648, -0.01, '-0', 1e-45, false, '', '', '9999-12-31', '9999-12-31 23:59:59.999999+00',"
-    " '1582-10-04 12:00:00.5', 'null', '00000000-0000-0000-0000-000000000000'),"
-    " (102, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    " '1582-10-04 12:00:00.5', 'null', '00000000-0000-0000-0000-000000000000', '', '00:00:00.000001'),"
+    " (102, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
     "INSERT INTO e SELECT g, g % 100, g, g * 0.01, g * 1e300, g / 9.0, true, 'x', repeat('y', g % 50),"
     " '1970-01-01'::date - g, '1969-12-31 23:59:59.999999-08'::timestamptz + g * interval '1 microsecond',"
-    " '2000-02-29 00:00:00'::timestamp, '[]', NULL FROM generate_series(200, 700) g",
+    " '2000-02-29 00:00:00'::timestamp, '[]', NULL, decode(repeat('ab', g), 'hex'), '23:59:59.999999'"
+    " FROM generate_series(200, 700) g",
 )
 
 
