@@ -4,8 +4,10 @@ Net change (DESIGN.md §7): per key the last event by position (commit LSN, inde
 transaction) wins; a delete beats earlier writes; a truncate drops everything before it
 (the sink empties the table at that position); an unchanged-TOAST value takes the last value
 the batch knows for that column, and when the batch knows none the sink keeps the value it
-already has (flag column `__cdc_u_<i>`). Everything stays in Spark: the driver only ever
-sees tiny aggregates (the truncate position, cast-failure counts).
+already has (flag column `__cdc_u_<i>`). A large range stays in Spark: the driver only sees
+tiny aggregates (the truncate position, cast-failure counts). A small one of the embedded log is
+held in the driver already (pipelines/apply/readers/local.py): its summary is summed up there and,
+where pyarrow types every column as Spark would (sinks/arrowtyping.py), its rows typed there.
 """
 
 from __future__ import annotations

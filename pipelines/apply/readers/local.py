@@ -6,7 +6,8 @@ Partitions are offset ranges of a table's event rows plus one per snapshot segme
 the read spreads over executors. Each row comes out as PostgreSQL text values aligned with
 the *target* columns (the table's newest schema): a row written under an older schema
 version gets None for columns it did not have. Typing happens in the JVM afterwards
-(sinks.sparktypes).
+(sinks.sparktypes), or, for a range held in the driver, there by pyarrow where that gives the
+same values (sinks.arrowtyping; `read_changes_held` hands the range over as a pyarrow Table).
 
 Output columns: readers.base.SCHEMA (off, lsn, seq, op, key, vals (array<string>), unch
 (indexes of unchanged-TOAST values), ts (commit time, µs since the epoch)).
