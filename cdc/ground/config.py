@@ -27,7 +27,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 from cdc.ground.errors import PipelineFileError, UsageError
 from cdc.ground.log_config import LocalLog, LogConfig
 from cdc.ground.runtime_config import MetricsConfig, SnapshotConfig, SparkConfig, StreamConfig
-from cdc.ground.settings import NAME_RE, SinkSettings, Strict
+from cdc.ground.settings import NAME_RE, SinkSettings, Strict, local_directory
 from cdc.ground.source_config import Source
 from cdc.ground.tables import TableName, TableSelector
 
@@ -128,8 +128,10 @@ class Pipeline(Strict):
         default=None, description="where captured changes are kept (default: local)"
     )
     state_dir: str | None = Field(
-        default=None, description="checkpoints, locks and the local log (default .cdc/<name>)"
+        default=None,
+        description="checkpoints, locks and the local log (default .cdc/<name>), on a local file system",
     )
+    _state_dir = field_validator("state_dir")(local_directory)
     sinks: list[SinkConfig] = Field(default_factory=list, description="the followers")
     views: list[ViewConfig] = Field(
         default_factory=list, description="derived views over the captured tables"

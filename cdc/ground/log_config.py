@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from cdc.ground.settings import Strict
+from cdc.ground.settings import Strict, local_directory
 
 
 class LocalLog(Strict):
     path: str | None = Field(
-        default=None, description="directory of the SQLite log (default <state_dir>/log)"
+        default=None,
+        description="directory of the SQLite log (default <state_dir>/log), on a local file system",
     )
+    _path = field_validator("path")(local_directory)
     synchronous: Literal["full", "normal"] = Field(
         default="full",
         description="SQLite fsync policy: full survives power loss, normal survives process crashes",

@@ -5,6 +5,7 @@ masks and renames; each kind's own settings extend it in sinks/<kind>/settings.p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -19,6 +20,20 @@ class Strict(BaseModel):
     """Unknown keys are errors, values are frozen, strings stripped."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def local_directory(value: str | None) -> str | None:
+    """A field validator for a directory cdc reads and writes with file-system calls (a Delta lake,
+    a tantivy index): a URI would silently become a local folder named after its scheme."""
+    if value is not None and _URI.match(value):
+        raise ValueError(
+            f"{value!r} is a URI: this directory must be on a local or shared (mounted) file system, "
+            "object stores are not supported; give a path, absolute or relative to the pipeline file"
+        )
+    return value
 
 
 def check_tables(values: list[str] | None) -> list[str] | None:

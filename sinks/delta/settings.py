@@ -7,14 +7,17 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
-from cdc.ground.settings import SinkSettings, check_tables, view_list, view_names
+from cdc.ground.settings import SinkSettings, check_tables, local_directory, view_list, view_names
 
 if TYPE_CHECKING:
     from cdc.ground.config import SinkConfig
 
 
 class DeltaSettings(SinkSettings):
-    path: str = Field(description="directory of the Delta tables (a table is <path>/<schema>/<table>)")
+    path: str = Field(
+        description="directory of the Delta tables (a table is <path>/<schema>/<table>), on a local or "
+        "shared (mounted) file system, absolute or relative to the pipeline file; a URI (s3://...) is refused"
+    )
     mode: Literal["scd1", "scd2"] = Field(
         default="scd1",
         description="scd1: the current row per key; scd2: every version, with _cdc_start_lsn/_cdc_end_lsn",
@@ -48,6 +51,7 @@ class DeltaSettings(SinkSettings):
         "and `mode: scd2` are always written by Spark",
     )
 
+    _path = field_validator("path")(local_directory)
     _tables = field_validator("tables")(check_tables)
     _views = field_validator("views")(view_names)
 

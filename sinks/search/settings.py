@@ -14,6 +14,7 @@ from cdc.ground.settings import (
     Strict,
     TableList,
     check_tables,
+    local_directory,
     tables_or_views,
     view_list,
     view_names,
@@ -44,7 +45,8 @@ class SearchSettings(SinkSettings):
     tables: TableList | None = Field(default=None, description="required unless `views` is given")
     views: list[str] = view_list()
     path: str | None = Field(
-        default=None, description="tantivy: index directory (default <state_dir>/search)"
+        default=None,
+        description="tantivy: index directory (default <state_dir>/search), on a local or shared file system",
     )
     hosts: list[str] | None = Field(default=None, description="opensearch: node URLs")
     index_prefix: str | None = Field(
@@ -97,6 +99,7 @@ class SearchSettings(SinkSettings):
         "credentials from the standard AWS chain (env, profile, role); needs boto3",
     )
 
+    _path = field_validator("path")(local_directory)
     _tables = field_validator("tables")(check_tables)
     _views = field_validator("views")(view_names)
 

@@ -69,3 +69,31 @@ def test_bad_delta_table_feature_values_name_the_key(tmp_path: Path) -> None:
     ), text
     assert "sinks.0.delta.column_mapping: Input should be 'auto' or 'name' (got 'id')" in text, text
     assert "fix:" in text and "Traceback" not in text and "secret" not in text
+
+
+@pytest.mark.parametrize(
+    "uri", ["s3://bucket/lake", "s3a://bucket/lake", "file:///srv/lake", "abfss://c@a/lake"]
+)
+def test_a_directory_given_as_a_uri_is_refused_not_made_a_local_folder(tmp_path: Path, uri: str) -> None:
+    """A Delta lake and a tantivy index are written with file-system calls: `s3://bucket/lake`
+    would become the local folder `s3:/bucket/lake` under the pipeline file's directory. Exit 2
+    naming the key, before anything is written."""
+    path = tmp_path / "shop.yml"
+    path.write_text(
+        FILE.replace("delta: {path: lake, mdoe: scd2}", f"delta: {{path: '{uri}'}}")
+        .replace("tabels", "tables")
+        .replace("stat_dir: .cdc/shop", f"state_dir: '{uri}'\nlog: {{local: {{path: '{uri}'}}}}")
+        .replace(
+            'redis: {url: "redis://127.0.0.1:6379/0", tables: [public.t], tll: 60}',
+            f"search: {{tables: [public.t], path: '{uri}'}}",
+        )
+        .replace("mastr", "master")
+        .replace("zzzz: 1\n", "")
+    )
+    run = cdc("validate", path)
+    text = run.out + run.err
+    assert run.code == 2, text
+    for key in ("sinks.0.delta.path", "sinks.1.search.path", "state_dir", "log.local.path"):
+        assert f"{key}: {uri!r} is a URI: this directory must be on a local or shared" in text, text
+    assert "fix:" in text and "Traceback" not in text and "secret" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shop.yml"]  # no folder named s3: etc.
