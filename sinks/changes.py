@@ -266,6 +266,38 @@ class TableBatch:
 
         return typed_events(self.held, self.schema)
 
+    def _net_in_driver(self) -> Any:
+        """`net()`'s rows computed by pyarrow from the events typed in the driver: per key the
+        newest event after the last truncate, by (lsn, seq), as Spark's max_by picks it. None when
+        the events are not typed here, or an unchanged TOAST value needs the batch's earlier values
+        (Spark's window then)."""
+        typed = self.typed_in_driver
+        if typed is None or self._summary["unchanged"]:
+            return None
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = self.held.filter(pc.not_equal(self.held["op"], "t"))  # typed_events' rows, in order
+        order = pa.table(
+            {"key": rows["key"], "lsn": rows["lsn"], "seq": rows["seq"], "at": pa.array(range(rows.num_rows))}
+        )
+        if self.truncate_position is not None:
+            lsn, seq = self.truncate_position
+            after = pc.or_(
+                pc.greater(order["lsn"], lsn),
+                pc.and_(pc.equal(order["lsn"], lsn), pc.greater(order["seq"], seq)),
+            )
+            order = order.filter(after)
+        order = order.sort_by([("key", "ascending"), ("lsn", "descending"), ("seq", "descending")])
+        keys = order["key"].combine_chunks()
+        if not len(keys):
+            return typed.slice(0, 0)
+        # the first row of each key's run is its newest event
+        first = pa.concat_arrays(
+            [pa.array([True]), pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))]
+        )
+        return typed.take(order["at"].filter(first))
+
     def _summary_held(self) -> dict:
         """The summary of events held in the driver, summed up by pyarrow."""
         import pyarrow.compute as pc
@@ -430,7 +462,9 @@ class TableBatch:
 
     def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:
         df, resolved = self._resolved_texts(df)
+        netted = None  # the same rows as pyarrow, where the driver nets them
         if not resolved and partition == ["key"]:
+            netted = self._net_in_driver()
             # The newest event per key as an aggregate (no sort of every event inside its partition).
             newest = F.max_by(F.struct(*df.columns), F.struct("lsn", "seq"))
             df = df.groupBy("key").agg(newest.alias("__cdc_e")).select("__cdc_e.*")
@@ -448,7 +482,7 @@ class TableBatch:
             extra = ["_cdc_next_lsn", "_cdc_next_ts"]
         self._summary  # noqa: B018 - every value is checked to fit before anything is written
         typed, unchanged = self._typed(df, resolved, extra)
-        return NetChanges(typed, unchanged)
+        return NetChanges(typed, unchanged, arrow=netted)
 
     def _cast_error(self, bad: list[tuple[str, bytes | bytearray]]) -> None:
         column, key = bad[0]

@@ -625,9 +625,11 @@ class DeltaSink(Sink):
         for m in META_COLUMNS:
             update[c(m)] = f"s.{c(m)}"
         insert = {c(name): f"s.{c(name)}" for name in [*columns, *META_COLUMNS]}
+        # netted in the driver already (TableBatch._net_in_driver): no Spark job
+        rows = changes.arrow if changes.arrow is not None else changes.df.toArrow()
         metrics = rswrite.merge(
             path,
-            changes.df.toArrow(),
+            rows,
             on=on,
             delete_when=f"s._cdc_op = 'd' AND {newer}",
             update_when=f"s._cdc_op != 'd' AND {newer}",

@@ -63,9 +63,8 @@ def _batch(spark, rows: list[tuple], where: str) -> TableBatch:
         (i + 1, lsn, seq, op, key, vals, unch, 1_700_000_000_000_000 + i)
         for i, (lsn, seq, op, key, vals, unch) in enumerate(rows)
     ]
-    held = pa.table(
-        dict(zip(_ARROW_EVENTS.names, zip(*events, strict=True), strict=True)), schema=_ARROW_EVENTS
-    )
+    columns = list(zip(*events, strict=True)) or [()] * len(_ARROW_EVENTS)  # an empty range too
+    held = pa.table(dict(zip(_ARROW_EVENTS.names, columns, strict=True)), schema=_ARROW_EVENTS)
     frame = spark.createDataFrame(held, schema=EVENT_SCHEMA)
     if where == "spread":
         frame = frame.repartition(2)  # not folded away: read like an executor's range
@@ -158,3 +157,50 @@ def test_a_range_of_new_keys_is_its_own_net_change(spark) -> None:
     mixed.inserts_new = True
     assert not mixed.inserts_only
     assert sorted((r["id"], r["_cdc_op"]) for r in mixed.net().df.collect()) == [(7, "d"), (8, "c"), (9, "c")]
+
+
+MIXED = [  # (lsn, seq, op, key, vals, unch): repeats, deletes, truncates and re-inserts of keys
+    (30, 0, "c", b"1", ["1", "2024-01-01", "a"], []),
+    (30, 1, "u", b"1", ["1", "2024-01-02", "a2"], []),  # same transaction, later seq wins
+    (30, 2, "c", b"2", ["2", "2024-01-01", "b"], []),
+    (31, 0, "t", b"", NONE3, []),  # everything before it goes
+    (32, 0, "c", b"3", ["3", "2024-01-03", "c"], []),
+    (32, 1, "d", b"3", ["3", None, None], []),  # inserted then deleted: a delete row
+    (33, 0, "c", b"4", ["4", "2024-01-04", "d"], []),
+    (34, 1, "d", b"4", ["4", None, None], []),
+    (35, 0, "c", b"4", ["4", "2024-01-05", "e"], []),  # deleted then inserted again: the insert
+    (36, 3, "u", b"5", ["5", "2024-01-06", "f"], []),
+    (36, 2, "u", b"5", ["5", "2024-01-07", "g"], []),  # read later, committed earlier: seq 3 wins
+    (37, 0, "c", b"10", ["10", None, "\u00fc\u2713"], []),
+    (37, 1, "c", b"1", ["1", "2024-02-01", "after the truncate"], []),
+]
+
+
+@pytest.mark.parametrize(
+    "rows", [MIXED, MIXED[:3], MIXED[3:4], []], ids=["mixed", "no-truncate", "truncate-only", "empty"]
+)
+def test_a_range_held_in_the_driver_is_netted_there_as_spark_nets_it(spark, rows) -> None:
+    """A range held as pyarrow whose columns pyarrow types is netted by pyarrow too
+    (TableBatch._net_in_driver): per key the newest event after the last truncate, the same rows
+    Spark's max_by gives, with no Spark job; a delta-rs MERGE takes them as they are. A range
+    with an unchanged TOAST value is netted by Spark (a window over the batch's earlier values)."""
+    held, spread = _batch(spark, rows, "held"), _batch(spark, rows, "spread")
+    before = _last_job(spark)
+    ours = held.net()
+    assert _last_job(spark) == before, "netting a range held in the driver started a Spark job"
+    theirs = spread.net()
+    assert theirs.arrow is None
+    assert ours.arrow is not None
+    key = lambda r: (r["id"], r["_cdc_lsn"], r["_cdc_seq"])  # noqa: E731
+    expected = sorted(theirs.df.toArrow().cast(ours.arrow.schema).to_pylist(), key=key)
+    assert sorted(ours.arrow.to_pylist(), key=key) == expected
+    if rows is MIXED:
+        assert [(r["id"], r["_cdc_op"], r["note"]) for r in expected] == [
+            (1, "c", "after the truncate"),
+            (3, "d", None),
+            (4, "c", "e"),
+            (5, "u", "f"),
+            (10, "c", "\u00fc\u2713"),
+        ]
+    toasted = _batch(spark, STORABLE, "held")
+    assert toasted.net().arrow is None, "an unchanged TOAST value needs Spark's window"

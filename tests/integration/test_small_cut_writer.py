@@ -164,12 +164,42 @@ def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
     }
     assert ours[("100",)]["ratio"] == float("inf")
     assert str(ours[("101",)]["ratio"]) == str(theirs[("101",)]["ratio"]) == "-0.0"
-    # a cut with an update nets in Spark; its check needs no Spark job, its MERGE is delta-rs's
-    sql(pg_db, "UPDATE e SET note = 'upd', at = now() WHERE id < 10", "INSERT INTO e VALUES (800)")
+    # a cut of updates, deletes, a key change, a key deleted and inserted again and one updated
+    # twice is netted in the driver too (TableBatch._net_in_driver): delta-rs MERGEs it, no Spark job
+    sql(
+        pg_db,
+        "UPDATE e SET note = 'upd', at = now() WHERE id < 10",
+        "INSERT INTO e VALUES (800)",
+        "DELETE FROM e WHERE id BETWEEN 200 AND 210",
+        "UPDATE e SET id = 5000 WHERE id = 211",
+        "DELETE FROM e WHERE id = 212",
+        "INSERT INTO e (id, note) VALUES (212, 'back')",
+        "UPDATE e SET ratio = 'NaN' WHERE id = 213",
+    )
+    sql(pg_db, "UPDATE e SET ratio = -1, day = '2000-01-01' WHERE id = 213")
+    stream(pipe)
+    before = _last_job(spark)
+    apply_ok(pipe, spark, "lake")
+    assert _last_job(spark) == before, "the cut netted in the driver ran a Spark job"
+    assert writers(lake)[bootstrap + 1 :] == [("MERGE", "delta-rs")]
+    apply_ok(pipe, spark, "spk")
+    verified(pipe, spark)
+    ours = delta_rows(spark, lake)
+    assert comparable(ours) == comparable(delta_rows(spark, spk))
+    assert ("211",) not in ours and ours[("5000",)]["note"] == "x" and ours[("212",)]["note"] == "back"
+    assert ours[("213",)]["ratio"] == -1 and str(ours[("213",)]["day"]) == "2000-01-01"
+    # a truncate inside a cut: the rows before it go (a Spark delete), the rest is netted here
+    sql(
+        pg_db,
+        "UPDATE e SET note = 'gone' WHERE id = 1",
+        "TRUNCATE e",
+        "INSERT INTO e (id, note) VALUES (1, 'one')",
+    )
     stream(pipe)
     apply_ok(pipe, spark)
     verified(pipe, spark)
     assert comparable(delta_rows(spark, lake)) == comparable(delta_rows(spark, spk))
+    assert [r["note"] for r in delta_rows(spark, lake).values()] == ["one"]
 
 
 def test_int96_timestamps_stay_with_spark_and_read_right_in_datafusion(tmp_path: Path, spark) -> None:
