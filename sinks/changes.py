@@ -267,36 +267,25 @@ class TableBatch:
         return typed_events(self.held, self.schema)
 
     def _net_in_driver(self) -> Any:
-        """`net()`'s rows computed by pyarrow from the events typed in the driver: per key the
-        newest event after the last truncate, by (lsn, seq), as Spark's max_by picks it. None when
-        the events are not typed here, or an unchanged TOAST value needs the batch's earlier values
-        (Spark's window then)."""
+        """`net()`'s rows computed by pyarrow from the events typed in the driver
+        (sinks/arrownet.py), the same rows as Spark's netting; None when the events are not typed here."""
         typed = self.typed_in_driver
-        if typed is None or self._summary["unchanged"]:
+        if typed is None:
             return None
-        import pyarrow as pa
-        import pyarrow.compute as pc
+        from sinks.arrownet import net_events
 
-        rows = self.held.filter(pc.not_equal(self.held["op"], "t"))  # typed_events' rows, in order
-        order = pa.table(
-            {"key": rows["key"], "lsn": rows["lsn"], "seq": rows["seq"], "at": pa.array(range(rows.num_rows))}
-        )
-        if self.truncate_position is not None:
-            lsn, seq = self.truncate_position
-            after = pc.or_(
-                pc.greater(order["lsn"], lsn),
-                pc.and_(pc.equal(order["lsn"], lsn), pc.greater(order["seq"], seq)),
-            )
-            order = order.filter(after)
-        order = order.sort_by([("key", "ascending"), ("lsn", "descending"), ("seq", "descending")])
-        keys = order["key"].combine_chunks()
-        if not len(keys):
-            return typed.slice(0, 0)
-        # the first row of each key's run is its newest event
-        first = pa.concat_arrays(
-            [pa.array([True]), pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))]
-        )
-        return typed.take(order["at"].filter(first))
+        return net_events(self.held, typed, self.truncate_position, self._unchangeable())
+
+    def _unchangeable(self) -> dict[int, tuple[str, str]]:
+        """Column index -> (name, flag column) of the columns an update may leave unchanged, when
+        the batch holds such an update (a toastable type, or a column retired at the source)."""
+        if not self._summary["unchanged"]:
+            return {}
+        return {
+            i: (col.name, unchanged_flag(i))
+            for i, col in enumerate(self.schema.columns)
+            if toastable(self.types[col.type_oid]) or col.name in self.retired
+        }
 
     def _summary_held(self) -> dict:
         """The summary of events held in the driver, summed up by pyarrow."""
@@ -395,19 +384,19 @@ class TableBatch:
     def _resolved_texts(self, df: DataFrame) -> tuple[DataFrame, dict[int, str]]:
         """Add, per toastable column, the last value known before each row (for unchanged markers)."""
         resolved: dict[int, str] = {}
-        if not self._summary["unchanged"]:
+        unchangeable = self._unchangeable()
+        if not unchangeable:
             return df, resolved
         running = (
             Window.partitionBy("key")
             .orderBy("lsn", "seq")
             .rowsBetween(Window.unboundedPreceding, Window.currentRow)
         )
-        for i, col in enumerate(self.schema.columns):
-            if toastable(self.types[col.type_oid]) or col.name in self.retired:
-                name = f"__cdc_r_{i}"
-                known = F.when(~F.array_contains("unch", i), F.struct(F.col("vals")[i].alias("v")))
-                df = df.withColumn(name, F.last(known, ignorenulls=True).over(running))
-                resolved[i] = name
+        for i in unchangeable:
+            name = f"__cdc_r_{i}"
+            known = F.when(~F.array_contains("unch", i), F.struct(F.col("vals")[i].alias("v")))
+            df = df.withColumn(name, F.last(known, ignorenulls=True).over(running))
+            resolved[i] = name
         return df, resolved
 
     def _typed(
@@ -462,9 +451,8 @@ class TableBatch:
 
     def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:
         df, resolved = self._resolved_texts(df)
-        netted = None  # the same rows as pyarrow, where the driver nets them
+        netted = self._net_in_driver() if partition == ["key"] else None  # the same rows, as pyarrow
         if not resolved and partition == ["key"]:
-            netted = self._net_in_driver()
             # The newest event per key as an aggregate (no sort of every event inside its partition).
             newest = F.max_by(F.struct(*df.columns), F.struct("lsn", "seq"))
             df = df.groupBy("key").agg(newest.alias("__cdc_e")).select("__cdc_e.*")

@@ -176,14 +176,35 @@ MIXED = [  # (lsn, seq, op, key, vals, unch): repeats, deletes, truncates and re
 ]
 
 
+TOASTED = [  # note (text) may be left unchanged by an update: a TOASTed value PostgreSQL did not send
+    (40, 0, "u", b"1", ["1", "2024-03-01", None], [2]),  # nothing known in the cut: keep the follower's
+    (41, 0, "c", b"2", ["2", "2024-03-01", "known"], []),
+    (42, 0, "u", b"2", ["2", "2024-03-02", None], [2]),  # the insert's value
+    (42, 1, "u", b"2", ["2", "2024-03-03", None], [2]),
+    (43, 0, "u", b"3", ["3", "2024-03-01", "old"], []),
+    (44, 0, "u", b"3", ["3", "2024-03-01", None], [2]),
+    (45, 0, "u", b"3", ["3", "2024-03-02", "new"], []),  # sent again: the newest value
+    (46, 0, "u", b"4", ["4", None, None], [2]),
+    (46, 1, "d", b"4", ["4", None, None], []),  # a delete knows the column (NULL)
+    (47, 0, "u", b"5", ["5", "2024-03-01", "before"], []),
+]
+TRUNCATED = [
+    *TOASTED,
+    (48, 0, "t", b"", NONE3, []),  # hides what came before it: key 5's value is not known
+    (49, 0, "u", b"5", ["5", "2024-03-09", None], [2]),
+]
+
+
 @pytest.mark.parametrize(
-    "rows", [MIXED, MIXED[:3], MIXED[3:4], []], ids=["mixed", "no-truncate", "truncate-only", "empty"]
+    "rows",
+    [MIXED, MIXED[:3], MIXED[3:4], [], TOASTED, TRUNCATED, STORABLE],
+    ids=["mixed", "no-truncate", "truncate-only", "empty", "toasted", "toasted-truncated", "summary-rows"],
 )
 def test_a_range_held_in_the_driver_is_netted_there_as_spark_nets_it(spark, rows) -> None:
     """A range held as pyarrow whose columns pyarrow types is netted by pyarrow too
-    (TableBatch._net_in_driver): per key the newest event after the last truncate, the same rows
-    Spark's max_by gives, with no Spark job; a delta-rs MERGE takes them as they are. A range
-    with an unchanged TOAST value is netted by Spark (a window over the batch's earlier values)."""
+    (sinks/arrownet.py): per key the newest event after the last truncate, an unchanged TOAST
+    value taken from the newest event that knows it (flagged when none does), the same rows and
+    flags Spark's netting gives, with no Spark job; a delta-rs MERGE takes them as they are."""
     held, spread = _batch(spark, rows, "held"), _batch(spark, rows, "spread")
     before = _last_job(spark)
     ours = held.net()
@@ -194,6 +215,21 @@ def test_a_range_held_in_the_driver_is_netted_there_as_spark_nets_it(spark, rows
     key = lambda r: (r["id"], r["_cdc_lsn"], r["_cdc_seq"])  # noqa: E731
     expected = sorted(theirs.df.toArrow().cast(ours.arrow.schema).to_pylist(), key=key)
     assert sorted(ours.arrow.to_pylist(), key=key) == expected
+    assert (
+        ours.unchanged
+        == theirs.unchanged
+        == ({"note": "__cdc_u_2"} if rows in (TOASTED, TRUNCATED, STORABLE) else {})
+    )
+    if rows is TOASTED:
+        assert [(r["id"], r["note"], r["__cdc_u_2"]) for r in expected] == [
+            (1, None, True),
+            (2, "known", False),
+            (3, "new", False),
+            (4, None, False),
+            (5, "before", False),
+        ]
+    if rows is TRUNCATED:
+        assert [(r["id"], r["note"], r["__cdc_u_2"]) for r in expected] == [(5, None, True)]
     if rows is MIXED:
         assert [(r["id"], r["_cdc_op"], r["note"]) for r in expected] == [
             (1, "c", "after the truncate"),
@@ -202,5 +238,3 @@ def test_a_range_held_in_the_driver_is_netted_there_as_spark_nets_it(spark, rows
             (5, "u", "f"),
             (10, "c", "\u00fc\u2713"),
         ]
-    toasted = _batch(spark, STORABLE, "held")
-    assert toasted.net().arrow is None, "an unchanged TOAST value needs Spark's window"
