@@ -7,7 +7,8 @@ the batch knows for that column, and when the batch knows none the sink keeps th
 already has (flag column `__cdc_u_<i>`). A large range stays in Spark: the driver only sees
 tiny aggregates (the truncate position, cast-failure counts). A small one of the embedded log is
 held in the driver already (pipelines/apply/readers/local.py): its summary is summed up there and,
-where pyarrow types every column as Spark would (sinks/arrowtyping.py), its rows typed there.
+where pyarrow types every column as Spark would (sinks/arrowtyping.py), its rows typed and netted
+there (sinks/arrownet.py).
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class NetChanges:
         default_factory=dict
     )  # column -> flag column (True = keep target value)
     cached: DataFrame | None = None
-    # The same rows as a pyarrow Table, typed in the driver (sinks/arrowtyping.py) when the batch
-    # could: a writer in this process takes them with no Spark job. None: only `df` has them.
+    # The same rows as a pyarrow Table, typed and netted in the driver (sinks/arrowtyping.py,
+    # sinks/arrownet.py) when the batch could: a writer in this process takes them with no Spark
+    # job. None: only `df` has them.
     arrow: Any = None
 
     def release(self) -> None:
