@@ -5,7 +5,7 @@ typed rows back for delta-rs (docs/performance.md, "What is left of an insert cu
 Only for PostgreSQL text (the embedded log) and types PostgreSQL prints one way under cdc's session
 settings (cdc/session.py: DateStyle ISO, TimeZone UTC, extra_float_digits 3, bytea_output hex):
 integers, floats, bool, numeric(p,s) stored as decimal, date, timestamp, timestamptz, bytea, time,
-and every type Spark keeps as text. Anything else (arrays, timetz, interval), or a value pyarrow will not parse
+every type Spark keeps as text, and arrays of those. Anything else (timetz, interval), or a value pyarrow will not parse
 (NaN in a decimal, BC or infinite dates, years past 9999, a number too big), gives None: Spark then
 types the cut as before and names the value it cannot store. tests/integration/test_arrow_typing.py
 compares both on values PostgreSQL printed.
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from cdc.log.base import Column, TableSchema
+from cdc.pgarrays import parse_array
 from cdc.schema import schema_types
 from cdc.typemap import PgType
 from sinks.sparktypes import spark_type
@@ -48,6 +49,8 @@ _TIME = r"^[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?$"  # time: HH:MM:SS[.ffffff
 def typed_text(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
     """PostgreSQL's text of one column as Spark would type it; None when this module does not
     type it so (the type) or a value does not parse (Spark then decides)."""
+    if t.kind == "array" and t.element is not None:
+        return _array(texts, t, column)
     target = spark_type(t, column)
     name = t.name if t.kind == "base" else ""
     if isinstance(target, T.StringType):
@@ -60,11 +63,58 @@ def typed_text(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
         return _micros_of_day(texts)
     parsed = _PARSED.get(type(target))
     if parsed is None:
-        return None  # arrays
+        return None
     try:
         return pc.cast(texts, parsed(target), safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
+
+
+def _depth(value: object) -> int:
+    """Levels of nesting, down the first non-NULL element of each level (as Spark's UDF counts)."""
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        value = next((v for v in value if v is not None), None)
+    return depth
+
+
+def _array(texts: pa.Array, t: PgType, column: Column) -> pa.Array | None:
+    """Array literals split by the parser Spark's UDF uses (cdc.pgarrays, bounds like `[0:1]=`
+    dropped), their elements typed as a column of the element type is, nested again per declared
+    dimension. None when a value's dimensions differ from the declared ones (Spark names it), a
+    literal does not parse, or an element is not typed here."""
+    element = t.element
+    assert element is not None
+    if element.kind == "base" and element.name in _NOT_AS_PRINTED:
+        return None  # Spark converts these arrays whole (cdc/typemap.py)
+    depth = max(column.ndims, 1)
+    values: list[list | None] = []
+    for text in texts.to_pylist():
+        if text is None:
+            values.append(None)
+            continue
+        try:
+            items = parse_array(text[text.index("=") + 1 :] if text[:1] == "[" else text, t.delimiter, str)
+        except ValueError:
+            return None
+        if items and _depth(items) != depth:
+            return None
+        values.append(items)
+    nested_type: pa.DataType = pa.string()
+    for _ in range(depth):
+        nested_type = pa.list_(nested_type)
+    levels = [pa.array(values, type=nested_type)]
+    for _ in range(depth - 1):
+        levels.append(levels[-1].values)
+    elements = typed_text(levels[-1].values, element, Column(column.name, column.type_oid, column.typmod))
+    if elements is None:
+        return None
+    out = elements
+    for level in reversed(levels):  # Spark's Arrow names a list's field `element`
+        kind = pa.list_(pa.field("element", out.type))
+        out = pa.ListArray.from_arrays(level.offsets, out, type=kind, mask=level.is_null())
+    return out
 
 
 def _bool(texts: pa.Array) -> pa.Array | None:

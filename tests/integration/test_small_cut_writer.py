@@ -111,7 +111,7 @@ def test_small_cuts_written_by_delta_rs_match_spark_and_the_source(pg_db: str, t
 TYPED = (
     "CREATE TABLE e(id bigint PRIMARY KEY, s smallint, n int, amount numeric(12,2), ratio float8, f4 real,"
     " ok bool, note varchar(20), body text, day date, at timestamptz, local timestamp, doc jsonb, u uuid,"
-    " bin bytea, tod time)",
+    " bin bytea, tod time, tags text[], grid int8[][])",
     "INSERT INTO e SELECT g, g, g, g * 1.25, g / 7.0, g / 3.0, g % 2 = 0, 'n' || g, 'body ' || g,"
     " '2024-01-01'::date + g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 hour',"
     " '2024-01-01'::timestamp + g * interval '1 second', jsonb_build_object('g', g),"
@@ -130,6 +130,8 @@ EDGES = (
     " '1970-01-01'::date - g, '1969-12-31 23:59:59.999999-08'::timestamptz + g * interval '1 microsecond',"
     " '2000-02-29 00:00:00'::timestamp, '[]', NULL, decode(repeat('ab', g), 'hex'), '23:59:59.999999'"
     " FROM generate_series(200, 700) g",
+    "INSERT INTO e (id, tags, grid) VALUES (103, ARRAY['a,b', NULL, 'NULL', '', 'ü\"'], '{{1,2},{3,NULL}}'),"
+    " (104, '{}', '{}'), (105, '{x}', '[0:0][1:2]={{-9223372036854775808,9223372036854775807}}')",
 )
 
 
@@ -157,7 +159,11 @@ def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
     apply_ok(pipe, spark, "spk")
     verified(pipe, spark)
     ours, theirs = delta_rows(spark, lake), delta_rows(spark, spk)
-    assert len(ours) == 20 + 3 + 501
+    assert len(ours) == 20 + 6 + 501
+    assert ours[("103",)]["tags"] == ["a,b", None, "NULL", "", 'ü"'] and ours[("103",)]["grid"] == [
+        [1, 2],
+        [3, None],
+    ]
     assert comparable(ours) == comparable(theirs)
     assert ours[("102",)] == {
         **dict.fromkeys(ours[("102",)], None),
