@@ -88,9 +88,27 @@ def typed_columns(
     return out
 
 
+def made(frame: DataFrame | Callable[[], DataFrame]) -> DataFrame:
+    """A frame, or the frame a deferred one makes (rows held in the driver: a writer in this
+    process may take them as pyarrow and never need the Spark plan, whose py4j calls cost
+    0.05-0.1 s per table)."""
+    return frame if isinstance(frame, DataFrame) else frame()
+
+
+def then(
+    frame: DataFrame | Callable[[], DataFrame], step: Callable[[DataFrame], DataFrame]
+) -> DataFrame | Callable[[], DataFrame]:
+    """`step` applied to a frame, or deferred with it."""
+    if isinstance(frame, DataFrame):
+        return step(frame)
+    return lambda: step(made(frame))
+
+
 @dataclass
 class NetChanges:
-    df: DataFrame  # typed source columns + META_COLUMNS + unchanged flags; one row per key
+    # typed source columns + META_COLUMNS + unchanged flags; one row per key (`df`), or a function
+    # making it when first needed
+    frame: DataFrame | Callable[[], DataFrame]
     unchanged: dict[str, str] = field(
         default_factory=dict
     )  # column -> flag column (True = keep target value)
@@ -99,6 +117,10 @@ class NetChanges:
     # sinks/arrownet.py) when the batch could: a writer in this process takes them with no Spark
     # job. None: only `df` has them.
     arrow: Any = None
+
+    @cached_property
+    def df(self) -> DataFrame:
+        return made(self.frame)
 
     def release(self) -> None:
         if self.cached is not None:
@@ -149,7 +171,8 @@ class Batch(Protocol):
 class TableBatch:
     table: TableName
     schema: TableSchema  # newest schema: the follower's columns
-    raw: DataFrame  # off, lsn, seq, op, key, vals, unch, ts
+    # off, lsn, seq, op, key, vals, unch, ts (`raw`), or a function making it when first needed
+    frame: DataFrame | Callable[[], DataFrame]
     bootstrap: bool  # the follower starts this table over from the log's base
     snapshot_lsn: int | None  # consistent point of the base snapshot
     first_offset: int
@@ -202,11 +225,15 @@ class TableBatch:
         return self.last_offset <= self.first_offset
 
     @cached_property
+    def raw(self) -> DataFrame:
+        return made(self.frame)
+
+    @cached_property
     def in_driver(self) -> bool:
         """The batch's rows are already in the driver (a small range read there,
         pipelines/apply/readers/local.py) and every step over them so far folds into that data:
         Spark evaluates projections and filters of a local relation while planning, with no job."""
-        return is_local(self.raw)
+        return self.held is not None or is_local(self.raw)
 
     @cached_property
     def events(self) -> DataFrame:
@@ -432,14 +459,17 @@ class TableBatch:
             # Each key occurs once: the log promises an insert is of a key absent just before it,
             # and no delete in between could free it again. The events are the net change as they
             # are, with no grouping (a shuffle; a range read in the driver stays there).
+            arrow = self.typed_in_driver
+            if arrow is not None:
+                return NetChanges(lambda: self._typed(self.events, {}, [])[0], {}, arrow=arrow)
             typed, unchanged = self._typed(self.events, {}, [])
-            return NetChanges(typed, unchanged, arrow=self.typed_in_driver)
-        return self._latest(self._after_truncate(), ["key"])
+            return NetChanges(typed, unchanged)
+        return self._latest(self._after_truncate, ["key"])
 
     def versions(self) -> NetChanges:
         """One row per key and transaction (SCD2 history), with the next version's commit LSN and
         time (`_cdc_next_lsn`, `_cdc_next_ts`; NULL for the newest)."""
-        return self._latest(self.events.filter(F.col("op") != "t"), ["key", "lsn"])
+        return self._latest(lambda: self.events.filter(F.col("op") != "t"), ["key", "lsn"])
 
     @cached_property
     def truncates(self) -> list[tuple[int, int, int | None]]:
@@ -451,9 +481,16 @@ class TableBatch:
         )
         return [(r["lsn"], r["seq"], r["ts"]) for r in rows]
 
-    def _latest(self, df: DataFrame, partition: list[str]) -> NetChanges:
-        df, resolved = self._resolved_texts(df)
+    def _latest(self, events: Callable[[], DataFrame], partition: list[str]) -> NetChanges:
         netted = self._net_in_driver() if partition == ["key"] else None  # the same rows, as pyarrow
+        if netted is not None:
+            unchanged = dict(self._unchangeable().values())
+            return NetChanges(lambda: self._latest_plan(events(), partition)[0], unchanged, arrow=netted)
+        typed, unchanged = self._latest_plan(events(), partition)
+        return NetChanges(typed, unchanged)
+
+    def _latest_plan(self, df: DataFrame, partition: list[str]) -> tuple[DataFrame, dict[str, str]]:
+        df, resolved = self._resolved_texts(df)
         if not resolved and partition == ["key"]:
             # The newest event per key as an aggregate (no sort of every event inside its partition).
             newest = F.max_by(F.struct(*df.columns), F.struct("lsn", "seq"))
@@ -471,8 +508,7 @@ class TableBatch:
             )
             extra = ["_cdc_next_lsn", "_cdc_next_ts"]
         self._summary  # noqa: B018 - every value is checked to fit before anything is written
-        typed, unchanged = self._typed(df, resolved, extra)
-        return NetChanges(typed, unchanged, arrow=netted)
+        return self._typed(df, resolved, extra)
 
     def _cast_error(self, bad: list[tuple[str, bytes | bytearray]]) -> None:
         column, key = bad[0]

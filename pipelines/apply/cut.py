@@ -41,7 +41,7 @@ from pipelines.faults import crash_point
 from pipelines.stages import stage
 from pipelines.views.state import ViewState
 from sinks.base import ApplyStats, Sink
-from sinks.changes import Batch, TableBatch
+from sinks.changes import Batch, TableBatch, then
 from sinks.marker import Marker
 from sinks.shaping import shape_batch, shape_of, shape_record
 from sinks.viewbatch import ViewBatch, view_table
@@ -49,7 +49,9 @@ from sinks.viewbatch import ViewBatch, view_table
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame, SparkSession
 
     from cdc.ground.config import Pipeline
 
@@ -290,7 +292,7 @@ class SinkCut:
             followed = followed_schema_of(log, table, st.snapshot_lsn if bootstrap else ckpt.lsn)
             schema = followed.schema
             # Each event is read with its own schema version's columns, matched by attnum (renames, drops).
-            raw, held = self.reader.read_changes_held(
+            frame, held = self.reader.read_changes_held(
                 self.spark, table, after, upto, schema, followed.retired
             )
             if not bootstrap and ckpt.lsn:
@@ -298,9 +300,9 @@ class SinkCut:
                 # an event older than that in a later range is a copy (a producer retry, a replay).
                 # Dropping it keeps a follower without tombstones (SCD1 Delta) from bringing a
                 # since-deleted key back with it.
-                raw = raw.where(F.col("lsn") >= ckpt.lsn)
+                frame = then(frame, _from_lsn(ckpt.lsn))
                 held = None if held is None else held.filter(pc.greater_equal(held["lsn"], ckpt.lsn))
-            batch = TableBatch(table, schema, raw, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
+            batch = TableBatch(table, schema, frame, bootstrap, st.snapshot_lsn, after, upto, log.value_kind)
             batch.held = held
             batch.defaults = log.column_defaults(table)
             batch.retired, batch.renames = followed.retired, followed.renames
@@ -499,3 +501,8 @@ def followed_schema_of(log, table: TableName, from_lsn: int | None) -> FollowedS
     if not history:
         return FollowedSchema(log.schema(table))
     return followed_schema(history, from_lsn or None)
+
+
+def _from_lsn(lsn: int) -> Callable[[DataFrame], DataFrame]:
+    """A step keeping the events of transactions committed at `lsn` or later."""
+    return lambda df: df.where(F.col("lsn") >= lsn)

@@ -4,6 +4,7 @@ the translation from source names happens once, here."""
 
 from __future__ import annotations
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -72,11 +73,16 @@ class DeltaBatch:
         if all(s == c for s, c in self._source_of.items()):
             return changes
         by_source = {c: s for s, c in self._source_of.items()}
-        df = changes.df.select(
-            *(F.col(q(c)).alias(by_source[c]) if c in by_source else F.col(q(c)) for c in changes.df.columns)
-        )
+
+        def renamed() -> DataFrame:
+            df = changes.df
+            return df.select(
+                *(F.col(q(c)).alias(by_source[c]) if c in by_source else F.col(q(c)) for c in df.columns)
+            )
+
         unchanged = {by_source.get(c, c): flag for c, flag in changes.unchanged.items()}
         arrow = changes.arrow
         if arrow is not None:
             arrow = arrow.rename_columns([by_source.get(c, c) for c in arrow.column_names])
-        return NetChanges(df, unchanged, arrow=arrow)  # the job releases the cached original
+        frame = renamed if arrow is not None else renamed()  # a writer taking `arrow` needs no plan
+        return NetChanges(frame, unchanged, arrow=arrow)  # the job releases the cached original

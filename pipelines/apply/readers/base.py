@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, DataFrameReader, SparkSession
     from pyspark.sql.datasource import DataSource
 
@@ -64,10 +66,10 @@ class ChangeReader(ABC):
         upto: int,
         schema: TableSchema | None = None,
         retired: frozenset[str] = frozenset(),
-    ) -> tuple[DataFrame, Any]:
+    ) -> tuple[DataFrame | Callable[[], DataFrame], Any]:
         """`read_changes`, and the same events as a pyarrow Table when the reader read them in the
-        driver and made the DataFrame from it (else None): the apply may type them there
-        (sinks/arrowtyping.py)."""
+        driver (else None): the apply may type them there (sinks/arrowtyping.py). With the events
+        held, the DataFrame may be deferred: a function making it from them when first needed."""
         return self.read_changes(spark, table, after, upto, schema, retired), None
 
     @abstractmethod
