@@ -139,6 +139,21 @@ def _last_job(spark) -> int:
     return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1)
 
 
+def _written_in_driver(pipe, spark, lake: Path, spk: Path, operation: str) -> dict[tuple, dict[str, Any]]:
+    """Stream what the source committed, apply the lake follower (no Spark job, one delta-rs
+    commit of `operation`), then the Spark-written one; both verified and equal. Returns the lake's rows."""
+    stream(pipe)
+    commits, before = len(writers(lake)), _last_job(spark)
+    apply_ok(pipe, spark, "lake")
+    assert _last_job(spark) == before, f"the cut written in the driver ran a Spark job ({operation})"
+    assert writers(lake)[commits:] == [(operation, "delta-rs")]
+    apply_ok(pipe, spark, "spk")
+    verified(pipe, spark)
+    ours = delta_rows(spark, lake)
+    assert comparable(ours) == comparable(delta_rows(spark, spk))
+    return ours
+
+
 def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
     pg_db: str, tmp_path: Path, spark
 ) -> None:
@@ -149,22 +164,14 @@ def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
     snapshot(pipe)
     apply_ok(pipe, spark)
     lake, spk = (delta_dir(pipe, "public.e", base) for base in ("lake", "spk"))
-    bootstrap = len(writers(lake))
     sql(pg_db, *EDGES)
-    stream(pipe)
-    before = _last_job(spark)
-    apply_ok(pipe, spark, "lake")
-    assert _last_job(spark) == before, "the cut of inserts typed in the driver ran a Spark job"
-    assert writers(lake)[bootstrap:] == [("WRITE", "delta-rs")]
-    apply_ok(pipe, spark, "spk")
-    verified(pipe, spark)
-    ours, theirs = delta_rows(spark, lake), delta_rows(spark, spk)
+    ours = _written_in_driver(pipe, spark, lake, spk, "WRITE")
+    theirs = delta_rows(spark, spk)
     assert len(ours) == 20 + 6 + 501
     assert ours[("103",)]["tags"] == ["a,b", None, "NULL", "", 'ü"'] and ours[("103",)]["grid"] == [
         [1, 2],
         [3, None],
     ]
-    assert comparable(ours) == comparable(theirs)
     assert ours[("102",)] == {
         **dict.fromkeys(ours[("102",)], None),
         **{k: ours[("102",)][k] for k in ("id", "_cdc_lsn", "_cdc_seq", "_cdc_op", "_cdc_commit_ts")},
@@ -184,15 +191,7 @@ def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
         "UPDATE e SET ratio = 'NaN' WHERE id = 213",
     )
     sql(pg_db, "UPDATE e SET ratio = -1, day = '2000-01-01' WHERE id = 213")
-    stream(pipe)
-    before = _last_job(spark)
-    apply_ok(pipe, spark, "lake")
-    assert _last_job(spark) == before, "the cut netted in the driver ran a Spark job"
-    assert writers(lake)[bootstrap + 1 :] == [("MERGE", "delta-rs")]
-    apply_ok(pipe, spark, "spk")
-    verified(pipe, spark)
-    ours = delta_rows(spark, lake)
-    assert comparable(ours) == comparable(delta_rows(spark, spk))
+    ours = _written_in_driver(pipe, spark, lake, spk, "MERGE")
     assert ("211",) not in ours and ours[("5000",)]["note"] == "x" and ours[("212",)]["note"] == "back"
     assert ours[("213",)]["ratio"] == -1 and str(ours[("213",)]["day"]) == "2000-01-01"
     # updates that leave a TOASTed value unchanged (PostgreSQL does not send it): netted here too,
@@ -200,18 +199,9 @@ def test_a_cut_of_inserts_typed_in_the_driver_appends_with_no_spark_job(
     sql(pg_db, "UPDATE e SET body = repeat('z', 9000) || id WHERE id <= 5")
     stream(pipe)
     apply_ok(pipe, spark)
-    merges = len(writers(lake))
     sql(pg_db, "UPDATE e SET note = 'toast' WHERE id <= 5", "UPDATE e SET body = 'short' WHERE id = 6")
     sql(pg_db, "UPDATE e SET body = repeat('q', 9000) WHERE id = 6", "UPDATE e SET note = 't6' WHERE id = 6")
-    stream(pipe)
-    before = _last_job(spark)
-    apply_ok(pipe, spark, "lake")
-    assert _last_job(spark) == before, "the cut with unchanged TOAST values ran a Spark job"
-    assert writers(lake)[merges:] == [("MERGE", "delta-rs")]
-    apply_ok(pipe, spark, "spk")
-    verified(pipe, spark)
-    ours = delta_rows(spark, lake)
-    assert comparable(ours) == comparable(delta_rows(spark, spk))
+    ours = _written_in_driver(pipe, spark, lake, spk, "MERGE")
     assert ours[("3",)]["note"] == "toast" and ours[("3",)]["body"] == "z" * 9000 + "3"
     assert ours[("6",)]["note"] == "t6" and ours[("6",)]["body"] == "q" * 9000
     # a truncate inside a cut: the rows before it go (a Spark delete), the rest is netted here
